@@ -1,0 +1,142 @@
+"""Pieces every hand-written backend shares: the cached forward, context checks, and the
+`Emitter` that turns accepted tokens into a result (stopping rules, per-token times, margins).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+
+import torch
+
+from decoders.base import DecoderError, GenerationRequest, GenerationResult, Timing
+
+
+def context_length(model) -> int | None:
+    cfg = model.config
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        n = getattr(cfg, name, None)
+        if n:
+            return int(n)
+    return None
+
+
+def check_prompt_fits(model, request: GenerationRequest) -> int:
+    """Raise when the prompt alone fills the context; return how many new tokens fit."""
+    limit = context_length(model)
+    n = len(request.prompt_ids)
+    if limit is None:
+        return request.max_new_tokens
+    if n >= limit:
+        raise DecoderError(f"prompt is {n} tokens but the model's context is {limit}: "
+                           f"shorten the prompt to at most {limit - 1} tokens")
+    return min(request.max_new_tokens, limit - n)
+
+
+def new_cache(model):
+    from transformers import DynamicCache
+    return DynamicCache(config=model.config)
+
+
+def rollback(cache, length: int) -> None:
+    """Cut a KV cache back to `length` tokens (transformers 5: crop takes a negative count)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def cache_kwarg(model) -> str:
+    """transformers >= 5.2x renamed `past_key_values` to `cache`; accept both."""
+    return _cache_kwarg(type(model))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg(cls) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+@torch.inference_mode()
+def forward(model, input_ids: torch.Tensor, cache, n_logits: int = 1) -> torch.Tensor:
+    """Run `input_ids` (1, T) through the model on top of `cache`; logits of the last n_logits
+    positions, (n_logits, V). logits_to_keep avoids the LM head on the rest of a prefill."""
+    kw = {cache_kwarg(model): cache}
+    out = model(input_ids=input_ids, use_cache=True, logits_to_keep=n_logits, **kw)
+    return out.logits[0]
+
+
+def sync(device) -> None:
+    # Read clocks only after queued device work has finished.
+    if getattr(device, "type", str(device)) == "cuda":
+        torch.cuda.synchronize()
+
+
+class Emitter:
+    """Collects new tokens for one request and decides when to stop.
+
+    Tokens are kept up to and including the one that triggered a stop (as transformers does),
+    so token sequences from different backends are comparable.
+    """
+
+    def __init__(self, request: GenerationRequest, tokenizer, max_new_tokens: int):
+        self.request = request
+        self.tokenizer = tokenizer
+        self.max_new = max_new_tokens
+        self.tokens: list[int] = []
+        self.margins: list[float] = []
+        self.stamps: list[float] = []
+        self.stop_ids = set(request.stop_token_ids)
+        self.longest_stop = max((len(s) for s in request.stop_strings), default=0)
+        self.finish_reason: str | None = None
+        self.t0 = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new - len(self.tokens)
+
+    def emit(self, token: int, margin: float | None = None) -> bool:
+        """Append one token; returns True when generation must stop here."""
+        self.tokens.append(int(token))
+        self.margins.append(float("nan") if margin is None else float(margin))
+        self.stamps.append(time.perf_counter())
+        if token in self.stop_ids:
+            self.finish_reason = "eos"
+        elif self.longest_stop and self._hit_stop_string():
+            self.finish_reason = "stop_string"
+        elif len(self.tokens) >= self.max_new:
+            self.finish_reason = "length"
+        return self.done
+
+    def _hit_stop_string(self) -> bool:
+        # A stop string spans at most longest_stop tokens; decode a tail a little longer than that.
+        tail = self.tokenizer.decode(self.tokens[-(self.longest_stop + 2):], skip_special_tokens=False)
+        return any(s in tail for s in self.request.stop_strings)
+
+    def text(self) -> str:
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if self.finish_reason == "stop_string":
+            cut = min((i for i in (text.find(s) for s in self.request.stop_strings) if i >= 0), default=-1)
+            if cut >= 0:
+                text = text[:cut]
+        return text
+
+    def result(self, decoder: str, stats: dict) -> GenerationResult:
+        end = self.stamps[-1] if self.stamps else time.perf_counter()
+        times = [b - a for a, b in zip([self.t0] + self.stamps[:-1], self.stamps)]
+        return GenerationResult(
+            tokens=tuple(self.tokens),
+            text=self.text(),
+            decoder=decoder,
+            finish_reason=self.finish_reason or "length",
+            timing=Timing(wall_s=end - self.t0, ttft_s=times[0] if times else 0.0, token_times_s=tuple(times)),
+            margins=tuple(self.margins),
+            stats=stats,
+        )
+
+
+def reject_options(decoder: str, options: dict) -> None:
+    if options:
+        raise DecoderError(f"decoder {decoder!r} takes no option(s) {', '.join(sorted(options))}")

@@ -1,0 +1,73 @@
+"""`decodegate` command line. Each subcommand lives in its own module with
+`add_arguments(parser)` and `run(args) -> int`; heavy imports happen inside `run`.
+
+Exit codes: 0 success / every gate passed, 1 a gate failed, 2 a usage or input error.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "generate": ("harness.generate_cmd", "generate one completion with a chosen decoder"),
+    "regress": ("harness.regress", "run baseline vs candidates on the suites, gate the result"),
+    "bench": ("harness.bench", "speed side by side: our decoders vs transformers, vs theory"),
+    "suites": ("suites.cli", "list or show the prompt suites"),
+    "sync": ("harness.sync", "upload a run folder to MLflow (after the server was down)"),
+    "lm-eval": ("harness.lmeval_cmd", "run lm-eval tasks through decodegate's decoders"),
+}
+
+# Our input errors are ValueError subclasses defined in these packages.
+OUR_PACKAGES = {"harness", "decoders", "suites", "analysis"}
+
+
+def is_input_error(exc: BaseException) -> bool:
+    if isinstance(exc, (FileNotFoundError, IsADirectoryError)):
+        return True
+    return isinstance(exc, ValueError) and type(exc).__module__.split(".")[0] in OUR_PACKAGES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="decodegate",
+        description="Quality-regression and A/B evaluation harness for decoding optimizations "
+                    "(speculative decoding, early exit). Exit codes: 0 pass, 1 gate failed, 2 input error.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name == module:
+                continue  # not built yet
+            raise
+        if name == "suites" and hasattr(mod, "register"):
+            mod.register(sub)
+            continue
+        p = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip().split("\n\n")[0])
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run = getattr(args, "_run", None) or getattr(args, "func", None)
+    if run is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(run(args) or 0)
+    except KeyboardInterrupt:
+        print("decodegate: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - input errors become one line and exit 2
+        if is_input_error(e):
+            print(f"decodegate: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
