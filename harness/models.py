@@ -188,8 +188,13 @@ def quantize_int8(loaded: LoadedModel) -> LoadedModel:
     if loaded.device.type != "cpu":
         raise ModelError("the -int8 aliases use torch dynamic quantization, which runs on CPU only; "
                          "pass --device cpu for this model")
+    import warnings
     from torch.ao.quantization import quantize_dynamic
-    model = quantize_dynamic(loaded.model, {torch.nn.Linear}, dtype=torch.qint8)
+    with warnings.catch_warnings():
+        # torch marks eager dynamic quantization deprecated (moving to torchao); it still works
+        # in the pinned torch and needs no extra package.
+        warnings.simplefilter("ignore")
+        model = quantize_dynamic(loaded.model, {torch.nn.Linear}, dtype=torch.qint8)
     return LoadedModel(loaded.name + "-int8", model, loaded.tokenizer, loaded.device, loaded.dtype)
 
 
