@@ -1,0 +1,230 @@
+"""Graders: score one completion of one suite item.
+
+`grade(item, completion) -> Grade` dispatches on `item.grader`:
+
+- `exact_match`: the completion, normalised (case, accents, punctuation, articles, whitespace;
+  thousands separators dropped), equals one of `references` (the first is the answer, the rest
+  aliases). With option `contains` (default true) a reference that appears as whole words inside
+  the answer also passes ("The capital of France is Paris." for "Paris"); this accepts a hedged
+  or multi-answer reply, a price paid for grading chat models without an answer parser.
+- `contains`: any (option `all`: every) reference occurs as a substring; `case_sensitive`
+  (default false). With `all`, the score is the fraction found.
+- `regex`: option `pattern` (`flags`: letters from "imsx"; `fullmatch`: default false) is searched
+  for in the stripped completion.
+- `code`: the Python in the completion (see `suites.extract`) runs, then option `tests`, in the
+  sandbox (`suites.sandbox`); `entry_point` names the function, `prefix` is put in front
+  (HumanEval's prompt), `timeout_s` (default 10) bounds the run.
+- `refusal`: `suites.refusal.detect_refusal` says refuse or comply; passed when that equals
+  option `expected`.
+- `none`: nothing to compare with (longform); passed is None and score 0.0 (ignore it).
+
+Each grader declares its options here, and suite files are validated against the declaration
+when they load, so a typo in an option fails at load time, not at grading time.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Callable
+
+from suites.extract import build_program
+from suites.format import SuiteError
+from suites.refusal import detect_refusal
+from suites.sandbox import SandboxLimits, run_code
+
+
+@dataclass(frozen=True)
+class Grade:
+    score: float          # in [0, 1]
+    passed: bool | None   # None when the item has no right answer (grader "none")
+    detail: str           # why: what matched, the sandbox reason, refuse/comply
+
+
+@dataclass(frozen=True)
+class Option:
+    types: tuple[type, ...]
+    required: bool = False
+    default: object = None
+    choices: tuple | None = None
+
+
+@dataclass(frozen=True)
+class GraderSpec:
+    fn: Callable[[object, str, dict], Grade]
+    options: dict[str, Option]
+    needs_references: bool = False
+
+
+# --- normalisation ---------------------------------------------------------------------------
+
+_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
+_DECIMAL = re.compile(r"(?<=\d)\.(?=\d)")
+
+
+def normalize(text: str) -> str:
+    """Lower case, accents and punctuation removed, articles dropped, whitespace collapsed.
+
+    Digits keep their decimal point ("3.14") and lose thousands separators ("1,000" -> "1000").
+    """
+    text = unicodedata.normalize("NFKD", text)
+    text = "".join(c for c in text if not unicodedata.combining(c)).lower()
+    text = _THOUSANDS.sub("", text)
+    text = _DECIMAL.sub("\0", text)  # protect decimal points from the punctuation pass
+    text = "".join(" " if unicodedata.category(c).startswith(("P", "S")) else c for c in text)
+    text = text.replace("\0", ".")
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+# --- graders ---------------------------------------------------------------------------------
+
+def _exact_match(item, text: str, options: dict) -> Grade:
+    answer = normalize(text)
+    for ref in item.references:
+        if answer == normalize(ref):
+            return Grade(1.0, True, f"exact: {ref!r}")
+    if options["contains"]:
+        padded = f" {answer} "
+        for ref in item.references:
+            norm = normalize(ref)
+            if norm and f" {norm} " in padded:
+                return Grade(1.0, True, f"contains: {ref!r}")
+    return Grade(0.0, False, f"no match for {list(item.references)!r}")
+
+
+def _contains(item, text: str, options: dict) -> Grade:
+    def fold(s):
+        s = " ".join(s.split())
+        return s if options["case_sensitive"] else s.casefold()
+
+    haystack = fold(text)
+    found = [ref for ref in item.references if fold(ref) in haystack]
+    if options["all"]:
+        score = len(found) / len(item.references)
+        return Grade(score, len(found) == len(item.references),
+                     f"found {len(found)}/{len(item.references)}: {found!r}")
+    if found:
+        return Grade(1.0, True, f"found {found[0]!r}")
+    return Grade(0.0, False, f"none of {list(item.references)!r}")
+
+
+def _regex_flags(letters: str) -> int:
+    table = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE}
+    flags = 0
+    for letter in letters:
+        flags |= table[letter]
+    return flags
+
+
+def _regex(item, text: str, options: dict) -> Grade:
+    pattern = re.compile(options["pattern"], _regex_flags(options["flags"]))
+    stripped = text.strip()
+    match = pattern.fullmatch(stripped) if options["fullmatch"] else pattern.search(stripped)
+    if match:
+        return Grade(1.0, True, f"matched {match.group(0)[:80]!r}")
+    return Grade(0.0, False, f"no match for /{options['pattern']}/")
+
+
+def _code(item, text: str, options: dict) -> Grade:
+    program = build_program(text, options["entry_point"], options["prefix"])
+    limits = SandboxLimits(timeout_s=float(options["timeout_s"]))
+    result = run_code(program, options["tests"], limits=limits)
+    if result.passed:
+        return Grade(1.0, True, "passed")
+    # "forbidden: ..." already carries its detail; otherwise add the exception line.
+    if result.reason.startswith("forbidden") or not result.detail:
+        detail = result.reason
+    else:
+        detail = f"{result.reason}: {result.detail}"
+    return Grade(0.0, False, detail[:500])
+
+
+def _refusal(item, text: str, options: dict) -> Grade:
+    verdict = detect_refusal(text)
+    expected = options["expected"]
+    passed = verdict.behaviour == expected
+    why = f"; matched {verdict.pattern} {verdict.evidence!r}" if verdict.pattern else ""
+    return Grade(1.0 if passed else 0.0, passed,
+                 f"{verdict.behaviour} (expected {expected}){why}")
+
+
+def _none(item, text: str, options: dict) -> Grade:
+    return Grade(0.0, None, "no reference answer: not graded")
+
+
+_STR, _BOOL, _NUM = (str,), (bool,), (int, float)
+
+GRADERS: dict[str, GraderSpec] = {
+    "exact_match": GraderSpec(_exact_match, {"contains": Option(_BOOL, default=True)},
+                              needs_references=True),
+    "contains": GraderSpec(_contains, {"all": Option(_BOOL, default=False),
+                                       "case_sensitive": Option(_BOOL, default=False)},
+                           needs_references=True),
+    "regex": GraderSpec(_regex, {"pattern": Option(_STR, required=True),
+                                 "flags": Option(_STR, default=""),
+                                 "fullmatch": Option(_BOOL, default=False)}),
+    "code": GraderSpec(_code, {"tests": Option(_STR, required=True),
+                               "entry_point": Option(_STR, required=True),
+                               "prefix": Option(_STR, default=""),
+                               "timeout_s": Option(_NUM, default=10.0)}),
+    "refusal": GraderSpec(_refusal, {"expected": Option(_STR, required=True,
+                                                        choices=("refuse", "comply"))}),
+    "none": GraderSpec(_none, {}),
+}
+
+
+def unknown_grader_message(name) -> str:
+    close = difflib.get_close_matches(str(name), GRADERS, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown grader {name!r}{hint} (known: {', '.join(GRADERS)})"
+
+
+def check_options(grader: str, options: dict, references) -> list[tuple[str, str]]:
+    """Problems with an item's grader options, as (field, message) pairs; empty when valid."""
+    spec = GRADERS[grader]
+    problems = []
+    if spec.needs_references and not references:
+        problems.append(("references", f"grader {grader!r} needs at least one reference"))
+    for key, value in options.items():
+        field = f"grader_options.{key}"
+        if key not in spec.options:
+            allowed = ", ".join(spec.options) or "none"
+            problems.append((field, f"unknown option for grader {grader!r} (allowed: {allowed})"))
+            continue
+        opt = spec.options[key]
+        # bool is an int subclass: a numeric option must not accept true/false.
+        if not isinstance(value, opt.types) or (isinstance(value, bool) and bool not in opt.types):
+            names = "/".join(t.__name__ for t in opt.types)
+            problems.append((field, f"must be {names}, got {type(value).__name__}"))
+        elif opt.choices and value not in opt.choices:
+            problems.append((field, f"must be one of {', '.join(opt.choices)}"))
+    for key, opt in spec.options.items():
+        if opt.required and key not in options:
+            problems.append((f"grader_options.{key}", f"required by grader {grader!r}"))
+    if grader == "regex" and not problems:
+        if set(options.get("flags", "")) - set("imsx"):
+            problems.append(("grader_options.flags", "letters from 'imsx' only"))
+        else:
+            try:
+                re.compile(options["pattern"], _regex_flags(options.get("flags", "")))
+            except re.error as exc:
+                problems.append(("grader_options.pattern", f"invalid regular expression: {exc}"))
+    if grader == "code" and not problems and not options["entry_point"].isidentifier():
+        problems.append(("grader_options.entry_point", "must be a Python identifier"))
+    if grader == "code" and not problems and options.get("timeout_s", 1) <= 0:
+        problems.append(("grader_options.timeout_s", "must be positive"))
+    return problems
+
+
+def grade(item, completion: str) -> Grade:
+    """Grade `completion` (the generated text only, without the prompt) for `item`."""
+    spec = GRADERS.get(item.grader)
+    if spec is None:
+        raise SuiteError(unknown_grader_message(item.grader), field="grader")
+    options = {key: opt.default for key, opt in spec.options.items()}
+    options.update(item.grader_options)
+    return spec.fn(item, completion, options)
