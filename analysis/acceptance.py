@@ -1,0 +1,268 @@
+"""Acceptance statistics of speculative decoding, and theory against measurement.
+
+From the candidate's ``stats`` (see the record contract) and the paired baseline's timings:
+
+- ``acceptance_rate`` = accepted / proposed: the share of drafted tokens that were kept.
+- ``alpha``: the per-token acceptance probability of Leviathan et al. (2023), the quantity their
+  speedup formula needs. It is *not* accepted / proposed: after the first rejection in a round the
+  remaining drafts are never tested, so accepted / proposed is E[accepted per round] / K, which
+  underestimates alpha (at alpha = 0.8, K = 4: 0.59). Under the paper's i.i.d. model each round
+  tests drafts until the first rejection, so the maximum-likelihood estimate is accepted /
+  (accepted + rejected rounds), a round being rejected when it accepted fewer than it proposed.
+  It needs ``accepted_per_round`` and ``proposed_per_round``; without them it is estimated from
+  ``acceptance_by_position`` (tested at position j = accepted at j - 1), and without that too it
+  falls back to accepted / proposed; ``alpha_method`` says which.
+- ``tau``: tokens emitted per target forward.
+- ``accepted_length_histogram``: rounds by number of drafts accepted, 0..K.
+- acceptance by draft position: accepted / proposed at each position (cumulative) and accepted /
+  tested (conditional on reaching that position).
+- ``c``: one draft step's cost over one target step, measured as (draft_time_s / draft_forwards)
+  over the baseline's decode seconds per token (or given); ``verify_cost``: verify_time_s per
+  round over one target step (Leviathan assume 1; the speculative backend's verify_time_s also
+  holds kill-switch fallback steps, so with fallbacks this overstates it).
+- theoretical speedup (Leviathan): (1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)); achieved speedup
+  from paired wall times per token (``latency.paired_speedup``), and their ratio.
+
+Per suite and per category through :func:`acceptance_by_group`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._common import ConfidenceInterval, as_rng, check_level, group_pairs
+from .latency import SpeedupResult, decode_step_seconds, paired_speedup
+from .pairing import Pair
+
+
+def expected_tokens_per_round(alpha, k):
+    """Sum_{i=0..K} alpha^i = (1 - alpha^(K+1)) / (1 - alpha), K + 1 at alpha = 1 (vectorised)."""
+    alpha = np.asarray(alpha, dtype=float)
+    if np.any((alpha < 0) | (alpha > 1)):
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    if int(k) != k or k < 0:
+        raise ValueError(f"k must be a non-negative integer, got {k!r}")
+    powers = alpha[..., None] ** np.arange(int(k) + 1)
+    return powers.sum(axis=-1)
+
+
+def theoretical_speedup(alpha, k: int, c: float, *, verify_cost: float = 1.0):
+    """Leviathan et al.'s expected walltime improvement, (1 - a^(K+1)) / ((1 - a)(K c + v)).
+
+    ``c``: one draft step relative to one target step; ``verify_cost`` (v): one verify forward
+    over K + 1 tokens relative to one target step (1 in the paper). Written as a geometric sum,
+    so alpha = 1 gives (K + 1) / (K c + v) without special-casing.
+    """
+    if c < 0 or verify_cost <= 0:
+        raise ValueError(f"need c >= 0 and verify_cost > 0; got c={c!r}, verify_cost={verify_cost!r}")
+    return expected_tokens_per_round(alpha, k) / (k * c + verify_cost)
+
+
+@dataclass(frozen=True)
+class AcceptanceSummary:
+    """Acceptance, cost and speedup for one group of paired speculative generations.
+
+    ``confidence_interval()`` is a bootstrap interval for ``alpha`` over records (tokens in one
+    generation are not independent, so generations are resampled).
+    """
+
+    n: int
+    rounds: int
+    proposed: int
+    accepted: int
+    k: int
+    acceptance_rate: float
+    alpha: float
+    alpha_method: str
+    alpha_ci_low: float
+    alpha_ci_high: float
+    confidence_level: float
+    tau: float
+    accepted_length_histogram: tuple[int, ...]
+    by_position: tuple[tuple[int, int, int, float, float], ...]  # (pos, accepted, proposed, acc/prop, acc/tested)
+    c: float
+    verify_cost: float
+    theoretical_speedup: float
+    theoretical_speedup_measured_verify: float
+    achieved: SpeedupResult
+    achieved_over_theoretical: float
+
+    @property
+    def statistic(self) -> float:
+        return self.alpha
+
+    def confidence_interval(self) -> ConfidenceInterval:
+        return ConfidenceInterval(self.alpha_ci_low, self.alpha_ci_high)
+
+
+def _stats(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    s = record.get("stats") or {}
+    if "proposed" not in s or "accepted" not in s:
+        raise ValueError(
+            f"record {record.get('item_id')!r} ({record.get('decoder')}) has no speculative stats "
+            "(stats.proposed / stats.accepted)"
+        )
+    return s
+
+
+def _per_round(s: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    acc, prop = s.get("accepted_per_round"), s.get("proposed_per_round")
+    if acc is None or prop is None:
+        return None
+    acc, prop = np.asarray(acc, dtype=int), np.asarray(prop, dtype=int)
+    if acc.shape != prop.shape or np.any(acc > prop) or np.any(acc < 0):
+        raise ValueError("accepted_per_round and proposed_per_round must be paired, 0 <= accepted <= proposed")
+    return acc, prop
+
+
+def _by_position(stats_list: Sequence[Mapping[str, Any]], k: int):
+    """Per position: accepted, proposed, tested (from per-round arrays when all records have them)."""
+    acc_pos, prop_pos, tested_pos = np.zeros(k, int), np.zeros(k, int), np.zeros(k, int)
+    exact_tested = True
+    for s in stats_list:
+        rounds = _per_round(s)
+        if rounds is not None:
+            acc, prop = rounds
+            j = np.arange(k)[:, None]
+            acc_pos += np.sum(acc[None, :] > j, axis=1)
+            prop_pos += np.sum(prop[None, :] > j, axis=1)
+            tested_pos += np.sum((acc[None, :] >= j) & (prop[None, :] > j), axis=1)
+        elif s.get("acceptance_by_position"):
+            exact_tested = False
+            table = np.asarray(s["acceptance_by_position"], dtype=int).reshape(-1, 2)[:k]
+            acc_pos[: len(table)] += table[:, 0]
+            prop_pos[: len(table)] += table[:, 1]
+        else:
+            return None
+    if not exact_tested:  # fixed-K assumption: position j is tested when j - 1 was accepted
+        tested_pos = np.minimum(prop_pos, np.concatenate([prop_pos[:1], acc_pos[:-1]]))
+    return acc_pos, prop_pos, tested_pos, exact_tested
+
+
+def _ratio(a: float, b: float) -> float:
+    return float(a / b) if b > 0 else float("nan")
+
+
+def _tested_per_record(stats_list, per_round, k: int) -> tuple[np.ndarray, str]:
+    """Draft tokens actually tested per record, and the name of the estimator used."""
+    if all(r is not None for r in per_round):
+        tested = [r[0].sum() + np.sum(r[0] < r[1]) for r in per_round]
+        return np.asarray(tested, dtype=float), "accepted/(accepted+rejected rounds)"
+    if _by_position(stats_list, k) is not None:
+        tested = [_by_position([s], k)[2].sum() for s in stats_list]
+        return np.asarray(tested, dtype=float), "acceptance_by_position (fixed K)"
+    return np.asarray([int(s["proposed"]) for s in stats_list], dtype=float), "accepted/proposed"
+
+
+def _ratio_ci(num: np.ndarray, den: np.ndarray, level: float, n_resamples: int, rng) -> tuple[float, float]:
+    """Percentile bootstrap interval of sum(num) / sum(den), resampling records."""
+    idx = rng.integers(0, num.size, size=(n_resamples, num.size))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        boot = num[idx].sum(axis=1) / den[idx].sum(axis=1)
+    boot = boot[np.isfinite(boot)]
+    if not boot.size:
+        return float("nan"), float("nan")
+    tail = (1 - level) / 2
+    low, high = np.quantile(boot, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def _costs(stats_list, step_s: float, proposed: int, rounds: int) -> tuple[float, float]:
+    """(c, verify_cost): one draft step and one verify forward over one baseline decode step."""
+    c = float("nan")
+    if any("draft_time_s" in s for s in stats_list):
+        draft_t = sum(float(s.get("draft_time_s", 0.0)) for s in stats_list)
+        draft_f = sum(int(s.get("draft_forwards", 0)) for s in stats_list)
+        # prompt lookup runs no draft forwards: charge its time per proposed token instead
+        steps = draft_f if draft_f > 0 else proposed
+        c = draft_t / steps / step_s if steps > 0 else 0.0
+    verify = float("nan")
+    if rounds and all("verify_time_s" in s for s in stats_list):
+        verify = sum(float(s["verify_time_s"]) for s in stats_list) / rounds / step_s
+    return c, verify
+
+
+def _theory(alpha: float, k: int, c: float, verify_cost: float = 1.0) -> float:
+    if not np.isfinite([alpha, c, verify_cost]).all() or verify_cost <= 0:
+        return float("nan")
+    return float(theoretical_speedup(alpha, k, c, verify_cost=verify_cost))
+
+
+def acceptance_summary(
+    pairs: Sequence[Pair], *, k: int | None = None, c: float | None = None,
+    confidence_level: float = 0.95, n_resamples: int = 2000,
+    rng: np.random.Generator | int | None = None,
+) -> AcceptanceSummary:
+    """Acceptance statistics of the candidates in ``pairs`` and their speedup over the baselines.
+
+    ``k``: the draft length (default: the largest of the proposals per round, the positions in
+    ``acceptance_by_position`` and ``stats.k``); ``c``: the draft cost ratio (default: measured).
+    """
+    if not pairs:
+        raise ValueError("acceptance_summary needs at least one pair")
+    level = check_level(confidence_level)
+    gen = as_rng(rng)
+    stats_list = [_stats(p.candidate) for p in pairs]
+    per_round = [_per_round(s) for s in stats_list]
+    if k is None:
+        k = max([int(r[1].max()) for r in per_round if r is not None and r[1].size]
+                + [len(s.get("acceptance_by_position") or []) for s in stats_list]
+                + [int(s.get("k") or 0) for s in stats_list])
+    if k <= 0:
+        raise ValueError("cannot tell the draft length K: pass k= or record proposed_per_round")
+
+    proposed = sum(int(s["proposed"]) for s in stats_list)
+    accepted_rec = np.array([int(s["accepted"]) for s in stats_list], dtype=float)
+    rounds = sum(int(s.get("rounds", len(r[0]) if r is not None else 0))
+                 for s, r in zip(stats_list, per_round))
+    tested_rec, alpha_method = _tested_per_record(stats_list, per_round, k)
+    alpha = _ratio(accepted_rec.sum(), tested_rec.sum())
+    alpha_ci = _ratio_ci(accepted_rec, tested_rec, level, n_resamples, gen)
+
+    hist = np.zeros(k + 1, dtype=int)
+    for r in per_round:
+        if r is not None:  # rounds that proposed nothing (no prompt-lookup match) are not rounds of drafts
+            drafted = r[0][r[1] > 0]
+            hist += np.bincount(np.minimum(drafted, k), minlength=k + 1)[: k + 1]
+    positions = _by_position(stats_list, k)
+    by_pos = ()
+    if positions is not None:
+        a, p, t, _ = positions
+        by_pos = tuple((j, int(a[j]), int(p[j]), _ratio(a[j], p[j]), _ratio(a[j], t[j])) for j in range(k))
+
+    measured_c, verify_cost = _costs(stats_list, decode_step_seconds([p.baseline for p in pairs]),
+                                     proposed, rounds)
+    c = measured_c if c is None else float(c)
+    theory = _theory(alpha, k, c)
+    achieved = paired_speedup(pairs, confidence_level=level, n_resamples=n_resamples, rng=gen)
+    tokens = sum(len(p.candidate.get("tokens") or []) for p in pairs)
+    forwards = sum(int(s.get("target_forwards", 0)) for s in stats_list)
+    return AcceptanceSummary(
+        n=len(pairs), rounds=rounds, proposed=proposed, accepted=int(accepted_rec.sum()), k=int(k),
+        acceptance_rate=_ratio(accepted_rec.sum(), proposed), alpha=alpha, alpha_method=alpha_method,
+        alpha_ci_low=alpha_ci[0], alpha_ci_high=alpha_ci[1], confidence_level=level,
+        tau=_ratio(tokens, forwards), accepted_length_histogram=tuple(int(x) for x in hist),
+        by_position=by_pos, c=c, verify_cost=verify_cost,
+        theoretical_speedup=theory,
+        theoretical_speedup_measured_verify=_theory(alpha, k, c, verify_cost),
+        achieved=achieved, achieved_over_theoretical=_ratio(achieved.statistic, theory)
+        if np.isfinite(theory) else float("nan"),
+    )
+
+
+def acceptance_by_group(
+    pairs: Sequence[Pair], *, by: str = "suite", k: int | None = None, c: float | None = None,
+    confidence_level: float = 0.95, n_resamples: int = 2000,
+    rng: np.random.Generator | int | None = None,
+) -> dict[str, AcceptanceSummary]:
+    """:func:`acceptance_summary` per suite (``by="suite"``) or per category (``"category"``)."""
+    gen = as_rng(rng)
+    return {
+        name: acceptance_summary(group, k=k, c=c, confidence_level=confidence_level,
+                                 n_resamples=n_resamples, rng=gen)
+        for name, group in group_pairs(pairs, by).items()
+    }

@@ -1,0 +1,412 @@
+"""Paired tests on quality: candidate against baseline, prompt by prompt.
+
+Orientation everywhere: ``delta = candidate - baseline``; for pass/fail data the discordant pairs
+are *losses* (baseline passed, candidate failed) and *wins* (baseline failed, candidate passed),
+so ``delta = (wins - losses) / n``.
+
+- :func:`mcnemar` -- McNemar's test, exact binomial on the discordant pairs, **mid-p** variant by
+  default. Why mid-p: the exact conditional test (p = 2 P[X <= min(b, c)], X ~ Bin(b + c, 1/2),
+  statsmodels' ``mcnemar(exact=True)``) never exceeds the nominal level but is needlessly
+  conservative; with 10-20 discordant pairs its real false-alarm rate at 0.05 is 0.02-0.04, and
+  with fewer it cannot reject at all. The mid-p version (subtract half the probability of the
+  observed table) has a false-alarm rate close to the nominal level and, for discordance up to
+  0.5, not above it: exactly computed over n = 10..1000 pairs and discordance rates up to 0.5
+  (same-prompt decoders are positively correlated; 0.5 is independence at a 50% pass rate) its
+  unconditional size peaks at 0.04995 (see ``analysis/CALIBRATION.md``). Fagerland, Lydersen and
+  Laake (BMC Med Res Methodol 2013, 13:91) reach the same recommendation. Above a discordance of
+  ~0.7 (decoders disagreeing on most prompts) it can exceed the level slightly (0.0510 at 0.8,
+  0.077 at 1.0); there a difference is plain anyway. ``variant="exact"`` gives the conditional test.
+- :func:`paired_proportion_difference` -- the difference in pass rates with Tango's score
+  interval (Tango 1998) or a paired bootstrap interval.
+- :func:`wilcoxon_signed_rank` -- ``scipy.stats.wilcoxon`` on continuous scores or latencies,
+  with a paired bootstrap interval for the mean difference.
+- :func:`non_inferiority` -- one-sided test of H0: delta <= -margin. Pass/fail data use Tango's
+  score test with a continuity correction of 1/2 (without it the exact type I error at the
+  margin reaches 0.055-0.07 for some n and discordance; with it, <= 0.05 wherever discordance
+  <= 0.95, see CALIBRATION.md); continuous scores use the one-sided paired t-test. ``passed`` is
+  true exactly when the one-sided lower confidence bound of delta lies above -margin.
+  "p > 0.05, so no difference" is never a pass.
+- :func:`holm` -- Holm's step-down adjustment across the tests a gate looks at.
+
+Every function is pure; bootstrap randomness comes from ``rng``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize, stats
+
+from ._common import (
+    ConfidenceInterval, as_rng, binary_array, bootstrap_ci, check_level, float_array, paired_arrays,
+)
+
+MCNEMAR_VARIANTS = ("mid-p", "exact")
+NI_CONTINUITY_CORRECTION = 0.5
+
+
+# --------------------------------------------------------------------------- counts and scores
+
+
+def discordant_counts(baseline, candidate) -> tuple[int, int, int]:
+    """(losses, wins, n) of paired pass/fail outcomes."""
+    base, cand = paired_arrays(baseline, candidate, binary_array)
+    losses = int(np.sum((base == 1) & (cand == 0)))
+    wins = int(np.sum((base == 0) & (cand == 1)))
+    return losses, wins, int(base.size)
+
+
+def tango_z(wins, losses, n, delta0, *, shift: float = 0.0):
+    """Tango's score statistic for H0: delta = delta0 (vectorised over counts).
+
+    ``z = (wins - losses - n*delta0 + shift) / sqrt(n * (2*p21 + delta0*(1 - delta0)))`` with
+    ``p21`` the restricted MLE of the loss probability under delta0 (Tango 1998, eq. 3-5).
+    ``shift`` applies a continuity correction (negative for an upper-tail test).
+    """
+    w, l = np.asarray(wins, dtype=float), np.asarray(losses, dtype=float)
+    n = float(n)
+    a = 2.0 * n
+    b = -w - l + (2.0 * n - w + l) * delta0
+    c = -l * delta0 * (1.0 - delta0)
+    p21 = (np.sqrt(np.maximum(b * b - 4.0 * a * c, 0.0)) - b) / (2.0 * a)
+    var = n * (2.0 * p21 + delta0 * (1.0 - delta0))
+    num = w - l - n * delta0 + shift
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = num / np.sqrt(np.maximum(var, 0.0))
+    degenerate = var <= 1e-12 * max(n, 1.0)
+    return np.where(degenerate, np.sign(num) * np.where(num == 0, 0.0, np.inf), z)
+
+
+def _tango_bound(wins: int, losses: int, n: int, zq: float, side: str, cc: float) -> float:
+    """Lower (side="low") or upper bound of delta where Tango's z crosses +-zq."""
+    tiny = 1e-10
+    if side == "low":
+        f = lambda d: float(tango_z(wins, losses, n, d, shift=-cc)) - zq  # noqa: E731
+        lo, hi = -1.0 + tiny, (wins - losses) / n
+        if f(lo) <= 0:
+            return -1.0
+        if f(hi) > 0:  # only possible for zq <= 0 (confidence below 1/2)
+            hi = 1.0 - tiny
+        return float(optimize.brentq(f, lo, hi, xtol=1e-12))
+    f = lambda d: float(tango_z(wins, losses, n, d, shift=cc)) + zq  # noqa: E731
+    lo, hi = (wins - losses) / n, 1.0 - tiny
+    if f(hi) >= 0:
+        return 1.0
+    if f(lo) < 0:
+        lo = -1.0 + tiny
+    return float(optimize.brentq(f, lo, hi, xtol=1e-12))
+
+
+def tango_interval(
+    wins: int, losses: int, n: int, *, confidence_level: float = 0.95,
+    alternative: str = "two-sided", continuity_correction: float = 0.0,
+) -> ConfidenceInterval:
+    """Tango's score interval for a paired difference in proportions, (wins - losses) / n.
+
+    ``alternative="greater"`` gives the one-sided lower bound (upper end 1.0), ``"less"`` the
+    one-sided upper bound (lower end -1.0).
+    """
+    level = check_level(confidence_level)
+    if n <= 0 or wins < 0 or losses < 0 or wins + losses > n:
+        raise ValueError(f"need 0 <= wins + losses <= n and n > 0; got wins={wins}, losses={losses}, n={n}")
+    if alternative == "two-sided":
+        zq = stats.norm.ppf(1 - (1 - level) / 2)
+        return ConfidenceInterval(
+            _tango_bound(wins, losses, n, zq, "low", continuity_correction),
+            _tango_bound(wins, losses, n, zq, "high", continuity_correction),
+        )
+    zq = stats.norm.ppf(level)
+    if alternative == "greater":
+        return ConfidenceInterval(_tango_bound(wins, losses, n, zq, "low", continuity_correction), 1.0)
+    if alternative == "less":
+        return ConfidenceInterval(-1.0, _tango_bound(wins, losses, n, zq, "high", continuity_correction))
+    raise ValueError(f"alternative must be 'two-sided', 'greater' or 'less', not {alternative!r}")
+
+
+# --------------------------------------------------------------------------------- McNemar
+
+
+def mcnemar_pvalue(losses, wins, *, variant: str = "mid-p"):
+    """Two-sided exact McNemar p-value from the discordant counts (vectorised).
+
+    ``"exact"``: 2 P[X <= k], X ~ Bin(losses + wins, 1/2), k = min(losses, wins), capped at 1.
+    ``"mid-p"``: the same minus P[X = k] (half the probability of the observed table, twice).
+    """
+    if variant not in MCNEMAR_VARIANTS:
+        raise ValueError(f"variant must be one of {MCNEMAR_VARIANTS}, not {variant!r}")
+    b, c = np.asarray(losses), np.asarray(wins)
+    d, k = b + c, np.minimum(b, c)
+    p = 2.0 * stats.binom.cdf(k, d, 0.5)
+    if variant == "mid-p":
+        p = p - stats.binom.pmf(k, d, 0.5)
+    return np.minimum(p, 1.0)
+
+
+@dataclass(frozen=True)
+class McNemarResult:
+    """McNemar's test. ``statistic`` is delta = candidate - baseline pass rate = (wins - losses)/n;
+    ``confidence_interval()`` is Tango's score interval for it."""
+
+    statistic: float
+    pvalue: float
+    n: int
+    losses: int
+    wins: int
+    variant: str
+    ci_low: float
+    ci_high: float
+    confidence_level: float
+
+    def confidence_interval(self) -> ConfidenceInterval:
+        return ConfidenceInterval(self.ci_low, self.ci_high)
+
+
+def mcnemar(baseline, candidate, *, variant: str = "mid-p", confidence_level: float = 0.95) -> McNemarResult:
+    """Exact McNemar test on paired pass/fail outcomes (see the module docstring for the variant)."""
+    losses, wins, n = discordant_counts(baseline, candidate)
+    ci = tango_interval(wins, losses, n, confidence_level=confidence_level)
+    return McNemarResult(
+        statistic=(wins - losses) / n, pvalue=float(mcnemar_pvalue(losses, wins, variant=variant)),
+        n=n, losses=losses, wins=wins, variant=variant,
+        ci_low=ci.low, ci_high=ci.high, confidence_level=check_level(confidence_level),
+    )
+
+
+# ---------------------------------------------------------------- difference in proportions
+
+
+@dataclass(frozen=True)
+class DifferenceResult:
+    """A paired difference (candidate - baseline) with an interval.
+
+    ``pvalue`` tests delta = 0, two-sided (Tango's score test for proportions, i.e. the
+    asymptotic McNemar test without correction, consistent with the score interval).
+    """
+
+    statistic: float
+    pvalue: float
+    n: int
+    baseline_mean: float
+    candidate_mean: float
+    ci_low: float
+    ci_high: float
+    confidence_level: float
+    method: str
+
+    def confidence_interval(self) -> ConfidenceInterval:
+        return ConfidenceInterval(self.ci_low, self.ci_high)
+
+
+def _mean_diff(base, cand, axis=-1):
+    return np.mean(cand, axis=axis) - np.mean(base, axis=axis)
+
+
+def paired_proportion_difference(
+    baseline, candidate, *, confidence_level: float = 0.95, method: str = "tango",
+    n_resamples: int = 9999, rng: np.random.Generator | int | None = None,
+) -> DifferenceResult:
+    """Difference in pass rates with Tango's score interval (``"tango"``) or a paired
+    bootstrap interval (``"bootstrap"``, BCa over pairs)."""
+    level = check_level(confidence_level)
+    base, cand = paired_arrays(baseline, candidate, binary_array)
+    losses, wins, n = discordant_counts(base, cand)
+    z0 = float(tango_z(wins, losses, n, 0.0))
+    pvalue = float(2 * stats.norm.sf(abs(z0)))
+    if method == "tango":
+        ci = tango_interval(wins, losses, n, confidence_level=level)
+    elif method == "bootstrap":
+        ci = bootstrap_ci((base.astype(float), cand.astype(float)), _mean_diff,
+                          confidence_level=level, n_resamples=n_resamples, rng=as_rng(rng))
+    else:
+        raise ValueError(f"method must be 'tango' or 'bootstrap', not {method!r}")
+    return DifferenceResult(
+        statistic=(wins - losses) / n, pvalue=pvalue, n=n,
+        baseline_mean=float(base.mean()), candidate_mean=float(cand.mean()),
+        ci_low=ci.low, ci_high=ci.high, confidence_level=level, method=method,
+    )
+
+
+# ------------------------------------------------------------------------------- Wilcoxon
+
+
+def signed_rank_pvalue(differences, *, axis: int = -1, zero_method: str = "wilcox"):
+    """Two-sided ``scipy.stats.wilcoxon`` p-value(s) of paired differences along ``axis``.
+
+    scipy's method="auto": the exact null distribution for n <= 50 without ties or zeros, the
+    normal approximation (tie-corrected) otherwise. Differences that are all zero give p = 1.
+    """
+    d = np.asarray(differences, dtype=float)
+    nonzero = np.any(d != 0, axis=axis)
+    if not np.any(nonzero):
+        return np.ones(nonzero.shape) if nonzero.ndim else 1.0
+    safe = np.where(np.expand_dims(nonzero, axis), d, 1.0)  # all-zero rows: dummy, set to 1 below
+    p = stats.wilcoxon(safe, zero_method=zero_method, axis=axis).pvalue
+    return np.where(nonzero, p, 1.0) if np.ndim(p) else (float(p) if nonzero else 1.0)
+
+
+@dataclass(frozen=True)
+class WilcoxonResult:
+    """Wilcoxon signed-rank test on candidate - baseline.
+
+    ``statistic`` is scipy's (the smaller signed-rank sum for two-sided tests); ``estimate`` the
+    mean difference and ``confidence_interval()`` its paired bootstrap interval.
+    """
+
+    statistic: float
+    pvalue: float
+    n: int
+    estimate: float
+    median_difference: float
+    ci_low: float
+    ci_high: float
+    confidence_level: float
+
+    def confidence_interval(self) -> ConfidenceInterval:
+        return ConfidenceInterval(self.ci_low, self.ci_high)
+
+
+def wilcoxon_signed_rank(
+    baseline, candidate, *, zero_method: str = "wilcox", confidence_level: float = 0.95,
+    n_resamples: int = 9999, rng: np.random.Generator | int | None = None,
+) -> WilcoxonResult:
+    """Paired Wilcoxon signed-rank test (``scipy.stats.wilcoxon``) plus a paired bootstrap
+    BCa interval for the mean difference."""
+    level = check_level(confidence_level)
+    base, cand = paired_arrays(baseline, candidate, float_array)
+    d = cand - base
+    if np.any(d != 0):
+        res = stats.wilcoxon(d, zero_method=zero_method)
+        statistic, pvalue = float(res.statistic), float(res.pvalue)
+    else:
+        statistic, pvalue = 0.0, 1.0
+    ci = bootstrap_ci((d,), lambda x, axis: np.mean(x, axis=axis), confidence_level=level,
+                      n_resamples=n_resamples, rng=as_rng(rng))
+    return WilcoxonResult(
+        statistic=statistic, pvalue=pvalue, n=int(d.size), estimate=float(d.mean()),
+        median_difference=float(np.median(d)), ci_low=ci.low, ci_high=ci.high,
+        confidence_level=level,
+    )
+
+
+# ------------------------------------------------------------------------- non-inferiority
+
+
+def tango_ni_pvalue(wins, losses, n, *, margin: float,
+                    continuity_correction: float = NI_CONTINUITY_CORRECTION):
+    """One-sided p-value of H0: delta <= -margin (Tango score test, vectorised over counts)."""
+    z = tango_z(wins, losses, n, -float(margin), shift=-continuity_correction)
+    return stats.norm.sf(z)
+
+
+@dataclass(frozen=True)
+class NonInferiorityResult:
+    """Non-inferiority of the candidate: H0 delta <= -margin against H1 delta > -margin.
+
+    ``statistic`` is the observed delta; ``lower_bound`` the one-sided (1 - alpha) lower
+    confidence bound; ``passed`` is ``lower_bound > -margin`` (equivalently ``pvalue < alpha``).
+    """
+
+    statistic: float
+    pvalue: float
+    n: int
+    margin: float
+    alpha: float
+    lower_bound: float
+    passed: bool
+    method: str
+
+    def confidence_interval(self) -> ConfidenceInterval:
+        """The one-sided interval (lower_bound, upper limit of the metric)."""
+        return ConfidenceInterval(self.lower_bound, 1.0 if self.method == "tango-score" else np.inf)
+
+
+def _is_binary(a: np.ndarray) -> bool:
+    return bool(np.all((a == 0) | (a == 1)))
+
+
+def non_inferiority(
+    baseline, candidate, *, margin: float, alpha: float = 0.05, method: str = "auto",
+    continuity_correction: float = NI_CONTINUITY_CORRECTION,
+) -> NonInferiorityResult:
+    """One-sided non-inferiority test of candidate against baseline at level ``alpha``.
+
+    ``margin`` (> 0, in the metric's units, e.g. 0.02 = two points of pass rate) comes from the
+    gate's config. ``method``: ``"tango-score"`` for pass/fail outcomes, ``"paired-t"`` for
+    continuous scores, ``"auto"`` picks by the data.
+    """
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0, got {margin!r}")
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha must lie in (0, 0.5), got {alpha!r}")
+    base, cand = paired_arrays(baseline, candidate, float_array)
+    if method == "auto":
+        method = "tango-score" if _is_binary(base) and _is_binary(cand) else "paired-t"
+    n = int(base.size)
+    delta = float(cand.mean() - base.mean())
+    if method == "tango-score":
+        losses, wins, _ = discordant_counts(base, cand)
+        pvalue = float(tango_ni_pvalue(wins, losses, n, margin=margin,
+                                       continuity_correction=continuity_correction))
+        lower = tango_interval(wins, losses, n, confidence_level=1 - alpha, alternative="greater",
+                               continuity_correction=continuity_correction).low
+    elif method == "paired-t":
+        if n < 2:
+            raise ValueError("the paired t-test needs at least 2 pairs")
+        d = cand - base
+        if np.all(d == d[0]):
+            lower = float(d[0])
+            pvalue = 0.0 if lower > -margin else 1.0
+        else:
+            res = stats.ttest_1samp(d, -margin, alternative="greater")
+            pvalue = float(res.pvalue)
+            lower = float(res.confidence_interval(confidence_level=1 - alpha).low)
+    else:
+        raise ValueError(f"method must be 'auto', 'tango-score' or 'paired-t', not {method!r}")
+    return NonInferiorityResult(
+        statistic=delta, pvalue=pvalue, n=n, margin=float(margin), alpha=float(alpha),
+        lower_bound=lower, passed=bool(lower > -margin), method=method,
+    )
+
+
+# ------------------------------------------------------------------------------------ Holm
+
+
+@dataclass(frozen=True)
+class HolmResult:
+    """Holm-adjusted p-values (input order) and rejections at ``alpha``.
+
+    For non-inferiority gates, pass each test's one-sided p-value: a rejection is a pass.
+    """
+
+    pvalues: tuple[float, ...]
+    adjusted: tuple[float, ...]
+    reject: tuple[bool, ...]
+    alpha: float
+    names: tuple[str, ...] | None = None
+
+    def as_dict(self) -> dict[str, tuple[float, bool]]:
+        """name -> (adjusted p-value, rejected); needs named input."""
+        if self.names is None:
+            raise ValueError("holm() was given a sequence, not a mapping: no names")
+        return {k: (p, r) for k, p, r in zip(self.names, self.adjusted, self.reject)}
+
+
+def holm(pvalues: Sequence[float] | Mapping[str, float], *, alpha: float = 0.05) -> HolmResult:
+    """Holm's step-down correction: adjusted p_(i) = max_{j<=i} min(1, (m - j + 1) p_(j))."""
+    names = tuple(pvalues.keys()) if isinstance(pvalues, Mapping) else None
+    p = np.asarray(list(pvalues.values()) if names is not None else list(pvalues), dtype=float)
+    if p.ndim != 1:
+        raise ValueError("pvalues must be a flat sequence or mapping")
+    if np.any(~np.isfinite(p)) or np.any((p < 0) | (p > 1)):
+        raise ValueError("pvalues must be finite numbers in [0, 1]")
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    adjusted_sorted = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    adjusted = np.empty(m)
+    adjusted[order] = adjusted_sorted
+    return HolmResult(
+        pvalues=tuple(map(float, p)), adjusted=tuple(map(float, adjusted)),
+        reject=tuple(bool(a <= alpha) for a in adjusted), alpha=float(alpha), names=names,
+    )

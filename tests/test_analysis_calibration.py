@@ -1,0 +1,155 @@
+"""Calibration by simulation (>= 1,000 studies per case; here 10,000) and by exact enumeration.
+
+How the nominal-level checks read: the *exact* rate (every possible table enumerated, or every
+signed-rank sum) must be <= 0.05; the *simulated* rate, an estimate with Monte Carlo error, must
+agree with the exact one and must not be significantly above 0.05 (one-sided, z = 2.576).
+Asymptotic tests whose exact rate cannot be enumerated (Wilcoxon with ties) are checked by
+simulation alone the same way. Power numbers are asserted against their exact values and
+written to analysis/CALIBRATION.md by `python -m analysis.calibrate`.
+"""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from analysis import calibrate as cal
+from analysis import mcnemar, non_inferiority
+from analysis.paired import mcnemar_pvalue, tango_ni_pvalue
+
+STUDIES = 10_000
+Z_MC = 2.576
+
+
+def not_above(rate: cal.Rate, level: float = 0.05):
+    se = np.sqrt(level * (1 - level) / rate.studies)
+    assert rate.simulated <= level + Z_MC * se, rate
+    if rate.exact is not None:
+        assert rate.exact <= level, rate
+        assert abs(rate.simulated - rate.exact) <= 4 * rate.mc_se, rate
+
+
+def not_conservative(rate: cal.Rate, floor: float = 0.02):
+    assert rate.simulated >= floor, rate
+    if rate.exact is not None:
+        assert rate.exact >= floor, rate
+
+
+# ------------------------------------------------------------------------------- McNemar A/A
+
+
+@pytest.mark.parametrize("n,disc", [(100, 0.2), (200, 0.1), (200, 0.4), (400, 0.05)])
+def test_mcnemar_false_alarm(n, disc):
+    rate = cal.mcnemar_rejection(n, disc / 2, disc / 2, studies=STUDIES, rng=n + int(100 * disc))
+    not_above(rate)
+    not_conservative(rate)
+
+
+def test_mcnemar_mid_p_size_exact_sweep():
+    """Unconditional size of mid-p McNemar over n = 10..600 and discordance 0.01..0.5, exactly."""
+    d_max = 600
+    cond = np.zeros(d_max + 1)
+    for d in range(1, d_max + 1):
+        b = np.arange(d + 1)
+        cond[d] = np.sum(stats.binom.pmf(b, d, 0.5) * (mcnemar_pvalue(b, d - b) <= 0.05))
+    assert cond.max() > 0.05  # conditionally mid-p can exceed the level ...
+    worst = 0.0
+    for n in list(range(10, 101, 5)) + [150, 200, 300, 400, 600]:
+        d = np.arange(n + 1)
+        for disc in np.linspace(0.01, 0.5, 50):
+            worst = max(worst, float(np.sum(stats.binom.pmf(d, n, disc) * cond[: n + 1])))
+    assert 0.045 < worst <= 0.05  # ... but not averaged over the discordant count
+
+
+def test_mcnemar_power_5_point_drop_n200():
+    # candidate 5 points below baseline; disc 0.1 (correlated decoders) and independent outcomes
+    for p_loss, p_win, lo in [(0.075, 0.025, 0.55), (0.20, 0.15, 0.1)]:
+        rate = cal.mcnemar_rejection(200, p_loss, p_win, studies=STUDIES, rng=7)
+        assert abs(rate.simulated - rate.exact) <= 4 * rate.mc_se
+        assert rate.exact > lo
+    strong = cal.mcnemar_rejection(200, 0.075, 0.025, studies=STUDIES, rng=7)
+    weak = cal.mcnemar_rejection(200, 0.075, 0.025, studies=STUDIES, rng=7, variant="exact")
+    assert strong.exact > weak.exact  # mid-p buys power over the conditional test
+
+
+def test_public_mcnemar_matches_vectorised_path():
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        base = rng.random(60) < 0.7
+        cand = np.where(rng.random(60) < 0.15, ~base, base)
+        losses, wins = int(np.sum(base & ~cand)), int(np.sum(~base & cand))
+        assert mcnemar(base, cand).pvalue == pytest.approx(float(mcnemar_pvalue(losses, wins)))
+
+
+# ------------------------------------------------------------------------------ Wilcoxon A/A
+
+
+@pytest.mark.parametrize("n", [20, 100])
+def test_wilcoxon_false_alarm_continuous_exact(n):
+    rate = cal.wilcoxon_rejection(n, studies=STUDIES, rng=n)
+    not_above(rate)
+    not_conservative(rate)
+
+
+@pytest.mark.parametrize("n,kind", [(400, "continuous"), (200, "discrete")])
+def test_wilcoxon_false_alarm_simulated(n, kind):
+    rate = cal.wilcoxon_rejection(n, kind=kind, studies=STUDIES, rng=n + 1, exact=False)
+    not_above(rate)
+    not_conservative(rate)
+
+
+# ------------------------------------------------------------------------ non-inferiority
+
+
+@pytest.mark.parametrize("n", [100, 200, 400])
+@pytest.mark.parametrize("disc", [0.05, 0.10, 0.30])
+def test_non_inferiority_type_one_error_at_margin(n, disc):
+    rate = cal.ni_pass_rate(n, -0.05, 0.05, disc, studies=STUDIES, rng=n + int(100 * disc))
+    not_above(rate)
+
+
+def test_non_inferiority_type_one_error_exact_sweep():
+    worst = 0.0
+    for margin in (0.02, 0.05, 0.1):
+        for n in (30, 60, 100, 200, 400):
+            for disc in np.linspace(margin, 0.6, 8):
+                w, l, pmf = cal._trinomial_grid(n, (disc - margin) / 2, (disc + margin) / 2)
+                worst = max(worst, float(np.sum(pmf * (tango_ni_pvalue(w, l, n, margin=margin) < 0.05))))
+    assert worst <= 0.05
+
+
+def test_non_inferiority_power_at_zero_delta():
+    powers = []
+    for n in (100, 200, 400):
+        rate = cal.ni_pass_rate(n, 0.0, 0.05, 0.10, studies=STUDIES, rng=n)
+        assert abs(rate.simulated - rate.exact) <= 4 * rate.mc_se
+        powers.append(rate.exact)
+    # exact power, margin 5 points, 10% discordant pairs (also in CALIBRATION.md)
+    assert powers == pytest.approx([0.378, 0.643, 0.910], abs=0.005)
+    assert powers[0] < powers[1] < powers[2]
+
+
+def test_non_inferiority_continuous_type_one_error():
+    not_above(cal.ni_t_pass_rate(100, -0.05, 0.05, studies=STUDIES, rng=3))
+    assert cal.ni_t_pass_rate(100, 0.0, 0.05, studies=STUDIES, rng=4).simulated > 0.5
+
+
+def test_public_non_inferiority_matches_vectorised_path():
+    rng = np.random.default_rng(9)
+    for _ in range(200):
+        base = rng.random(80) < 0.8
+        flip = rng.random(80) < 0.1
+        cand = np.where(flip, rng.random(80) < 0.4, base)
+        res = non_inferiority(base, cand, margin=0.05)
+        losses, wins = int(np.sum(base & ~cand)), int(np.sum(~base & cand))
+        p = float(tango_ni_pvalue(wins, losses, 80, margin=0.05))
+        assert res.pvalue == pytest.approx(p) and res.passed == (p < 0.05)
+
+
+def test_calibrate_script_writes_report(tmp_path):
+    out = tmp_path / "CALIBRATION.md"
+    assert cal.main(["--studies", "1000", "--out", str(out)]) == 0
+    text = out.read_text()
+    for heading in ("McNemar, A/A", "McNemar power", "Wilcoxon", "type I error", "power (pass rate)"):
+        assert heading in text
+    with pytest.raises(SystemExit):
+        cal.main(["--studies", "10", "--out", str(out)])

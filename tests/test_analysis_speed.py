@@ -1,0 +1,208 @@
+"""Acceptance, exit-layer and latency statistics on synthetic records."""
+
+import numpy as np
+import pytest
+
+from analysis import (
+    acceptance_by_group, acceptance_summary, exit_by_group, exit_summary, exit_theoretical_speedup,
+    expected_tokens_per_round, latency_summary, pair_records, paired_speedup, theoretical_speedup,
+)
+from analysis.latency import decode_step_seconds, inter_token_latencies
+from analysis.synthetic import make_record, speculative_stats, token_times
+
+# --------------------------------------------------------------------------------- theory
+
+
+def test_theoretical_speedup_hand_values():
+    assert theoretical_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / (0.2 * 1.4))
+    assert theoretical_speedup(1.0, 4, 0.1) == pytest.approx(5 / 1.4)  # alpha = 1: K + 1 tokens
+    assert theoretical_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)
+    assert theoretical_speedup(0.999999, 4, 0.0) == pytest.approx(5.0, rel=1e-5)
+    assert theoretical_speedup(0.8, 4, 0.1, verify_cost=1.3) == pytest.approx((1 - 0.8**5) / (0.2 * 1.7))
+    assert np.allclose(expected_tokens_per_round(np.array([0.5, 1.0]), 2), [1.75, 3.0])
+    with pytest.raises(ValueError):
+        theoretical_speedup(1.2, 4, 0.1)
+    with pytest.raises(ValueError):
+        theoretical_speedup(0.5, 4, -1)
+
+
+# ----------------------------------------------------------------------------- acceptance
+
+
+def spec_pairs(rounds_by_item, *, k=4, step=0.05, draft_step=0.005, verify=0.06, suite="factual",
+               categories=("general",)):
+    """Baseline (one token per step) and speculative records whose wall time follows the rounds."""
+    base, cand = [], []
+    for i, acc in enumerate(rounds_by_item):
+        n_tokens = 1 + sum(a + 1 for a in acc)
+        item = f"{suite}-{i}"
+        base.append(make_record(item_id=item, suite=suite, categories=categories,
+                                tokens=list(range(n_tokens)), ttft_s=0.1, step_s=step))
+        st = speculative_stats(acc, k=k, draft_time_s=draft_step * k * len(acc), verify_time_s=verify * len(acc))
+        wall = 0.1 + len(acc) * (k * draft_step + verify)
+        cand.append(make_record(candidate="spec", decoder="speculative", item_id=item, suite=suite,
+                                categories=categories, tokens=list(range(n_tokens)), stats=st,
+                                ttft_s=0.1, wall_s=wall, step_s=0.0))
+    return pair_records(base, cand)
+
+
+def test_acceptance_summary_hand_computed():
+    pairs = spec_pairs([[4, 2], [0, 4]])
+    s = acceptance_summary(pairs, rng=0, n_resamples=500)
+    assert (s.k, s.rounds, s.proposed, s.accepted) == (4, 4, 16, 10)
+    assert s.acceptance_rate == pytest.approx(10 / 16)
+    assert s.alpha == pytest.approx(10 / 12)  # two rounds ended in a rejection
+    assert s.alpha_method.startswith("accepted/(accepted+rejected")
+    assert s.accepted_length_histogram == (1, 0, 1, 0, 2)
+    # position: accepted (acc > j), proposed, tested (acc >= j)
+    assert [r[1:3] for r in s.by_position] == [(3, 4), (3, 4), (2, 4), (2, 4)]
+    assert [r[4] for r in s.by_position] == pytest.approx([3 / 4, 3 / 3, 2 / 3, 2 / 2])
+    tokens = (1 + 5 + 3) + (1 + 1 + 5)
+    assert s.tau == pytest.approx(tokens / 6)  # 2 verify rounds + 1 prefill per item
+    assert s.c == pytest.approx(0.005 / 0.05) and s.verify_cost == pytest.approx(0.06 / 0.05)
+    assert s.theoretical_speedup == pytest.approx(float(theoretical_speedup(10 / 12, 4, 0.1)))
+    assert s.theoretical_speedup_measured_verify == pytest.approx(
+        float(theoretical_speedup(10 / 12, 4, 0.1, verify_cost=1.2)))
+    base_t = 0.1 + 0.05 * (9 - 1) + 0.1 + 0.05 * (7 - 1)
+    cand_t = 2 * (0.1 + 2 * (0.02 + 0.06))
+    assert s.achieved.statistic == pytest.approx((base_t / tokens) / (cand_t / tokens))
+    assert s.achieved_over_theoretical == pytest.approx(s.achieved.statistic / s.theoretical_speedup)
+    assert s.statistic == s.alpha and s.confidence_interval()[0] <= s.alpha <= s.confidence_interval()[1]
+
+
+def test_alpha_estimate_is_unbiased_where_accepted_over_proposed_is_not():
+    rng = np.random.default_rng(0)
+    k, alpha = 4, 0.7
+    items = []
+    for _ in range(40):
+        draws = rng.random((25, k)) < alpha
+        items.append(np.argmin(np.c_[draws, np.zeros((25, 1), bool)], axis=1).tolist())
+    s = acceptance_summary(spec_pairs(items, k=k), rng=1, n_resamples=500)
+    assert s.alpha == pytest.approx(alpha, abs=0.03)
+    assert s.confidence_interval()[0] < alpha < s.confidence_interval()[1]
+    expected_rate = sum(alpha**i for i in range(1, k + 1)) / k  # E[accepted per round] / K
+    assert s.acceptance_rate == pytest.approx(expected_rate, abs=0.03)
+
+
+def test_rounds_without_proposals_are_not_drafting_rounds():
+    pairs = spec_pairs([[4, 2], [0, 4]])
+    st = pairs[0].candidate["stats"]
+    st["accepted_per_round"] = st["accepted_per_round"] + [0]
+    st["proposed_per_round"] = st["proposed_per_round"] + [0]  # prompt lookup found no match
+    st["rounds"] += 1
+    s = acceptance_summary(pairs, rng=0, n_resamples=200)
+    assert s.accepted_length_histogram == (1, 0, 1, 0, 2) and s.alpha == pytest.approx(10 / 12)
+
+
+def test_alpha_from_positions_without_per_round_arrays():
+    pairs = spec_pairs([[4, 2], [0, 4]])
+    for p in pairs:
+        del p.candidate["stats"]["accepted_per_round"], p.candidate["stats"]["proposed_per_round"]
+    s = acceptance_summary(pairs, rng=0, n_resamples=200)
+    assert s.alpha == pytest.approx(10 / 12) and "position" in s.alpha_method
+    assert s.accepted_length_histogram == (0, 0, 0, 0, 0)
+
+
+def test_acceptance_by_suite_and_category():
+    pairs = (spec_pairs([[4, 4], [3, 4]], suite="factual", categories=("geo", "easy"))
+             + spec_pairs([[0, 1], [1, 0]], suite="code", categories=("easy",)))
+    by_suite = acceptance_by_group(pairs, by="suite", rng=0, n_resamples=200)
+    assert list(by_suite) == ["code", "factual"]
+    assert by_suite["factual"].alpha > by_suite["code"].alpha
+    by_cat = acceptance_by_group(pairs, by="category", rng=0, n_resamples=200)
+    assert by_cat["easy"].n == 4 and by_cat["geo"].n == 2
+
+
+def test_acceptance_needs_speculative_stats():
+    pairs = pair_records([make_record()], [make_record(candidate="ee", stats={"exit_layers": [1]})])
+    with pytest.raises(ValueError, match="no speculative stats"):
+        acceptance_summary(pairs)
+
+
+# ---------------------------------------------------------------------------------- exits
+
+
+def test_exit_theoretical_speedup_hand_values():
+    assert exit_theoretical_speedup(15, 30) == pytest.approx(2.0)
+    # LM head 6 layers; two head evaluations per token: (30 + 6) / (15 + 12)
+    assert exit_theoretical_speedup(15, 30, lm_head_evals_per_token=2, lm_head_cost=6) == pytest.approx(36 / 27)
+    assert exit_theoretical_speedup(30, 30, lm_head_evals_per_token=3, lm_head_cost=6) < 1
+    with pytest.raises(ValueError):
+        exit_theoretical_speedup(31, 30)
+
+
+def test_exit_summary():
+    recs = [
+        make_record(item_id="a", suite="s1", tokens=[1, 2, 3, 4],
+                    stats={"exit_layers": [4, 8, 8, 2], "num_layers": 8, "lm_head_evals": 10}),
+        make_record(item_id="b", suite="s2", tokens=[1, 2],
+                    stats={"exit_layers": [8, 6], "num_layers": 8, "lm_head_checks": 2}),
+    ]
+    s = exit_summary(recs, lm_head_cost=2.0)
+    assert s.histogram == (0, 1, 0, 1, 0, 1, 0, 3) and s.tokens == 6
+    assert s.mean_layers == pytest.approx(36 / 6) and s.early_exit_fraction == pytest.approx(0.5)
+    # 10 evaluations, then 2 checks + 2 producing heads
+    assert s.lm_head_evals_per_token == pytest.approx(14 / 6) and s.lm_head_evals_known
+    assert s.theoretical_speedup == pytest.approx((8 + 2) / (6 + 2 * 14 / 6))
+    groups = exit_by_group(recs)
+    assert list(groups) == ["s1", "s2"] and groups["s2"].mean_layers == 7
+    del recs[1]["stats"]["lm_head_checks"]
+    assert not exit_summary(recs).lm_head_evals_known
+    recs[1]["stats"]["exit_layers"] = [0, 8]
+    with pytest.raises(ValueError, match="count layers run"):
+        exit_summary(recs)
+    recs[1]["stats"]["num_layers"] = 12
+    with pytest.raises(ValueError, match="disagree on num_layers"):
+        exit_summary(recs)
+
+
+# -------------------------------------------------------------------------------- latency
+
+
+def test_latency_summary_and_percentiles():
+    rng = np.random.default_rng(0)
+    recs, itl_all = [], []
+    for i in range(20):
+        steps = rng.exponential(0.05, 9)
+        recs.append(make_record(item_id=f"i{i}", tokens=list(range(10)), ttft_s=0.2 + 0.01 * i, step_s=steps))
+        itl_all.append(steps)
+    s = latency_summary(recs)
+    itl = np.concatenate(itl_all)
+    assert s.inter_token.n == 180
+    assert (s.inter_token.p50, s.inter_token.p95, s.inter_token.p99) == pytest.approx(
+        tuple(np.percentile(itl, [50, 95, 99])))
+    assert s.ttft.p50 == pytest.approx(np.median(0.2 + 0.01 * np.arange(20)))
+    walls = [r["timing"]["wall_s"] for r in recs]
+    assert s.tokens_per_s == pytest.approx(200 / sum(walls))
+    assert s.per_token.mean == pytest.approx(np.mean(np.array(walls) / 10))
+
+
+def test_inter_token_fallback_and_validation():
+    rec = make_record(tokens=[1, 2, 3, 4, 5], ttft_s=0.1, wall_s=0.5)
+    del rec["timing"]["token_times_s"]
+    assert inter_token_latencies(rec) == pytest.approx([0.1] * 4)
+    rec["timing"]["token_times_s"] = [0.1, 0.2, 0.0, 0.1, 0.1]
+    assert inter_token_latencies(rec) == pytest.approx([0.2, 0.0, 0.1, 0.1])
+    rec["timing"]["token_times_s"] = [0.1, 0.2, -0.1, 0.1, 0.1]
+    with pytest.raises(ValueError, match="per-token"):
+        inter_token_latencies(rec)
+    assert token_times(3, ttft_s=0.1, step_s=0.05) == pytest.approx([0.1, 0.05, 0.05])
+    assert decode_step_seconds([make_record(tokens=[1, 2, 3], ttft_s=0.1, step_s=0.05)]) == pytest.approx(0.05)
+
+
+def test_paired_speedup():
+    rng = np.random.default_rng(4)
+    base, cand = [], []
+    for i in range(60):
+        n = int(rng.integers(5, 40))
+        step = rng.uniform(0.04, 0.08)
+        base.append(make_record(item_id=f"i{i}", tokens=list(range(n)), step_s=step))
+        cand.append(make_record(candidate="c", item_id=f"i{i}", tokens=list(range(n)),
+                                wall_s=base[-1]["timing"]["wall_s"] / 2))
+    res = paired_speedup(pair_records(base, cand), rng=0, n_resamples=2000)
+    assert res.statistic == pytest.approx(2.0) and res.confidence_interval() == pytest.approx((2.0, 2.0))
+    assert res.pvalue < 1e-6
+    noisy = [dict(c, timing=dict(c["timing"], wall_s=c["timing"]["wall_s"] * rng.lognormal(0, 0.2))) for c in cand]
+    res = paired_speedup(pair_records(base, noisy), rng=0, n_resamples=2000)
+    assert res.ci_low < res.statistic < res.ci_high and 1.6 < res.statistic < 2.4
+    assert res == paired_speedup(pair_records(base, noisy), rng=0, n_resamples=2000)

@@ -1,0 +1,345 @@
+"""lm-eval through decodegate: the `decodegate` lm-eval model, per-sample records for the
+analysis, the gsm8k wiring on local rows, suites exported as lm-eval tasks, the command line,
+and bad input. Offline, on the tiny models and the local tasks in tests/data/lmeval/.
+
+lm-eval's command line always indexes its ~14k built-in tasks (10-20 s here); the command-line
+tests swap in a TaskManager without them (`local_tasks_only`), which changes nothing else.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+import lm_eval  # noqa: E402
+import lm_eval.tasks  # noqa: E402
+from lm_eval.api.registry import get_model as lmeval_get_model  # noqa: E402
+from lm_eval.models.huggingface import HFLM  # noqa: E402
+
+from analysis import pair_records, token_identity  # noqa: E402
+from decoders import GenerationResult, Timing  # noqa: E402
+from decoders.base import DecoderError  # noqa: E402
+from harness import lmeval as bridge  # noqa: E402
+from harness.cli import main  # noqa: E402
+from harness.lmeval import DecodegateLM, LmEvalError, lmeval_records  # noqa: E402
+from harness.lmeval_cmd import lmeval_argv  # noqa: E402
+
+LOCAL = Path(__file__).parent / "data" / "lmeval"
+GEN, MC, GSM8K = "decodegate_tiny_gen", "decodegate_tiny_mc", "gsm8k_local"
+CONTRACT = {"candidate", "decoder", "suite", "suite_version", "suite_hash", "item_id", "categories",
+            "seed", "temperature", "tokens", "text", "score", "passed", "margins", "stats", "timing"}
+
+
+def local_tm():
+    return bridge.task_manager(str(LOCAL), False)
+
+
+@pytest.fixture
+def local_tasks_only(monkeypatch):
+    """lm-eval's TaskManager without the built-in tasks (the index costs 10-20 s)."""
+    class LocalOnly(lm_eval.tasks.TaskManager):
+        def __init__(self, *args, **kwargs):
+            kwargs["include_defaults"] = False
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", LocalOnly)
+    bridge.task_manager.cache_clear()
+    yield
+    bridge.task_manager.cache_clear()
+
+
+# ----------------------------------------------------------------------------- the lm-eval model
+
+def test_generate_until_and_multiple_choice_through_the_decodegate_model():
+    lm = lmeval_get_model("decodegate").create_from_arg_string(
+        "target=tiny-llama,decoder=standard,seed=0", {"batch_size": 1, "device": "cpu"})
+    assert isinstance(lm, DecodegateLM) and isinstance(lm, HFLM)
+    # Loglikelihood stays HF's; only generation is ours.
+    assert type(lm).loglikelihood is HFLM.loglikelihood
+    assert type(lm).loglikelihood_rolling is HFLM.loglikelihood_rolling
+    out = lm_eval.simple_evaluate(model=lm, tasks=[GEN, MC], task_manager=local_tm(), limit=2,
+                                  log_samples=True, bootstrap_iters=0)
+    assert "exact_match,none" in out["results"][GEN]
+    assert "acc,none" in out["results"][MC] and "acc_norm,none" in out["results"][MC]
+    gen = out["samples"][GEN]
+    assert len(gen) == 2 and len(out["samples"][MC]) == 2
+    # Every generate_until request went through our decoder (and only those).
+    assert len(lm.generations) == 2
+    for sample in gen:
+        context, kwargs = sample["arguments"][0]
+        served = lm.generation_for(context, kwargs)
+        assert served is not None and served.result.decoder == "standard"
+        assert sample["resps"][0][0] == served.text
+        assert "\n" not in served.text  # the task's `until`
+        assert len(served.result.tokens) <= 12  # its max_gen_toks
+        assert served.result.stats["target_forwards"] >= 1
+    assert out["config"]["decodegate_decoder"] == "standard"
+
+
+def test_generations_equal_lm_evals_own_hf_backend(tiny_llama):
+    """Same encoding, stop sequences and post-processing as HFLM: greedy texts are identical."""
+    tm = local_tm()
+    hf = lm_eval.simple_evaluate(model=HFLM(pretrained=tiny_llama.model, tokenizer=tiny_llama.tokenizer),
+                                 tasks=[GEN], task_manager=tm, limit=2, bootstrap_iters=0)
+    ours = lm_eval.simple_evaluate(model=DecodegateLM(target=tiny_llama, decoder="standard"),
+                                   tasks=[GEN], task_manager=tm, limit=2, bootstrap_iters=0)
+    texts = [[s["resps"][0][0] for s in r["samples"][GEN]] for r in (hf, ours)]
+    assert texts[0] == texts[1]
+
+
+def test_model_arg_temperature_overrides_the_task_and_seed_keys_sampling(tiny_llama):
+    lm = DecodegateLM(target=tiny_llama, decoder="standard", temperature=0.8, seed=7)
+    eos = lm.tok_decode(lm.eot_token_id, skip_special_tokens=False)
+    request, until = lm._request("Q: hi\nA:", {"until": ["\n"], "max_gen_toks": 5, "do_sample": False}, eos)
+    assert request.temperature == 0.8 and request.seed == 7 and request.max_new_tokens == 5
+    assert until == ["\n", eos] and "\n" in request.stop_strings
+    assert tiny_llama.tokenizer.eos_token_id in request.stop_token_ids
+    plain = DecodegateLM(target=tiny_llama, decoder="standard")
+    req, _ = plain._request("Q: hi\nA:", {"until": [], "max_gen_toks": 4, "do_sample": True, "temperature": 0.5, "top_p": 0.9}, eos)
+    assert (req.temperature, req.top_p) == (0.5, 0.9)
+    req, _ = plain._request("Q: hi\nA:", {"until": [], "max_gen_toks": 4, "do_sample": False, "temperature": 0.5}, eos)
+    assert req.temperature == 0.0
+
+
+# ----------------------------------------------------------------------------- records, analysis
+
+def test_speculative_greedy_equals_standard_and_records_pair(tiny_llama):
+    base = lmeval_records(GEN, tiny_llama, "standard", {}, candidate="baseline",
+                          include_path=str(LOCAL), limit=3)
+    cand = lmeval_records(GEN, tiny_llama, "speculative", {"draft": "tiny-llama", "k": 3},
+                          candidate="spec-k3", include_path=str(LOCAL), limit=3)
+    assert len(base) == len(cand) == 3
+    for rec in base + cand:
+        assert CONTRACT <= set(rec)
+        assert rec["suite"] == f"lmeval:{GEN}" and rec["suite_version"] == "1.0"
+        assert rec["tokens"] and len(rec["margins"]) == len(rec["tokens"])
+        assert isinstance(rec["score"], float) and isinstance(rec["passed"], bool)
+        assert rec["timing"]["wall_s"] > 0
+        json.dumps(rec)  # records are plain JSON rows
+    assert [r["item_id"] for r in base] == ["0", "1", "2"]
+    assert {r["decoder"] for r in cand} == {"speculative"}
+    assert sum(r["stats"]["proposed"] for r in cand) > 0
+    pairs = pair_records(base, cand)
+    assert len(pairs) == 3
+    identity = token_identity(pairs)
+    assert identity.statistic == 1.0, identity.divergences
+    assert [r["text"] for r in base] == [r["text"] for r in cand]
+
+
+def test_multiple_choice_records_have_no_tokens_and_pair(tiny_llama):
+    base = lmeval_records(MC, tiny_llama, "standard", {}, candidate="baseline", include_path=str(LOCAL), limit=2)
+    cand = lmeval_records(MC, tiny_llama, "hf", {}, candidate="hf", include_path=str(LOCAL), limit=2)
+    assert len(base) == 2
+    for rec in base:
+        assert CONTRACT <= set(rec)
+        assert rec["tokens"] == [] and rec["margins"] == [] and rec["lmeval"]["metric"] == "acc"
+        assert rec["score"] in (0.0, 1.0) and rec["passed"] is (rec["score"] == 1.0)
+        assert rec["text"] in (" dog", " cat", " fish", " 3", " 7", " 10", " 0", " 50", " 100",
+                               " green", " red", " brown")
+    pairs = pair_records(base, cand)
+    assert [p.baseline["score"] for p in pairs] == [p.candidate["score"] for p in pairs]
+    # The hash covers the task's docs and config: another task, another hash.
+    gen = lmeval_records(GEN, tiny_llama, "standard", {}, candidate="baseline", include_path=str(LOCAL), limit=1)
+    assert gen[0]["suite_hash"] != base[0]["suite_hash"]
+
+
+# ----------------------------------------------------------------------------- gsm8k wiring
+
+def test_gsm8k_local_config_is_upstream_gsm8k_but_the_data():
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    upstream = load_yaml(Path(lm_eval.tasks.__file__).parent / "gsm8k" / "gsm8k.yaml", resolve_func=False)
+    local = load_yaml(LOCAL / "gsm8k_local.yaml", resolve_func=False)
+    differ = {"task", "tag", "dataset_path", "dataset_name", "dataset_kwargs", "custom_dataset"}
+    assert {k: v for k, v in local.items() if k not in differ} == \
+           {k: v for k, v in upstream.items() if k not in differ}
+    for name in ("gsm8k_train.jsonl", "gsm8k_test.jsonl"):
+        for line in (LOCAL / name).read_text().splitlines():
+            row = json.loads(line)
+            assert set(row) == {"question", "answer"} and "\n#### " in row["answer"]
+
+
+class CannedDecoder:
+    """Answers each gsm8k_local question with a fixed completion (right for doc 0 and 2)."""
+
+    name = "canned"
+    ANSWERS = {"A class has 28": " 28 - 4 = 24, 24 / 6 = 4.\n#### 4", "Lena saves": " She has $40.\n#### 40",
+               "A baker makes": " 1200 - 900 = 300.\n#### 300\n\nQuestion: more"}
+
+    def __init__(self, target):
+        self.target = target
+
+    def generate(self, request):
+        prompt = self.target.tokenizer.decode(list(request.prompt_ids))
+        last = prompt.rsplit("Question: ", 1)[-1]
+        text = next(v for k, v in self.ANSWERS.items() if last.startswith(k))
+        tokens = tuple(self.target.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return GenerationResult(tokens=tokens, text=text, decoder=self.name, finish_reason="stop_string",
+                                timing=Timing(0.01, 0.001, (0.001,) * len(tokens)),
+                                margins=(1.0,) * len(tokens), stats={"target_forwards": len(tokens)})
+
+
+def test_gsm8k_format_rows_score_through_lm_evals_filters(tiny_llama, monkeypatch):
+    import harness.build
+
+    monkeypatch.setattr(harness.build, "build_decoder", lambda name, target, options: CannedDecoder(target))
+    records = lmeval_records(GSM8K, tiny_llama, "standard", {}, candidate="c", include_path=str(LOCAL),
+                             num_fewshot=2, gen_kwargs={"max_gen_toks": 32})
+    assert [r["item_id"] for r in records] == ["0", "1", "2"]
+    assert {(r["lmeval"]["filter"], r["lmeval"]["metric"]) for r in records} == {("strict-match", "exact_match")}
+    assert [r["score"] for r in records] == [1.0, 0.0, 1.0]
+    assert [r["passed"] for r in records] == [True, False, True]
+    assert [r["lmeval"]["extracted"] for r in records] == ["4", "40", "300"]
+    assert records[0]["suite_version"] == "3.0"
+    # lm-eval's `until` ("Question:") cut the third completion's text.
+    assert "Question" not in records[2]["text"] and records[2]["tokens"]
+
+
+def test_gsm8k_local_runs_through_a_real_decoder(tiny_llama):
+    lm = DecodegateLM(target=tiny_llama, decoder="standard")
+    out = lm_eval.simple_evaluate(model=lm, tasks=[GSM8K], task_manager=local_tm(), num_fewshot=2,
+                                  gen_kwargs={"max_gen_toks": 8}, limit=2, log_samples=True,
+                                  bootstrap_iters=0)
+    assert {"exact_match,strict-match", "exact_match,flexible-extract"} <= set(out["results"][GSM8K])
+    for gen in lm.generations:
+        assert gen.context.count("Question:") == 3  # two shots and the question
+        assert len(gen.result.tokens) <= 8
+        assert "Question:" in json.loads(gen.gen_kwargs)["until"]
+
+
+# ----------------------------------------------------------------------------- exported suites
+
+def test_exported_suites_round_trip_and_grade(tmp_path):
+    from suites import list_suites, load_suite
+    from suites.lmeval_export import doc_to_item, doc_to_text, export_suites, process_results
+
+    names = export_suites(tmp_path)
+    assert names == [f"decodegate_{n}" for n in list_suites()]
+    for name in list_suites():
+        suite = load_suite(name)
+        docs = [json.loads(x) for x in (tmp_path / f"decodegate_{name}.jsonl").read_text().splitlines()]
+        assert [doc_to_item(d) for d in docs] == list(suite.items)
+        assert all(doc_to_text(d) for d in docs)
+    factual = json.loads((tmp_path / "decodegate_factual.jsonl").read_text().splitlines()[0])
+    assert process_results(factual, [factual["references"][0]]) == {"score": 1.0, "passed": 1.0}
+    assert process_results(factual, ["no idea"]) == {"score": 0.0, "passed": 0.0}
+    longform = json.loads((tmp_path / "decodegate_longform.jsonl").read_text().splitlines()[0])
+    assert math.isnan(process_results(longform, ["anything"])["passed"])
+    tm = lm_eval.tasks.TaskManager(include_path=str(tmp_path), include_defaults=False)
+    assert set(names) <= set(tm.all_tasks)
+    assert "unsafe_code: true" in (tmp_path / "decodegate_code.yaml").read_text()
+
+
+def test_exported_suite_runs_as_an_lm_eval_task(tiny_llama, tmp_path):
+    from suites.lmeval_export import export_suites
+
+    export_suites(tmp_path, ["factual", "longform"], profile="smoke")
+    kw = dict(include_path=str(tmp_path), limit=2, gen_kwargs={"max_gen_toks": 4})
+    factual = lmeval_records("decodegate_factual_smoke", tiny_llama, "standard", {}, candidate="b", **kw)
+    longform = lmeval_records("decodegate_longform_smoke", tiny_llama, "standard", {}, candidate="b", **kw)
+    assert factual[0]["suite_version"] == "1" and factual[0]["lmeval"]["metric"] == "score"
+    assert factual[0]["categories"] and all(isinstance(r["passed"], bool) for r in factual)
+    assert all(r["passed"] is None for r in longform)  # ungraded suite
+    assert all(1 <= len(r["tokens"]) <= 4 for r in factual + longform)
+
+
+def test_suite_with_mixed_generation_settings_exports_as_a_group(tiny_llama, tmp_path):
+    from suites.format import item_from_row, make_suite
+    from suites.lmeval_export import export_suite
+
+    items = [item_from_row({"id": "a", "prompt": "Say yes.", "references": ["yes"], "grader": "contains",
+                            "max_new_tokens": 3}),
+             item_from_row({"id": "b", "prompt": "Say no.", "references": ["no"], "grader": "contains",
+                            "max_new_tokens": 5, "stop": ["."]})]
+    suite = make_suite(name="mixed", version="2", description="two settings", items=items,
+                       smoke_ids=["a"], source="<test>")
+    names = export_suite(suite, tmp_path)
+    assert names == ["decodegate_mixed", "decodegate_mixed_0", "decodegate_mixed_1"]
+    records = lmeval_records("decodegate_mixed", tiny_llama, "standard", {}, candidate="b",
+                             include_path=str(tmp_path))
+    assert sorted(r["item_id"] for r in records) == ["decodegate_mixed_0:0", "decodegate_mixed_1:0"]
+    by_id = {r["item_id"]: r for r in records}
+    assert len(by_id["decodegate_mixed_0:0"]["tokens"]) <= 3 and len(by_id["decodegate_mixed_1:0"]["tokens"]) <= 5
+    assert records[0]["categories"][0].startswith("decodegate_mixed_")
+
+
+# ----------------------------------------------------------------------------- command line
+
+def test_lmeval_argv_fills_in_run_and_model():
+    assert lmeval_argv(["--tasks", "x"]) == ["run", "--model", "decodegate", "--tasks", "x"]
+    assert lmeval_argv(["run", "--model", "hf"]) == ["run", "--model", "hf"]
+    assert lmeval_argv(["--", "ls", "tasks"]) == ["ls", "tasks"]
+    assert lmeval_argv(["--config", "c.yaml"]) == ["run", "--config", "c.yaml"]
+    assert lmeval_argv([]) == ["--help"]
+
+
+def test_cli_runs_lm_eval_tasks_through_decodegate(local_tasks_only, tmp_path, capsys):
+    rc = main(["lm-eval", "--model_args", "target=tiny-llama,decoder=speculative,draft=tiny-llama,k=3",
+               "--include_path", str(LOCAL), "--tasks", f"{GEN},{MC}", "--limit", "2",
+               "--output_path", str(tmp_path), "--log_samples"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert GEN in out and MC in out and "exact_match" in out and "acc" in out
+    samples = list(tmp_path.rglob(f"samples_{GEN}_*.jsonl"))
+    assert len(samples) == 1 and len(samples[0].read_text().splitlines()) == 2
+
+
+def test_cli_bad_input_exits_2(local_tasks_only, capsys):
+    rc = main(["lm-eval", "--model_args", "target=tiny-llama", "--include_path", str(LOCAL),
+               "--tasks", "no_such_task"])
+    assert rc == 2
+    assert "Tasks not found: no_such_task" in capsys.readouterr().err
+    rc = main(["lm-eval", "--model_args", "target=tiny-llama,kk=3", "--include_path", str(LOCAL),
+               "--tasks", GEN, "--limit", "1"])
+    assert rc == 2
+    assert "unknown model arg 'kk'; did you mean 'k'?" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_unknown_task_is_a_clear_error(tiny_llama, local_tasks_only):
+    with pytest.raises(LmEvalError, match="unknown lm-eval task 'decodegate_tiny_gn'.*'decodegate_tiny_gen'"):
+        lmeval_records("decodegate_tiny_gn", tiny_llama, "standard", {}, candidate="b",
+                       include_path=str(LOCAL))
+    assert issubclass(LmEvalError, ValueError) and LmEvalError.__module__ == "harness.lmeval"
+
+
+def test_bad_model_args_are_clear_errors(tiny_llama):
+    with pytest.raises(LmEvalError, match="unknown model arg 'kk'; did you mean 'k'"):
+        DecodegateLM(target=tiny_llama, kk=3)
+    with pytest.raises(LmEvalError, match="target="):
+        DecodegateLM(pretrained="gpt2")
+    # lm-eval splits model_args on commas: a list must use ';'.
+    with pytest.raises(LmEvalError, match="has no name.*exit_layers=4;8;12"):
+        lmeval_get_model("decodegate").create_from_arg_string("target=tiny-llama,exit_layers=4,8")
+    assert bridge.parse_model_args({"exit_layers": "4;8"})[1] == {"exit_layers": [4, 8]}
+    with pytest.raises(LmEvalError, match="k must be an integer"):
+        DecodegateLM(target=tiny_llama, decoder="speculative", draft="tiny-llama", k="three")
+    with pytest.raises(DecoderError, match="unknown decoder 'specultive'"):
+        DecodegateLM(target=tiny_llama, decoder="specultive")
+    with pytest.raises(DecoderError, match="takes no option"):
+        DecodegateLM(target=tiny_llama, decoder="standard", k=3)
+
+
+def test_generation_kwargs_our_decoders_cannot_honour(tiny_llama):
+    lm = DecodegateLM(target=tiny_llama, decoder="standard")
+    eos = lm.tok_decode(lm.eot_token_id, skip_special_tokens=False)
+    with pytest.raises(LmEvalError, match="repetition_penalty cannot be passed"):
+        lm._request("Q:", {"until": [], "repetition_penalty": 1.2}, eos)
+    with pytest.raises(LmEvalError, match="num_beams"):
+        lm._request("Q:", {"until": [], "num_beams": 4}, eos)
+    with pytest.raises(LmEvalError, match="max_gen_toks=256 leaves no room"):
+        lm._request("Q:", {"until": []}, eos)  # lm-eval's default 256 fills the tiny model's context
+
+
+def test_unsafe_tasks_need_confirmation(tiny_llama, tmp_path):
+    from suites.lmeval_export import export_suites
+
+    export_suites(tmp_path, ["code"], profile="smoke")
+    with pytest.raises(LmEvalError, match="confirm_run_unsafe_code"):
+        lmeval_records("decodegate_code_smoke", tiny_llama, "standard", {}, candidate="b",
+                       include_path=str(tmp_path), limit=1)
