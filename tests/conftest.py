@@ -4,8 +4,14 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
+
+torch.set_num_threads(1)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tiny models gain nothing from threads, and several busy threads on 2 cores slow every
+# matmul by orders of magnitude under contention. Subprocesses inherit this too.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 

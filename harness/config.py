@@ -1,0 +1,150 @@
+"""The regress config (TOML): target, baseline, candidates, suites, profiles, seeds, gates.
+
+See `regress.toml` at the repo root for the documented default. Everything is validated on load
+so that a typo fails in a second with the key named, not after an hour of generation.
+"""
+from __future__ import annotations
+
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A regress config that cannot be used as written."""
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    name: str                       # label used in records, reports, MLflow
+    decoder: str                    # backend: standard, speculative, early-exit, hf, hf-assisted
+    options: dict = field(default_factory=dict)
+    kind: str = "exact"             # exact: outputs must not move; lossy: may move within budget
+    target: str | None = None       # another target (e.g. a quantized sibling) for lossy candidates
+    min_speedup: float | None = None
+    labels: dict = field(default_factory=dict)  # team / cost-center labels, copied to MLflow tags
+    suites: tuple[str, ...] | None = None       # run only on these suites (default: all)
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    name: str
+    margin: float | None = None     # non-inferiority margin on the pass rate; None: no quality gate
+    path: str | None = None         # a suite file of one's own (default: the shipped suite NAME)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    subset: str                     # "smoke" or "full"
+    suites: tuple[str, ...]
+    temperatures: tuple[float, ...]
+    sample_suites: tuple[str, ...]  # suites also run at temperatures > 0
+    seeds: tuple[int, ...]
+    max_new_tokens: int | None      # cap on every item's budget
+    exactness_prompts: int
+    exactness_samples: int
+
+
+@dataclass(frozen=True)
+class Gates:
+    alpha: float = 0.05             # one-sided level of non-inferiority, two-sided for McNemar
+    near_tie_epsilon: float = 1e-3  # a divergence where the baseline's top-2 margin is below this is a tie
+    exactness_pvalue: float = 0.001 # rejection-sampling goodness of fit must not fall below this
+    inconclusive: str = "fail"      # underpowered quality comparison: "fail" or "warn"
+
+
+@dataclass(frozen=True)
+class RegressConfig:
+    path: str
+    target: str
+    device: str | None
+    chat: bool | None
+    top_p: float
+    baseline: DecoderSpec
+    candidates: tuple[DecoderSpec, ...]
+    suites: dict[str, SuiteSpec]
+    profile: Profile
+    gates: Gates
+    labels: dict
+
+
+KINDS = ("exact", "lossy")
+
+
+def _take(table: dict, allowed: set, where: str) -> dict:
+    unknown = set(table) - allowed
+    if unknown:
+        key = sorted(unknown)[0]
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{where}: unknown key {key!r}{hint}; allowed: {', '.join(sorted(allowed))}")
+    return table
+
+
+def _decoder(table: dict, where: str, default_kind: str) -> DecoderSpec:
+    _take(table, {"name", "decoder", "options", "kind", "target", "min_speedup", "labels", "suites"}, where)
+    if "decoder" not in table:
+        raise ConfigError(f"{where}: missing key 'decoder'")
+    kind = table.get("kind", default_kind)
+    if kind not in KINDS:
+        raise ConfigError(f"{where}: kind must be one of {KINDS}, got {kind!r}")
+    return DecoderSpec(name=str(table.get("name", table["decoder"])), decoder=table["decoder"],
+                       options=dict(table.get("options", {})), kind=kind, target=table.get("target"),
+                       min_speedup=table.get("min_speedup"), labels=dict(table.get("labels", {})),
+                       suites=tuple(table["suites"]) if "suites" in table else None)
+
+
+def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    _take(raw, {"target", "device", "chat", "top_p", "baseline", "candidates", "suites", "profiles",
+                "gates", "labels"}, str(path))
+    if "target" not in raw:
+        raise ConfigError(f"{path}: missing key 'target'")
+    baseline = _decoder(raw.get("baseline", {"decoder": "standard", "name": "baseline"}), f"{path} [baseline]", "exact")
+    candidates = tuple(_decoder(c, f"{path} [[candidates]] #{i + 1}", "exact")
+                       for i, c in enumerate(raw.get("candidates", [])))
+    if not candidates:
+        raise ConfigError(f"{path}: no [[candidates]] to compare with the baseline")
+    names = [baseline.name] + [c.name for c in candidates]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ConfigError(f"{path}: decoder names must be unique; repeated: {', '.join(sorted(dupes))}")
+    suites = {}
+    for name, table in raw.get("suites", {}).items():
+        _take(table, {"margin", "path"}, f"{path} [suites.{name}]")
+        file = table.get("path")
+        if file is not None and not Path(file).is_absolute():
+            file = str(path.parent / file)  # relative to the config file
+        suites[name] = SuiteSpec(name, table.get("margin"), file)
+    profiles = raw.get("profiles", {})
+    if profile not in profiles:
+        raise ConfigError(f"{path}: unknown profile {profile!r}; defined: {', '.join(sorted(profiles)) or 'none'}")
+    p = _take(profiles[profile], {"subset", "suites", "temperatures", "sample_suites", "seeds", "max_new_tokens",
+                                  "exactness_prompts", "exactness_samples"}, f"{path} [profiles.{profile}]")
+    suite_names = tuple(p.get("suites", list(suites)))
+    for s in suite_names:
+        suites.setdefault(s, SuiteSpec(s))
+    temps = tuple(float(t) for t in p.get("temperatures", [0.0]))
+    if any(t < 0 for t in temps):
+        raise ConfigError(f"{path} [profiles.{profile}]: temperatures must be >= 0")
+    prof = Profile(name=profile, subset=p.get("subset", profile), suites=suite_names, temperatures=temps,
+                   sample_suites=tuple(p.get("sample_suites", suite_names)), seeds=tuple(p.get("seeds", [0])),
+                   max_new_tokens=p.get("max_new_tokens"), exactness_prompts=int(p.get("exactness_prompts", 2)),
+                   exactness_samples=int(p.get("exactness_samples", 200)))
+    if prof.subset not in ("smoke", "full"):
+        raise ConfigError(f"{path} [profiles.{profile}]: subset must be 'smoke' or 'full'")
+    g = _take(raw.get("gates", {}), {"alpha", "near_tie_epsilon", "exactness_pvalue", "inconclusive"}, f"{path} [gates]")
+    gates = Gates(**g)
+    if gates.inconclusive not in ("fail", "warn"):
+        raise ConfigError(f"{path} [gates]: inconclusive must be 'fail' or 'warn'")
+    return RegressConfig(path=str(path), target=raw["target"], device=raw.get("device"), chat=raw.get("chat"),
+                         top_p=float(raw.get("top_p", 1.0)), baseline=baseline, candidates=candidates,
+                         suites=suites, profile=prof, gates=gates, labels=dict(raw.get("labels", {})))

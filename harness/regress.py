@@ -1,0 +1,113 @@
+"""Run the regression: baseline vs candidates on the suites, analysis, gates, report, MLflow.
+
+Writes a run folder (records.jsonl, summary.json, per_prompt.csv, report.txt, figures/), the
+source of truth; MLflow gets a copy. Rerunning with the same --run-dir resumes: finished
+generations are not run again. Exit code 0 when every gate passes, 1 when one fails,
+2 on a usage or input error.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="regress.toml", help="regress config (TOML; default: %(default)s)")
+    p.add_argument("--profile", default="smoke", help="profile in the config: smoke or full (default: %(default)s)")
+    p.add_argument("--run-dir", help="run folder; an existing one is resumed (default: runs/<time>-<profile>)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def code_version() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, timeout=5).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        sha = ""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        v = version("decodegate")
+    except PackageNotFoundError:
+        v = "dev"
+    return f"{v}+{sha}" if sha else v
+
+
+def fingerprint(config_path: str, profile: str) -> str:
+    return hashlib.sha256(Path(config_path).read_bytes() + profile.encode()).hexdigest()[:16]
+
+
+def open_run_dir(args, config) -> tuple[Path, dict]:
+    """Create or resume a run folder; refuse to resume one made from another config."""
+    from harness.config import ConfigError
+    fp = fingerprint(args.config, args.profile)
+    run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{args.profile}")
+    meta_path = run_dir / "run.json"
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        if meta["fingerprint"] != fp:
+            raise ConfigError(f"{run_dir} was made from another config or profile; use a new --run-dir")
+        return run_dir, meta
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"run_uid": uuid.uuid4().hex, "fingerprint": fp, "config": str(args.config), "profile": args.profile,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "code_version": code_version()}
+    meta_path.write_text(json.dumps(meta, indent=2))
+    (run_dir / "config.toml").write_bytes(Path(args.config).read_bytes())
+    return run_dir, meta
+
+
+def run(args) -> int:
+    from harness.config import load_config
+    config = load_config(args.config, args.profile)
+    # Everything that can be wrong with the input is found before any model is loaded.
+    from harness import runner
+    suites = runner.load_suites(config)
+    from decoders import get_decoder_class
+    for spec in (config.baseline, *config.candidates):
+        get_decoder_class(spec.decoder)
+    run_dir, meta = open_run_dir(args, config)
+    print(f"decodegate: run folder {run_dir}", file=sys.stderr)
+    lineup = runner.Lineup(config)
+    records = runner.run(config, run_dir, lineup, suites, progress=not args.no_progress)
+    from harness import exactness_run
+    exactness = exactness_run.run_checks(config, run_dir, lineup, suites, progress=not args.no_progress)
+    return finish(config, run_dir, meta, records, suites, exactness, args)
+
+
+def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args) -> int:
+    from harness import report
+    from harness.gate import decide
+    from harness.summary import summarize
+    summary = summarize(config, records, suites, exactness)
+    summary.update(run_uid=meta["run_uid"], created=meta["created"], code_version=meta["code_version"],
+                   config=meta["config"])
+    all_pass = True
+    for cand in summary["candidates"].values():
+        decision = decide(cand, config.gates)
+        cand["verdict"] = "pass" if decision.passed else "fail"
+        cand["gates"] = [{"name": r.name, "status": r.status, "detail": r.detail} for r in decision.results]
+        all_pass &= decision.passed
+    summary["verdict"] = "pass" if all_pass else "fail"
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    report.per_prompt_csv(records, run_dir / "per_prompt.csv")
+    report.figures(summary, records, run_dir)
+    text = report.table(summary)
+    (run_dir / "report.txt").write_text(text + "\n")
+    print(text)
+    if not getattr(args, "no_tracking", False):
+        from harness import tracking
+        try:
+            tracking.log_run(run_dir, args.tracking_uri)
+            print(f"decodegate: logged to MLflow at {tracking.resolve_uri(args.tracking_uri)}", file=sys.stderr)
+        except Exception as e:  # noqa: BLE001 - tracking is a copy; the run folder has everything
+            print(f"decodegate: warning: MLflow logging failed ({e}); results are kept in {run_dir}; "
+                  f"upload later with: decodegate sync {run_dir}", file=sys.stderr)
+    print(f"decodegate: results in {run_dir}", file=sys.stderr)
+    return 0 if all_pass else 1

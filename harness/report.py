@@ -1,0 +1,91 @@
+"""The human-facing outputs of a regress run: a terminal table, a per-prompt CSV, figures."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+
+def _fmt(x, spec=".2f", none="–"):
+    return none if x is None else format(x, spec)
+
+
+def table(summary: dict) -> str:
+    rows = [("candidate", "suite", "identity T=0", "quality delta [95% CI]", "speedup", "α / τ / layers", "verdict")]
+    for name, cand in summary["candidates"].items():
+        for suite, s in cand["suites"].items():
+            ident = s.get("identity", {}).get("T=0")
+            ident_s = f"{ident['identical']}/{ident['n']}" + (f" ({ident['near_ties']} tie)" if ident and ident["near_ties"] else "") if ident else "–"
+            q = s.get("quality")
+            q_s = f"{q['statistic']:+.3f} [{q['ci_low']:+.3f}, {q['ci_high']:+.3f}]" if q else "–"
+            sp = s.get("speedup")
+            sp_s = f"{sp['statistic']:.2f}x" if sp else "–"
+            extra = "–"
+            if "acceptance" in s and "alpha" in s["acceptance"]:
+                a = s["acceptance"]
+                extra = f"α={_fmt(a['alpha'])} τ={_fmt(a['tau'])}"
+            elif "exits" in s:
+                extra = f"{s['exits']['mean_layers']:.1f}/{s['exits']['num_layers']} layers"
+            verdict = next((g["status"] for g in cand["gates"] if g["name"].endswith(suite) and g["status"] != "pass"),
+                           "pass")
+            rows.append((name, suite, ident_s, q_s, sp_s, extra, verdict))
+        rows.append((name, "ALL", "", "", f"{cand['speedup']['statistic']:.2f}x" if "speedup" in cand else "–",
+                     "", cand["verdict"].upper()))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    out = "\n".join(lines)
+    fails = [(n, g) for n, c in summary["candidates"].items() for g in c["gates"] if g["status"] != "pass"]
+    if fails:
+        out += "\n\n" + "\n".join(f"{g['status'].upper():5} {n}: {g['name']}: {g['detail']}" for n, g in fails)
+    out += f"\n\nverdict: {summary['verdict'].upper()}"
+    return out
+
+
+def per_prompt_csv(records: list[dict], path: Path) -> None:
+    cols = ["candidate", "decoder", "suite", "item_id", "seed", "temperature", "score", "passed", "n_tokens",
+            "wall_s", "ttft_s", "accepted", "proposed", "fallbacks", "finish_reason", "error"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r in records:
+            st, tm = r.get("stats", {}), r.get("timing", {})
+            w.writerow([r["candidate"], r["decoder"], r["suite"], r["item_id"], r["seed"], r["temperature"],
+                        r.get("score"), r.get("passed"), len(r.get("tokens", [])), tm.get("wall_s"), tm.get("ttft_s"),
+                        st.get("accepted"), st.get("proposed"), st.get("fallbacks"), r.get("finish_reason"),
+                        r.get("error", "")])
+
+
+def figures(summary: dict, records: list[dict], run_dir: Path) -> list[Path]:
+    """Figures per candidate; a figure that cannot be drawn is skipped, never fatal."""
+    import analysis
+    from analysis import figures as fig
+    written = []
+    by_cand = analysis.split_by_candidate(records)
+    base = [r for r in by_cand.get(summary["baseline"], []) if r.get("tokens")]
+    for name, cand in summary["candidates"].items():
+        folder = run_dir / "figures" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        rows = [r for r in by_cand.get(name, []) if r.get("tokens")]
+        per_token = {n: [r["timing"]["wall_s"] / len(r["tokens"]) for r in rs] for n, rs in
+                     ((summary["baseline"], base), (name, rows))}
+        jobs = [("latency_cdf.png", lambda p, s=per_token: fig.latency_cdfs(s, p, xlabel="seconds per token",
+                                                                           title=f"{name}: latency per token"))]
+        if cand["decoder"] == "speculative":
+            pairs = [p for p in analysis.pair_records(by_cand[summary["baseline"]], by_cand[name]) if p.key.temperature == 0]
+            acc = analysis.acceptance_summary(pairs) if pairs else None
+            if acc is not None:
+                jobs += [("acceptance_histogram.png", lambda p, a=acc: fig.acceptance_histogram(a, p)),
+                         ("acceptance_by_position.png", lambda p, a=acc: fig.acceptance_by_position(a, p))]
+        if cand["decoder"] == "early-exit" and rows:
+            ex = analysis.exit_summary(rows)
+            jobs.append(("exit_layers.png", lambda p, e=ex: fig.exit_layer_histogram(e, p)))
+        deltas = {s: (v["quality"]["statistic"], v["quality"]["ci_low"], v["quality"]["ci_high"])
+                  for s, v in cand["suites"].items() if "quality" in v}
+        if deltas:
+            jobs.append(("quality_forest.png", lambda p, d=deltas: fig.forest_plot(d, p)))
+        for fname, job in jobs:
+            try:
+                written.append(job(folder / fname))
+            except Exception as e:  # noqa: BLE001 - a figure is never worth losing the run
+                (folder / (fname + ".error.txt")).write_text(f"{type(e).__name__}: {e}\n")
+    return written

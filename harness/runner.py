@@ -1,0 +1,176 @@
+"""Run the baseline and every candidate on each suite item, temperature and seed.
+
+Each result is appended to `records.jsonl` in the run folder the moment it exists (flushed and
+fsynced), so a killed run loses at most the generation in flight. A rerun on the same folder
+reads what is there and skips it (resume); the analysis then sees the same rows.
+
+Decoders run interleaved per work item (baseline, cand-1, cand-2, baseline, ...) so that machine
+noise and thermal drift hit all of them alike: latency comparisons stay paired.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from decoders import GenerationRequest
+from decoders.base import DecoderError
+from harness.build import build_decoder, get_model
+from harness.config import DecoderSpec, RegressConfig
+
+RECORDS = "records.jsonl"
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    suite: object
+    item: object
+    temperature: float
+    seed: int
+
+    def key(self, candidate: str) -> tuple:
+        return (candidate, self.suite.name, self.item.id, self.seed, self.temperature)
+
+
+def record_key(row: dict) -> tuple:
+    return (row["candidate"], row["suite"], row["item_id"], row["seed"], row["temperature"])
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    """All complete rows; a torn last line (the run was killed mid-write) is dropped."""
+    path = Path(run_dir) / RECORDS
+    if not path.exists():
+        return []
+    rows = []
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 2:  # only the last line may be torn
+                raise ValueError(f"{path}: line {i + 1} is not valid JSON (the file was edited?)")
+    return rows
+
+
+class RecordWriter:
+    def __init__(self, run_dir: Path):
+        path = Path(run_dir) / RECORDS
+        # Cut a torn last line before appending, so new rows start on a fresh line.
+        if path.exists():
+            data = path.read_bytes()
+            if data and not data.endswith(b"\n"):
+                path.write_bytes(data[: data.rfind(b"\n") + 1])
+        self.f = open(path, "a", encoding="utf-8")
+
+    def write(self, row: dict) -> None:
+        self.f.write(json.dumps(row) + "\n")
+        self.f.flush()
+        os.fsync(self.f.fileno())
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def load_suites(config: RegressConfig) -> list:
+    from suites import load_suite
+    out = []
+    for name in config.profile.suites:
+        suite = load_suite(config.suites[name].path or name)
+        if suite.name != name:
+            from harness.config import ConfigError
+            raise ConfigError(f"suite file {config.suites[name].path} declares suite {suite.name!r}, "
+                              f"but the config calls it {name!r}")
+        out.append(suite)
+    return out
+
+
+def work_items(config: RegressConfig, suites: list) -> list[WorkItem]:
+    prof = config.profile
+    out = []
+    for suite in suites:
+        for item in suite.select(prof.subset):
+            for t in prof.temperatures:
+                if t > 0 and suite.name not in prof.sample_suites:
+                    continue
+                # Greedy does not depend on the seed: one seed is enough.
+                for seed in (prof.seeds[:1] if t == 0 else prof.seeds):
+                    out.append(WorkItem(suite, item, t, seed))
+    return out
+
+
+class Lineup:
+    """The baseline and candidates, built once, with their targets."""
+
+    def __init__(self, config: RegressConfig):
+        self.config = config
+        self.specs: list[DecoderSpec] = [config.baseline, *config.candidates]
+        self.targets = {}
+        self.decoders = {}
+        for spec in self.specs:
+            target = get_model(spec.target or config.target, config.device)
+            self.targets[spec.name] = target
+            self.decoders[spec.name] = build_decoder(spec.decoder, target, spec.options)
+
+    @property
+    def baseline_target(self):
+        return self.targets[self.config.baseline.name]
+
+
+def runs_on(spec: DecoderSpec, suite: str) -> bool:
+    return spec.suites is None or suite in spec.suites
+
+
+def make_request(config: RegressConfig, target, work: WorkItem) -> GenerationRequest:
+    item = work.item
+    prompt = item.messages or item.prompt
+    ids = target.encode(prompt, chat=config.chat)
+    budget = item.max_new_tokens
+    if config.profile.max_new_tokens:
+        budget = min(budget, config.profile.max_new_tokens)
+    return GenerationRequest(tuple(ids), max_new_tokens=budget, temperature=work.temperature,
+                             top_p=config.top_p if work.temperature > 0 else 1.0,
+                             stop_token_ids=target.stop_token_ids(), stop_strings=tuple(item.stop),
+                             seed=work.seed)
+
+
+def run_one(spec: DecoderSpec, decoder, target, config: RegressConfig, work: WorkItem) -> dict:
+    from suites.graders import grade
+    row = {"candidate": spec.name, "decoder": spec.decoder, "kind": spec.kind,
+           "suite": work.suite.name, "suite_version": work.suite.version, "suite_hash": work.suite.hash,
+           "item_id": work.item.id, "categories": list(work.item.categories),
+           "seed": work.seed, "temperature": work.temperature}
+    try:
+        result = decoder.generate(make_request(config, target, work))
+    except DecoderError as e:
+        # One bad item (e.g. a prompt longer than this model's context) is recorded, not fatal.
+        return {**row, "error": str(e), "tokens": [], "text": "", "score": 0.0, "passed": False,
+                "margins": [], "stats": {}, "timing": {}}
+    g = grade(work.item, result.text)
+    return {**row, "tokens": list(result.tokens), "text": result.text, "finish_reason": result.finish_reason,
+            "score": g.score, "passed": g.passed, "grade_detail": g.detail,
+            "margins": list(result.margins), "stats": result.stats, "timing": result.timing.as_dict()}
+
+
+def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, progress: bool = True) -> list[dict]:
+    """Generate everything not yet in the run folder; return all rows."""
+    from tqdm import tqdm
+    done = {record_key(r) for r in read_records(run_dir)}
+    work = work_items(config, suites)
+    todo = [(w, s) for w in work for s in lineup.specs if w.key(s.name) not in done and runs_on(s, w.suite.name)]
+    writer = RecordWriter(run_dir)
+    try:
+        total = sum(runs_on(s, w.suite.name) for w in work for s in lineup.specs)
+        bar = tqdm(total=total, initial=total - len(todo),
+                   desc="generating", unit="gen", disable=not progress, dynamic_ncols=True)
+        for w, spec in todo:
+            bar.set_postfix_str(f"{spec.name} · {w.suite.name}/{w.item.id} · T={w.temperature:g}", refresh=False)
+            writer.write(run_one(spec, lineup.decoders[spec.name], lineup.targets[spec.name], config, w))
+            bar.update(1)
+        bar.close()
+    finally:
+        writer.close()
+    return read_records(run_dir)

@@ -1,0 +1,154 @@
+"""From records to `summary.json`: the analysis of each candidate against the baseline.
+
+Per candidate and suite: token identity (greedy, and per sampling temperature), quality delta
+with its non-inferiority test, acceptance (speculative), exits (early exit), latency and paired
+speedup. Only plain JSON goes out; the gate reads this structure and nothing else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import analysis
+from harness.config import RegressConfig
+
+
+def _plain(obj):
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if math.isnan(obj) else (1e308 if obj > 0 else -1e308)
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return _plain(obj.item())
+    return obj
+
+
+def _divergences(identity) -> list[dict]:
+    return [{"item_id": d.key.item_id, "seed": d.key.seed, "temperature": d.key.temperature,
+             "position": d.position, "margin": d.margin, "kind": d.kind,
+             "baseline_token": d.baseline_token, "candidate_token": d.candidate_token}
+            for d in identity.divergences]
+
+
+def _identity(pairs, eps) -> dict:
+    ident = analysis.token_identity(pairs, eps=eps)
+    near = sum(d.kind == "near-tie" for d in ident.divergences)
+    return {"rate": ident.statistic, "n": ident.n, "identical": ident.identical,
+            "ci": [ident.ci_low, ident.ci_high], "mean_common_prefix": ident.mean_common_prefix,
+            "near_ties": near, "real_divergences": len(ident.divergences) - near,
+            "divergences": _divergences(ident)}
+
+
+def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng) -> dict:
+    out: dict = {"n_pairs": len(pairs)}
+    errors = [p.candidate.get("error") for p in pairs if p.candidate.get("error")]
+    if errors:
+        out["errors"] = errors
+    by_temp: dict[float, list] = {}
+    for p in pairs:
+        by_temp.setdefault(p.key.temperature, []).append(p)
+    out["identity"] = {f"T={t:g}": _identity(ps, config.gates.near_tie_epsilon) for t, ps in sorted(by_temp.items())}
+    greedy = by_temp.get(0.0, [])
+    if suite_spec.margin is not None and greedy and all(p.baseline.get("passed") is not None for p in greedy):
+        q = analysis.quality_delta(greedy, margin=suite_spec.margin, alpha=config.gates.alpha, rng=rng,
+                                   group=suite_spec.name, metric="passed")
+        out["quality"] = _plain(q)
+    stats = [p.candidate.get("stats", {}) for p in pairs]
+    if spec.decoder == "speculative" and any(s.get("proposed") for s in stats):
+        try:
+            out["acceptance"] = _plain(analysis.acceptance_summary(greedy or pairs, rng=rng))
+        except ValueError as e:
+            out["acceptance"] = {"error": str(e)}
+    if spec.decoder == "early-exit" and any(s.get("exit_layers") for s in stats):
+        out["exits"] = _plain(analysis.exit_summary([p.candidate for p in pairs]))
+    timed = [p for p in pairs if p.candidate.get("tokens") and p.baseline.get("tokens")]
+    if timed:
+        out["latency"] = _plain(analysis.latency_summary([p.candidate for p in timed]))
+        out["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng))
+    return out
+
+
+def summarize(config: RegressConfig, records: list[dict], suites: list, exactness: dict | None = None,
+              rng_seed: int = 0) -> dict:
+    import numpy as np
+    rng = np.random.default_rng(rng_seed)
+    by_cand = analysis.split_by_candidate(records)
+    base_rows = by_cand.get(config.baseline.name, [])
+    summary = {"target": config.target, "profile": config.profile.name, "baseline": config.baseline.name,
+               "seeds": list(config.profile.seeds), "temperatures": list(config.profile.temperatures),
+               "labels": config.labels,
+               "suites": {s.name: {"version": s.version, "hash": s.hash, "n_items": len(s.select(config.profile.subset))}
+                          for s in suites},
+               "baseline_latency": _plain(analysis.latency_summary([r for r in base_rows if r.get("tokens")]))
+               if base_rows else None,
+               "candidates": {}}
+    for spec in config.candidates:
+        rows = by_cand.get(spec.name, [])
+        mine = [r for r in base_rows if spec.suites is None or r["suite"] in spec.suites]
+        pairs = analysis.pair_records(mine, rows)
+        per_suite = {}
+        for suite in suites:
+            ps = [p for p in pairs if p.key.suite == suite.name]
+            if ps:
+                per_suite[suite.name] = candidate_suite_summary(ps, spec, config.suites[suite.name], config, rng)
+        cand = {"decoder": spec.decoder, "kind": spec.kind, "options": spec.options,
+                "target": spec.target or config.target, "labels": spec.labels, "min_speedup": spec.min_speedup,
+                "suites": per_suite}
+        timed = [p for p in pairs if p.candidate.get("tokens") and p.baseline.get("tokens")]
+        if timed:
+            cand["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng))
+            cand["latency"] = _plain(analysis.latency_summary([p.candidate for p in timed]))
+        if spec.decoder == "speculative":
+            greedy = [p for p in pairs if p.key.temperature == 0 and p.candidate.get("stats", {}).get("proposed")]
+            if greedy:
+                cand["acceptance"] = _plain(analysis.acceptance_summary(greedy, rng=rng))
+                cand["acceptance_by_category"] = {
+                    g: _plain(a) for g, a in analysis.acceptance_by_group(greedy, by="category", rng=rng).items()}
+        if spec.decoder == "early-exit":
+            cand["exits"] = _plain(analysis.exit_summary([p.candidate for p in pairs if p.candidate.get("tokens")]))
+        if exactness and spec.name in exactness:
+            cand["exactness"] = exactness[spec.name]
+        cand["metrics"] = headline_metrics(cand)
+        summary["candidates"][spec.name] = cand
+    return summary
+
+
+def headline_metrics(cand: dict) -> dict:
+    """The numbers worth a dashboard: what MLflow gets as metrics."""
+    m: dict = {}
+    if "speedup" in cand:
+        m["speedup"] = cand["speedup"]["statistic"]
+        m["speedup_ci_low"], m["speedup_ci_high"] = cand["speedup"]["ci_low"], cand["speedup"]["ci_high"]
+    if "latency" in cand:
+        lat = cand["latency"]
+        m["latency_p50_s_per_token"] = lat["per_token"]["p50"]
+        m["latency_p95_s_per_token"] = lat["per_token"]["p95"]
+        m["ttft_p50_s"], m["ttft_p95_s"] = lat["ttft"]["p50"], lat["ttft"]["p95"]
+        m["tokens_per_s"] = lat["tokens_per_s"]
+    if "acceptance" in cand:
+        a = cand["acceptance"]
+        for k in ("alpha", "tau", "c", "theoretical_speedup", "achieved_over_theoretical"):
+            m[k] = a.get(k)
+    if "exits" in cand:
+        m["avg_layers"] = cand["exits"]["mean_layers"]
+        m["exit_theoretical_speedup"] = cand["exits"]["theoretical_speedup"]
+    for suite, s in cand["suites"].items():
+        for t, ident in s.get("identity", {}).items():
+            m[f"{suite}.identity.{t}"] = ident["rate"]
+            m[f"{suite}.real_divergences.{t}"] = ident["real_divergences"]
+        if "quality" in s:
+            q = s["quality"]
+            m[f"{suite}.quality_delta"] = q["statistic"]
+            m[f"{suite}.quality_delta_ci_low"], m[f"{suite}.quality_delta_ci_high"] = q["ci_low"], q["ci_high"]
+            m[f"{suite}.quality_pvalue"] = q["pvalue"]
+            m[f"{suite}.ni_pvalue"] = q["non_inferiority"]["pvalue"]
+            m[f"{suite}.baseline_pass_rate"], m[f"{suite}.candidate_pass_rate"] = q["baseline_mean"], q["candidate_mean"]
+        if "speedup" in s:
+            m[f"{suite}.speedup"] = s["speedup"]["statistic"]
+    if "exactness" in cand:
+        m["exactness_min_pvalue"] = min((e["pvalue"] for e in cand["exactness"]["tests"]), default=None)
+    return {k: v for k, v in m.items() if isinstance(v, (int, float))}

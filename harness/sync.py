@@ -1,0 +1,28 @@
+"""Upload a finished run folder to MLflow, e.g. after the tracking server was down during the
+run. Idempotent: runs already uploaded (matched by the run's id tag) are not created again."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a run folder written by `decodegate regress`")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+
+
+def run(args) -> int:
+    from harness import tracking
+    from harness.config import ConfigError
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "summary.json").exists():
+        raise ConfigError(f"{run_dir} has no summary.json: not a finished decodegate run folder")
+    try:
+        ids = tracking.log_run(run_dir, args.tracking_uri)
+    except tracking.TrackingUnavailable as e:
+        print(f"decodegate: error: {e}", file=sys.stderr)
+        return 1
+    print(f"decodegate: synced {run_dir} to {tracking.resolve_uri(args.tracking_uri)}: "
+          f"{len(ids) - 1} candidate run(s) under parent {ids['parent']}")
+    return 0

@@ -1,0 +1,166 @@
+"""MLflow logging: the only module that imports mlflow.
+
+The run folder is the source of truth; MLflow holds a copy. One parent run per regress, one child
+run per candidate. Every MLflow run carries the tag `decodegate.run_uid` (the run folder's id plus
+the candidate), so `decodegate sync` can upload a folder again and never duplicate a run.
+
+A tracking server that is down must not cost the results: its health is checked first with a short
+timeout (MLflow's own client retries for minutes per call), and on failure the caller keeps the
+folder and warns. The embedded default is MLflow 3's own: `sqlite:///mlflow.db` in the working dir.
+"""
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+DEFAULT_URI = "sqlite:///mlflow.db"
+EXPERIMENT = "decodegate-regress"
+STATE = "tracking.json"
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking server could not be reached; the run folder still holds everything."""
+
+
+def resolve_uri(uri: str | None) -> str:
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+
+
+def check_health(uri: str, timeout: float = 3.0) -> None:
+    """Raise TrackingUnavailable unless a remote server answers /health within `timeout`."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
+            if r.status != 200:
+                raise TrackingUnavailable(f"{uri} answered {r.status} on /health")
+    except (urllib.error.URLError, OSError) as e:
+        raise TrackingUnavailable(f"tracking server {uri} is not reachable ({getattr(e, 'reason', e)})") from e
+
+
+def _client(uri: str):
+    # Fail fast instead of MLflow's default minutes of retries once health has passed.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    import warnings
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module="sqlalchemy")
+    from mlflow import MlflowClient
+    return MlflowClient(tracking_uri=uri)
+
+
+def _experiment_id(client) -> str:
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    return exp.experiment_id if exp else client.create_experiment(EXPERIMENT)
+
+
+def _existing(client, exp_id: str, uid: str):
+    runs = client.search_runs([exp_id], filter_string=f"tags.`decodegate.run_uid` = '{uid}'", max_results=1)
+    return runs[0] if runs else None
+
+
+def _flat(prefix: str, value, out: dict) -> None:
+    if isinstance(value, bool):
+        out[prefix] = float(value)
+    elif isinstance(value, (int, float)) and value == value and abs(value) != float("inf"):
+        out[prefix] = float(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+
+
+def _metric_name(name: str) -> str:
+    # MLflow allows alphanumerics, _ - . space / only.
+    return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in name)[:250]
+
+
+def _log(client, run_id: str, params: dict, metrics: dict, tags: dict) -> None:
+    from mlflow.entities import Metric, Param, RunTag
+    import time
+    now = int(time.time() * 1000)
+    ms = [Metric(_metric_name(k), v, now, 0) for k, v in metrics.items()]
+    ps = [Param(k, str(v)[:6000]) for k, v in params.items()]
+    ts = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+    # MLflow caps one batch at 1000 metrics, 100 params and 100 tags.
+    for i in range(0, len(ps), 100):
+        client.log_batch(run_id, params=ps[i:i + 100])
+    for i in range(0, len(ts), 100):
+        client.log_batch(run_id, tags=ts[i:i + 100])
+    for i in range(0, len(ms), 1000):
+        client.log_batch(run_id, metrics=ms[i:i + 1000])
+
+
+def log_run(run_dir: Path, uri: str | None = None) -> dict:
+    """Upload a finished run folder (summary.json, records, figures). Idempotent. Returns the
+    MLflow run ids, also written to the folder's tracking.json."""
+    run_dir = Path(run_dir)
+    uri = resolve_uri(uri)
+    check_health(uri)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    client = _client(uri)
+    exp_id = _experiment_id(client)
+    uid = summary["run_uid"]
+    parent = _existing(client, exp_id, uid)
+    ids = {}
+    if parent is None or parent.info.status != "FINISHED":
+        parent_id = parent.info.run_id if parent else client.create_run(
+            exp_id, run_name=f"regress {summary['profile']} {summary['target']}",
+            tags={"decodegate.run_uid": uid}).info.run_id
+        _log(client, parent_id, params=summary_params(summary), metrics={"verdict_pass": summary["verdict"] == "pass"},
+             tags={"decodegate.verdict": summary["verdict"], "optimization": "baseline",
+                   **{f"label.{k}": v for k, v in summary.get("labels", {}).items()}})
+        for name in ("summary.json", "records.jsonl", "per_prompt.csv", "report.txt"):
+            if (run_dir / name).exists():
+                client.log_artifact(parent_id, str(run_dir / name))
+        ids["parent"] = parent_id
+    else:
+        parent_id = ids["parent"] = parent.info.run_id
+    for name, cand in summary["candidates"].items():
+        cuid = f"{uid}/{name}"
+        child = _existing(client, exp_id, cuid)
+        if child is not None and child.info.status == "FINISHED":
+            ids[name] = child.info.run_id
+            continue
+        run_id = child.info.run_id if child else client.create_run(
+            exp_id, run_name=name, tags={"decodegate.run_uid": cuid, "mlflow.parentRunId": parent_id}).info.run_id
+        metrics: dict = {}
+        _flat("", cand.get("metrics", {}), metrics)
+        metrics["verdict_pass"] = float(cand["verdict"] == "pass")
+        _log(client, run_id, params={"decoder": cand["decoder"], "kind": cand["kind"], "target": cand["target"],
+                                     **{f"option.{k}": v for k, v in cand.get("options", {}).items()}},
+             metrics=metrics, tags=candidate_tags(cand, summary))
+        figures = run_dir / "figures" / name
+        if figures.is_dir():
+            client.log_artifacts(run_id, str(figures), artifact_path="figures")
+        client.set_terminated(run_id, "FINISHED")
+        ids[name] = run_id
+    client.set_terminated(parent_id, "FINISHED")
+    (run_dir / STATE).write_text(json.dumps({"uri": uri, "runs": ids}, indent=2))
+    return ids
+
+
+def summary_params(summary: dict) -> dict:
+    params = {"target": summary["target"], "profile": summary["profile"], "baseline": summary["baseline"],
+              "seeds": summary.get("seeds"), "temperatures": summary.get("temperatures"),
+              "code_version": summary.get("code_version")}
+    for s, info in summary.get("suites", {}).items():
+        params[f"suite.{s}.version"] = info.get("version")
+        params[f"suite.{s}.hash"] = info.get("hash")
+    return params
+
+
+def candidate_tags(cand: dict, summary: dict) -> dict:
+    opts = cand.get("options", {})
+    tags = {"optimization": cand["decoder"], "decodegate.kind": cand["kind"], "decodegate.verdict": cand["verdict"],
+            "decodegate.target": cand["target"]}
+    if "draft" in opts:
+        tags["drafter"] = opts["draft"]
+    if "verify" in opts:
+        tags["verifier"] = opts["verify"]
+    if "threshold" in opts:
+        tags["exit_threshold"] = opts["threshold"]
+    for k, v in {**summary.get("labels", {}), **cand.get("labels", {})}.items():
+        tags[f"label.{k}"] = v
+    return tags
