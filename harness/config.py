@@ -32,6 +32,10 @@ class SuiteSpec:
     name: str
     margin: float | None = None     # non-inferiority margin on the pass rate; None: no quality gate
     path: str | None = None         # a suite file of one's own (default: the shipped suite NAME)
+    # For "lmeval:<task>" suites: a folder of local task YAMLs, and how many samples to take.
+    include_path: str | None = None
+    limit: int | None = None
+    max_gen_toks: int | None = None
 
 
 @dataclass(frozen=True)
@@ -119,11 +123,15 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
         raise ConfigError(f"{path}: decoder names must be unique; repeated: {', '.join(sorted(dupes))}")
     suites = {}
     for name, table in raw.get("suites", {}).items():
-        _take(table, {"margin", "path"}, f"{path} [suites.{name}]")
-        file = table.get("path")
+        _take(table, {"margin", "path", "include_path", "limit", "max_gen_toks"}, f"{path} [suites.{name}]")
+        file, include = table.get("path"), table.get("include_path")
         if file is not None and not Path(file).is_absolute():
             file = str(path.parent / file)  # relative to the config file
-        suites[name] = SuiteSpec(name, table.get("margin"), file)
+        if include is not None and not Path(include).is_absolute():
+            include = str(path.parent / include)
+        if (include or table.get("limit") or table.get("max_gen_toks")) and not name.startswith("lmeval:"):
+            raise ConfigError(f"{path} [suites.{name}]: include_path/limit/max_gen_toks apply to lmeval:<task> suites only")
+        suites[name] = SuiteSpec(name, table.get("margin"), file, include, table.get("limit"), table.get("max_gen_toks"))
     profiles = raw.get("profiles", {})
     if profile not in profiles:
         raise ConfigError(f"{path}: unknown profile {profile!r}; defined: {', '.join(sorted(profiles)) or 'none'}")

@@ -17,6 +17,15 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
 
 
+def _threshold_arg(text: str):
+    """A number, or the per-layer form "7:0.8,14:0.9" passed on as text (the early-exit
+    backend parses and range-checks it, so a bad value is an input error, exit 2)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoder")
     g.add_argument("--decoder", default="standard",
@@ -30,21 +39,27 @@ def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--adaptive-k", action="store_true", default=None, help="grow/shrink K with acceptance")
     g.add_argument("--min-acceptance", type=float,
                    help="kill switch: fall back to standard decoding when rolling acceptance < X")
-    g.add_argument("--threshold", type=float, help="early-exit confidence threshold in [0, 1]")
+    g.add_argument("--threshold", type=_threshold_arg,
+                   help="early-exit confidence threshold in [0, 1] (1 never exits), or one per exit "
+                        "layer as LAYER:X pairs, e.g. 7:0.8,14:0.9")
     g.add_argument("--exit-layers", help="early-exit layers, comma separated (default: every few)")
     g.add_argument("--confidence", choices=["softmax", "margin", "saturation"],
                    help="early-exit confidence measure")
+    g.add_argument("--exit-heads", help="early-exit: folder of per-layer exit heads "
+                                        "(decodegate-exit-heads format; default: the shared LM head)")
 
 
 def decoder_options(args) -> dict:
     opts = {"draft": args.draft, "draft_device": args.draft_device, "k": args.k, "verify": args.verify,
             "adaptive_k": args.adaptive_k, "min_acceptance": args.min_acceptance,
-            "threshold": args.threshold, "confidence": args.confidence}
+            "threshold": args.threshold, "confidence": args.confidence,
+            "exit_heads": getattr(args, "exit_heads", None)}
     if args.exit_layers:
         try:
             opts["exit_layers"] = [int(x) for x in args.exit_layers.split(",")]
         except ValueError:
-            raise SystemExit(f"decodegate: error: --exit-layers must be integers like 4,8,12, got {args.exit_layers!r}")
+            from decoders.base import DecoderError  # an input error: exit 2 through cli.main
+            raise DecoderError(f"--exit-layers must be integers like 4,8,12, got {args.exit_layers!r}") from None
     return {k: v for k, v in opts.items() if v is not None}
 
 

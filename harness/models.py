@@ -198,6 +198,15 @@ def quantize_int8(loaded: LoadedModel) -> LoadedModel:
     return LoadedModel(loaded.name + "-int8", model, loaded.tokenizer, loaded.device, loaded.dtype)
 
 
+def lm_head_cost_in_layers(model) -> float:
+    """Cost of one LM-head evaluation in units of one decoder layer, from weight counts (decode is
+    memory-bound: time follows bytes read). Used by early exit's theoretical speedup."""
+    layers = model.model.layers
+    per_layer = sum(p.numel() for p in layers[0].parameters()) if len(layers) else 1
+    head = model.config.vocab_size * model.config.hidden_size
+    return head / max(per_layer, 1)
+
+
 # ---------------------------------------------------------------------------------- front door
 
 ALIASES = ["smollm2-135m", "smollm2-135m-int8", "tiny-llama", "tiny-qwen2", "tiny-mistral"]

@@ -76,16 +76,22 @@ def run(args) -> int:
     print(f"decodegate: run folder {run_dir}", file=sys.stderr)
     lineup = runner.Lineup(config)
     records = runner.run(config, run_dir, lineup, suites, progress=not args.no_progress)
+    if any(n.startswith("lmeval:") for n in config.profile.suites):
+        suites = suites + runner.run_lmeval(config, run_dir, lineup, progress=not args.no_progress)
+        records = runner.read_records(run_dir)
     from harness import exactness_run
     exactness = exactness_run.run_checks(config, run_dir, lineup, suites, progress=not args.no_progress)
-    return finish(config, run_dir, meta, records, suites, exactness, args)
+    from harness.models import lm_head_cost_in_layers
+    head_cost = {s.name: lm_head_cost_in_layers(lineup.targets[s.name].model) for s in lineup.specs
+                 if s.decoder == "early-exit"}
+    return finish(config, run_dir, meta, records, suites, exactness, args, head_cost)
 
 
-def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args) -> int:
+def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, head_cost=None) -> int:
     from harness import report
     from harness.gate import decide
     from harness.summary import summarize
-    summary = summarize(config, records, suites, exactness)
+    summary = summarize(config, records, suites, exactness, lm_head_cost=head_cost)
     summary.update(run_uid=meta["run_uid"], created=meta["created"], code_version=meta["code_version"],
                    config=meta["config"])
     all_pass = True

@@ -79,6 +79,8 @@ def load_suites(config: RegressConfig) -> list:
     from suites import load_suite
     out = []
     for name in config.profile.suites:
+        if name.startswith("lmeval:"):
+            continue  # run through lm-eval: see run_lmeval
         suite = load_suite(config.suites[name].path or name)
         if suite.name != name:
             from harness.config import ConfigError
@@ -174,3 +176,51 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
     finally:
         writer.close()
     return read_records(run_dir)
+
+
+class LmEvalSuite:
+    """What the summary needs to know of an lm-eval task run as a suite."""
+
+    def __init__(self, name: str, rows: list[dict]):
+        self.name = name
+        base = rows[0] if rows else {}
+        self.version = base.get("suite_version", "?")
+        self.hash = base.get("suite_hash", "?")
+        self._n = len({r["item_id"] for r in rows})
+
+    def select(self, subset):
+        return range(self._n)
+
+
+def run_lmeval(config: RegressConfig, run_dir: Path, lineup: Lineup, progress: bool = True) -> list:
+    """`lmeval:<task>` suites: each decoder runs the task through lm-eval (generation through our
+    decoder), and its per-sample records join records.jsonl like any other suite's."""
+    from harness.lmeval import lmeval_records
+    done = {(r["candidate"], r["suite"], r["seed"], r["temperature"]) for r in read_records(run_dir)}
+    suites = []
+    writer = RecordWriter(run_dir)
+    try:
+        for name in (n for n in config.profile.suites if n.startswith("lmeval:")):
+            spec_s = config.suites[name]
+            task = name[len("lmeval:"):]
+            for t in config.profile.temperatures:
+                if t > 0 and name not in config.profile.sample_suites:
+                    continue
+                for seed in (config.profile.seeds[:1] if t == 0 else config.profile.seeds):
+                    for spec in lineup.specs:
+                        if not runs_on(spec, name) or (spec.name, name, seed, t) in done:
+                            continue
+                        if progress:
+                            print(f"decodegate: lm-eval {task} · {spec.name} · T={t:g}", flush=True)
+                        rows = lmeval_records(task, lineup.targets[spec.name], spec.decoder, dict(spec.options),
+                                              candidate=spec.name, seed=seed, temperature=t, limit=spec_s.limit,
+                                              include_path=spec_s.include_path,
+                                              gen_kwargs={"max_gen_toks": spec_s.max_gen_toks} if spec_s.max_gen_toks else None)
+                        for row in rows:
+                            row.setdefault("kind", spec.kind)
+                            writer.write(row)
+            rows = [r for r in read_records(run_dir) if r["suite"] == name]
+            suites.append(LmEvalSuite(name, rows))
+    finally:
+        writer.close()
+    return suites

@@ -43,7 +43,7 @@ def _identity(pairs, eps) -> dict:
             "divergences": _divergences(ident)}
 
 
-def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng) -> dict:
+def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng, head_cost: float = 0.0) -> dict:
     out: dict = {"n_pairs": len(pairs)}
     errors = [p.candidate.get("error") for p in pairs if p.candidate.get("error")]
     if errors:
@@ -64,7 +64,7 @@ def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng)
         except ValueError as e:
             out["acceptance"] = {"error": str(e)}
     if spec.decoder == "early-exit" and any(s.get("exit_layers") for s in stats):
-        out["exits"] = _plain(analysis.exit_summary([p.candidate for p in pairs]))
+        out["exits"] = _plain(analysis.exit_summary([p.candidate for p in pairs], lm_head_cost=head_cost))
     timed = [p for p in pairs if p.candidate.get("tokens") and p.baseline.get("tokens")]
     if timed:
         out["latency"] = _plain(analysis.latency_summary([p.candidate for p in timed]))
@@ -73,7 +73,8 @@ def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng)
 
 
 def summarize(config: RegressConfig, records: list[dict], suites: list, exactness: dict | None = None,
-              rng_seed: int = 0) -> dict:
+              rng_seed: int = 0, lm_head_cost: dict | None = None) -> dict:
+    """`lm_head_cost`: per candidate, one LM-head evaluation in decoder-layer units (early exit)."""
     import numpy as np
     rng = np.random.default_rng(rng_seed)
     by_cand = analysis.split_by_candidate(records)
@@ -90,11 +91,12 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
         rows = by_cand.get(spec.name, [])
         mine = [r for r in base_rows if spec.suites is None or r["suite"] in spec.suites]
         pairs = analysis.pair_records(mine, rows)
+        head = (lm_head_cost or {}).get(spec.name, 0.0)
         per_suite = {}
         for suite in suites:
             ps = [p for p in pairs if p.key.suite == suite.name]
             if ps:
-                per_suite[suite.name] = candidate_suite_summary(ps, spec, config.suites[suite.name], config, rng)
+                per_suite[suite.name] = candidate_suite_summary(ps, spec, config.suites[suite.name], config, rng, head)
         cand = {"decoder": spec.decoder, "kind": spec.kind, "options": spec.options,
                 "target": spec.target or config.target, "labels": spec.labels, "min_speedup": spec.min_speedup,
                 "suites": per_suite}
@@ -109,7 +111,8 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
                 cand["acceptance_by_category"] = {
                     g: _plain(a) for g, a in analysis.acceptance_by_group(greedy, by="category", rng=rng).items()}
         if spec.decoder == "early-exit":
-            cand["exits"] = _plain(analysis.exit_summary([p.candidate for p in pairs if p.candidate.get("tokens")]))
+            cand["exits"] = _plain(analysis.exit_summary([p.candidate for p in pairs if p.candidate.get("tokens")],
+                                                         lm_head_cost=head))
         if exactness and spec.name in exactness:
             cand["exactness"] = exactness[spec.name]
         cand["metrics"] = headline_metrics(cand)

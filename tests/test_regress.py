@@ -232,3 +232,27 @@ def test_tracking_down_then_sync(tmp_path, tiny_suite):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def test_lmeval_task_as_a_regress_suite(tmp_path):
+    """An lm-eval task listed as `lmeval:<task>` is paired and analysed like any suite."""
+    include = Path(__file__).parent / "data" / "lmeval"
+    cfg = tmp_path / "regress.toml"
+    cfg.write_text(f"""
+target = "tiny-llama"
+[[candidates]]
+name = "spec-self"
+decoder = "speculative"
+options = {{ draft = "tiny-llama", k = 3 }}
+[suites."lmeval:decodegate_tiny_gen"]
+include_path = "{include}"
+[profiles.smoke]
+subset = "smoke"
+suites = ["lmeval:decodegate_tiny_gen"]
+temperatures = [0.0]
+""")
+    assert regress(cfg, tmp_path / "run") == 0
+    s = summary(tmp_path / "run")
+    ident = s["candidates"]["spec-self"]["suites"]["lmeval:decodegate_tiny_gen"]["identity"]["T=0"]
+    assert ident["n"] >= 3 and ident["rate"] == 1.0
+    assert s["suites"]["lmeval:decodegate_tiny_gen"]["hash"] not in ("?", None)
