@@ -136,14 +136,29 @@ class HFAssistedDecoder(HFDecoder):
             raise DecoderError("hf-assisted needs a draft: a model or 'prompt-lookup'")
         if int(k) < 1:
             raise DecoderError(f"k must be >= 1, got {k}")
-        if isinstance(draft, str) and draft != "prompt-lookup":
-            raise DecoderError(f"hf-assisted supports a draft model or 'prompt-lookup', not {draft!r}")
+        if isinstance(draft, str) and draft != "prompt-lookup" and not draft.startswith("self:"):
+            raise DecoderError(f"hf-assisted supports a draft model, 'prompt-lookup' or 'self:L', not {draft!r}")
+        if isinstance(draft, str) and draft.startswith("self:"):
+            try:
+                layers = int(draft[5:])
+            except ValueError:
+                raise DecoderError(f"self-draft must be self:L with an integer L, got {draft!r}") from None
+            n = target.model.config.num_hidden_layers
+            if not 1 <= layers < n:
+                raise DecoderError(f"self-draft layer must be in [1, {n}), got {layers}")
         self.target, self.draft, self.k = target, draft, int(k)
 
     @contextlib.contextmanager
     def _context(self, request, kwargs):
         if self.draft == "prompt-lookup":
             kwargs["generation_config"].prompt_lookup_num_tokens = self.k
+            yield
+            return
+        if isinstance(self.draft, str):  # self:L, transformers' LayerSkip-style early-exit assistant
+            kwargs["generation_config"].assistant_early_exit = int(self.draft[5:])
+            kwargs["generation_config"].num_assistant_tokens = self.k
+            kwargs["generation_config"].num_assistant_tokens_schedule = "constant"
+            kwargs["generation_config"].assistant_confidence_threshold = 0.0
             yield
             return
         kwargs["assistant_model"] = self.draft.model
@@ -157,7 +172,7 @@ class HFAssistedDecoder(HFDecoder):
             gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = saved
 
     def _draft_counter(self):
-        if self.draft == "prompt-lookup":
+        if isinstance(self.draft, str):
             return contextlib.nullcontext([0])
         return _count_forwards(self.draft.model)
 

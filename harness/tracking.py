@@ -164,3 +164,21 @@ def candidate_tags(cand: dict, summary: dict) -> dict:
     for k, v in {**summary.get("labels", {}), **cand.get("labels", {})}.items():
         tags[f"label.{k}"] = v
     return tags
+
+
+def log_bench(result: dict, uri: str | None = None) -> str:
+    """One MLflow run per bench invocation, with a metric per decoder and temperature."""
+    uri = resolve_uri(uri)
+    check_health(uri)
+    client = _client(uri)
+    exp = client.get_experiment_by_name("decodegate-bench")
+    exp_id = exp.experiment_id if exp else client.create_experiment("decodegate-bench")
+    run_id = client.create_run(exp_id, run_name=f"bench {result['target']}").info.run_id
+    metrics: dict = {}
+    _flat("", {label: {k: v for k, v in e.items() if k not in ("options", "decoder")}
+               for label, e in result["decoders"].items()}, metrics)
+    _flat("roofline", result["roofline"], metrics)
+    _log(client, run_id, params={"target": result["target"], "k": result["k"],
+                                 "max_new_tokens": result["max_new_tokens"]}, metrics=metrics, tags={"decodegate.kind": "bench"})
+    client.set_terminated(run_id, "FINISHED")
+    return run_id

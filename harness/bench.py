@@ -1,0 +1,275 @@
+"""Speed side by side: our decoders against transformers' and against theory.
+
+For one target and a few drafts, on fixed chat prompts from the suites (one category each),
+runs `standard`, `hf` greedy, `speculative` per drafter, `hf-assisted` with the same draft and K,
+and `early-exit` at a few thresholds — interleaved (A B C A B C ...) after a warm-up, so that
+machine noise hits every decoder alike. Reports tokens/s, per-token latency p50/p95, the paired
+speedup over `standard` with a bootstrap interval, α, τ, c, the theoretical speedup and
+achieved/theoretical, per category; a roofline line (weight bytes per token / measured memory
+bandwidth); and a profile of where a speculative round spends its time.
+Timings are measurements on this machine in this run; compare ratios, not absolute numbers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+DEFAULT_DRAFTS = "smollm2-135m-int8,prompt-lookup,self:12"
+CATEGORIES = ("summary", "rewrite", "explain", "list")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="smollm2-135m", help="target model (default: %(default)s)")
+    p.add_argument("--draft", default=DEFAULT_DRAFTS,
+                   help="comma-separated drafts: models, prompt-lookup, self:L (default: %(default)s)")
+    p.add_argument("--k", type=int, default=4, help="draft length K for every drafter (default: %(default)s)")
+    p.add_argument("--thresholds", default="0.9,0.99", help="early-exit thresholds; '' for none (default: %(default)s)")
+    p.add_argument("--prompts-per-category", type=int, default=1, help="longform prompts per category (default: 1)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds after the warm-up (default: 2)")
+    p.add_argument("--temperatures", default="0", help="comma-separated; e.g. 0,0.7 for greedy and sampled")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers peers")
+    p.add_argument("--profile", action="store_true", help="also profile one speculative request per drafter")
+    p.add_argument("--device", default=None)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--out", help="also write the JSON result to this file")
+    p.add_argument("--tracking-uri", help="log the result to MLflow at this URI")
+
+
+# ----------------------------------------------------------------------------------- roofline
+
+def memory_bandwidth_gbs(mb: int = 256, repeats: int = 5) -> float:
+    """Best-of-n copy bandwidth (bytes read + written per second), in GB/s."""
+    import torch
+    src = torch.ones(mb * 2**20 // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes of weights a one-token decode step reads: every parameter once, except an untied
+    input embedding table, of which one row is gathered."""
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight if model.get_output_embeddings() is not None else None
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if head is None or emb.data_ptr() != head.data_ptr():
+        total -= emb.numel() * emb.element_size() - emb.shape[1] * emb.element_size()
+    return total
+
+
+# ----------------------------------------------------------------------------------- lineup
+
+def lineup(args) -> list[tuple[str, str, dict]]:
+    """(label, backend, options) for every decoder to run."""
+    out = [("standard", "standard", {})]
+    if not args.no_hf:
+        out.append(("hf", "hf", {}))
+    for d in [x for x in args.draft.split(",") if x]:
+        out.append((f"spec[{d}]", "speculative", {"draft": d, "k": args.k}))
+        if not args.no_hf:
+            out.append((f"hf-assisted[{d}]", "hf-assisted", {"draft": d, "k": args.k}))
+    for t in [x for x in args.thresholds.split(",") if x]:
+        out.append((f"early-exit[{t}]", "early-exit", {"threshold": float(t)}))
+    return out
+
+
+def pick_prompts(per_category: int, target, max_new: int):
+    """The first longform items of each category that fit the target's context."""
+    from decoders.base import DecoderError
+    from decoders.common import context_length
+    from suites import load_suite
+    suite = load_suite("longform")
+    limit = context_length(target.model) or 10**9
+    picked = []
+    for cat in CATEGORIES:
+        fits = [it for it in suite.items if cat in it.categories
+                and len(target.encode(it.messages or it.prompt)) + max_new <= limit]
+        picked += [(cat, it) for it in fits[:per_category]]
+    if not picked:
+        raise DecoderError(f"no longform prompt fits {target.name}'s context of {limit} tokens")
+    return suite, picked
+
+
+def run_bench(args) -> dict:
+    import numpy as np
+    from tqdm import tqdm
+
+    import analysis
+    import analysis.latency
+    from decoders import GenerationRequest
+    from harness.build import build_decoder, get_model
+
+    target = get_model(args.target, args.device)
+    suite, prompts = pick_prompts(args.prompts_per_category, target, args.max_new_tokens)
+    temps = [float(t) for t in args.temperatures.split(",") if t != ""]
+    decoders = {label: (backend, opts, build_decoder(backend, target, opts))
+                for label, backend, opts in lineup(args)}
+
+    def request(item, t, seed=0, max_new=args.max_new_tokens):
+        ids = target.encode(item.messages or item.prompt)
+        return GenerationRequest(tuple(ids), max_new_tokens=max_new, temperature=t, top_p=0.95 if t > 0 else 1.0,
+                                 stop_token_ids=target.stop_token_ids(), seed=seed)
+
+    # Warm-up: every decoder once, short, so that lazy init and allocator growth are not timed.
+    for backend, opts, dec in decoders.values():
+        dec.generate(request(prompts[0][1], 0.0, max_new=8))
+
+    rows: list[dict] = []
+    total = args.rounds * len(prompts) * len(temps) * len(decoders)
+    bar = tqdm(total=total, desc="bench", unit="gen", disable=args.json, dynamic_ncols=True)
+    for r in range(args.rounds):
+        for cat, item in prompts:
+            for t in temps:
+                for label, (backend, opts, dec) in decoders.items():  # interleaved
+                    bar.set_postfix_str(f"{label} {item.id} T={t:g}", refresh=False)
+                    res = dec.generate(request(item, t, seed=r))
+                    rows.append({"candidate": label, "decoder": backend, "suite": "bench", "suite_hash": suite.hash,
+                                 "item_id": f"{item.id}#r{r}", "categories": [cat], "seed": r, "temperature": t,
+                                 "tokens": list(res.tokens), "text": res.text, "stats": res.stats,
+                                 "timing": res.timing.as_dict(), "margins": list(res.margins)})
+                    bar.update(1)
+    bar.close()
+
+    by = analysis.split_by_candidate(rows)
+    rng = np.random.default_rng(0)
+    result = {"target": target.name, "k": args.k, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+              "temperatures": temps, "prompts": [f"{c}:{i.id}" for c, i in prompts], "decoders": {}}
+    base_step = analysis.latency.decode_step_seconds(by["standard"])
+    for label, (backend, opts, _) in decoders.items():
+        mine = by[label]
+        entry: dict = {"decoder": backend, "options": opts}
+        for t in temps:
+            tag = f"T={t:g}"
+            lat = analysis.latency_summary([x for x in mine if x["temperature"] == t])
+            entry[tag] = {"tokens_per_s": lat.tokens_per_s, "p50_s_per_token": lat.per_token.p50,
+                          "p95_s_per_token": lat.per_token.p95, "ttft_p50_s": lat.ttft.p50}
+            pairs = analysis.pair_records([x for x in by["standard"] if x["temperature"] == t],
+                                          [x for x in mine if x["temperature"] == t])
+            if label != "standard":
+                sp = analysis.paired_speedup(pairs, rng=rng)
+                entry[tag].update(speedup=sp.statistic, ci=[sp.ci_low, sp.ci_high],
+                                  identity=analysis.token_identity(pairs).statistic)
+                entry[tag]["by_category"] = {}
+                for cat in CATEGORIES:
+                    cp = [p for p in pairs if cat in p.candidate["categories"]]
+                    if cp:
+                        entry[tag]["by_category"][cat] = {"speedup": analysis.paired_speedup(cp, rng=rng, n_resamples=999).statistic}
+            if backend == "speculative":
+                acc = analysis.acceptance_summary(pairs, rng=rng)
+                entry[tag] = {**entry.get(tag, {}), "alpha": acc.alpha, "acceptance_rate": acc.acceptance_rate,
+                              "tau": acc.tau, "c": acc.c, "theoretical_speedup": acc.theoretical_speedup,
+                              "achieved_over_theoretical": acc.achieved_over_theoretical,
+                              "fallbacks": sum(p.candidate["stats"].get("fallbacks", 0) for p in pairs),
+                              "time_split_s": {k: float(sum(p.candidate["stats"].get(k, 0.0) for p in pairs))
+                                               for k in ("prefill_time_s", "draft_time_s", "verify_time_s", "other_time_s")}}
+                for cat in CATEGORIES:
+                    cp = [p for p in pairs if cat in p.candidate["categories"]]
+                    if cp and cat in entry[tag].get("by_category", {}):
+                        a = analysis.acceptance_summary(cp, rng=rng, n_resamples=200)
+                        entry[tag]["by_category"][cat].update(alpha=a.alpha, tau=a.tau)
+            if backend == "early-exit":
+                from harness.models import lm_head_cost_in_layers
+                ex = analysis.exit_summary([p.candidate for p in pairs], lm_head_cost=lm_head_cost_in_layers(target.model))
+                entry[tag] = {**entry.get(tag, {}), "avg_layers": ex.mean_layers, "num_layers": ex.num_layers,
+                              "theoretical_speedup": ex.theoretical_speedup}
+        result["decoders"][label] = entry
+
+    bw = memory_bandwidth_gbs()
+    wb = weight_bytes_per_token(target.model)
+    bound = wb / (bw * 1e9)
+    result["roofline"] = {"weight_bytes_per_token": wb, "memory_bandwidth_gbs": bw, "step_lower_bound_s": bound,
+                          "standard_step_s": base_step, "standard_over_bound": base_step / bound}
+    if args.profile:
+        result["profile"] = {label: profile_request(dec, request(prompts[0][1], 0.0))
+                             for label, (backend, _, dec) in decoders.items() if backend == "speculative"}
+    return result
+
+
+def profile_request(decoder, request) -> dict:
+    """Where one speculative request spends its time, by function (cProfile adds overhead to
+    Python-heavy parts, so 'python_other' is an upper bound)."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    decoder.generate(request)
+    prof.disable()
+    st = pstats.Stats(prof).stats
+    buckets = {"draft": ("drafters.py", "propose"), "target_verify": ("speculative.py", "score"),
+               "verify_math": ("verify.py", None), "cache_rollback": (None, "rollback")}
+    total = max((v[3] for (f, _, n), v in st.items() if n == "generate" and f.endswith("speculative.py")), default=0.0)
+    out = {}
+    for name, (file, func) in buckets.items():
+        out[name] = sum(v[3] for (f, _, n), v in st.items()
+                        if (file is None or f.endswith(file)) and (func is None or n == func)
+                        and not (file == "verify.py" and n.startswith("_")))
+    out["python_other"] = max(0.0, total - sum(out.values()))
+    out["total"] = total
+    return out
+
+
+def table(result: dict) -> str:
+    lines = [f"target {result['target']}, K={result['k']}, {result['max_new_tokens']} new tokens, "
+             f"{result['rounds']} interleaved rounds over {len(result['prompts'])} prompts"]
+    for t in result["temperatures"]:
+        tag = f"T={t:g}"
+        lines.append(f"\n{tag}")
+        head = ("decoder", "tok/s", "p50 ms/tok", "p95 ms/tok", "vs standard [95% CI]", "identity", "α", "τ", "c",
+                "theory", "ach/theory", "layers")
+        rows = [head]
+        for label, e in result["decoders"].items():
+            d = e.get(tag, {})
+            f = lambda k, spec=".2f": format(d[k], spec) if d.get(k) is not None else "–"  # noqa: E731
+            sp = f"{d['speedup']:.2f}x [{d['ci'][0]:.2f}, {d['ci'][1]:.2f}]" if "speedup" in d else "1.00x"
+            rows.append((label, f"{d['tokens_per_s']:.1f}", f"{d['p50_s_per_token'] * 1e3:.1f}",
+                         f"{d['p95_s_per_token'] * 1e3:.1f}", sp, f("identity"), f("alpha"), f("tau"), f("c"),
+                         f("theoretical_speedup"), f("achieved_over_theoretical"),
+                         f"{d['avg_layers']:.1f}/{d['num_layers']}" if "avg_layers" in d else "–"))
+        w = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        lines += ["  ".join(c.ljust(x) for c, x in zip(r, w)) for r in rows]
+        cats = [(label, d) for label, e in result["decoders"].items() if (d := e.get(tag, {})).get("by_category")]
+        if cats:
+            lines.append("  by category (speedup vs standard; α):")
+            for label, d in cats:
+                lines.append("    " + label.ljust(28) + "  ".join(
+                    f"{c}={v['speedup']:.2f}x" + (f" α={v['alpha']:.2f}" if "alpha" in v else "")
+                    for c, v in d["by_category"].items()))
+    r = result["roofline"]
+    lines.append(f"\nroofline: {r['weight_bytes_per_token'] / 1e6:.0f} MB of weights per token / "
+                 f"{r['memory_bandwidth_gbs']:.1f} GB/s measured copy bandwidth = {r['step_lower_bound_s'] * 1e3:.1f} ms "
+                 f"lower bound per step; standard takes {r['standard_step_s'] * 1e3:.1f} ms "
+                 f"({r['standard_over_bound']:.1f}x the bound)")
+    for label, prof in result.get("profile", {}).items():
+        tot = prof["total"] or 1.0
+        lines.append(f"profile {label}: " + ", ".join(f"{k} {v / tot:.0%}" for k, v in prof.items() if k != "total")
+                     + f" of {tot:.2f} s")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from decoders.base import DecoderError
+    if args.k < 1:
+        raise DecoderError(f"--k must be >= 1, got {args.k}")
+    if args.rounds < 1 or args.prompts_per_category < 1:
+        raise DecoderError("--rounds and --prompts-per-category must be >= 1")
+    result = run_bench(args)
+    text = json.dumps(result, indent=2, default=float)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text if args.json else table(result))
+    if args.tracking_uri:
+        from harness import tracking
+        try:
+            tracking.log_bench(result, args.tracking_uri)
+        except Exception as e:  # noqa: BLE001 - the numbers are printed already
+            print(f"decodegate: warning: MLflow logging failed: {e}", file=sys.stderr)
+    return 0
