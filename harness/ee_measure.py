@@ -98,23 +98,37 @@ def run(target, *, thresholds, confidence, max_new_tokens, rounds, prompts=PROMP
         for i, req in enumerate(requests):
             order = names[(i + r) % len(names):] + names[:(i + r) % len(names)]  # rotate: no fixed slot
             for name in order:
-                results[name][r][i] = decoders[name].generate(req)
+                c0 = time.process_time()
+                res = decoders[name].generate(req)
+                res.stats["cpu_s"] = time.process_time() - c0   # this process's CPU time, all threads
+                results[name][r][i] = res
             log(f"round {r + 1}/{rounds} prompt {i + 1}/{len(requests)} done", file=sys.stderr)
     return results
 
 
+def _speeds(rounds) -> tuple[float, float, float]:
+    """(mean decode s/token, median per-token s, CPU s/token) over all runs of one decoder."""
+    flat = [res for rnd in rounds for res in rnd]
+    t = sum(decode_time_per_token(res)[0] for res in flat)
+    n = sum(decode_time_per_token(res)[1] for res in flat)
+    per_token = [x for res in flat for x in res.timing.token_times_s[1:]]
+    cpu = sum(res.stats.get("cpu_s", float("nan")) for res in flat) / sum(len(res.tokens) for res in flat)
+    return t / max(n, 1), statistics.median(per_token) if per_token else float("nan"), cpu
+
+
 def summarize(results, costs) -> list[dict]:
+    """One row per decoder. Speedups are standard's time per token over the decoder's, three
+    ways: mean wall time, median per-token wall time (robust to bursts of machine load), and this
+    process's CPU time per token (prompt pass included; with --threads 1 it is close to work done)."""
     base = results["standard"][0]
     L, layer, head = costs["num_layers"], costs["layer_s"], costs["head_s"]
-    base_t = sum(decode_time_per_token(res)[0] for rnd in results["standard"] for res in rnd)
-    base_n = sum(decode_time_per_token(res)[1] for rnd in results["standard"] for res in rnd)
+    b_mean, b_med, b_cpu = _speeds(results["standard"])
     rows = []
     for name, rounds in results.items():
-        flat = [res for rnd in rounds for res in rnd]
-        t = sum(decode_time_per_token(res)[0] for res in flat)
-        n = sum(decode_time_per_token(res)[1] for res in flat)
-        row = {"decoder": name, "ms_per_token": 1000 * t / max(n, 1),
-               "measured_speedup": (base_t / base_n) / (t / n) if n else float("nan")}
+        mean, med, cpu = _speeds(rounds)
+        row = {"decoder": name, "ms_per_token": 1000 * mean, "median_ms_per_token": 1000 * med,
+               "cpu_ms_per_token": 1000 * cpu, "measured_speedup": b_mean / mean,
+               "median_speedup": b_med / med, "cpu_speedup": b_cpu / cpu}
         if name != "standard":
             layers = [l for res in rounds[0] for l in res.stats["exit_layers"]]
             evals = sum(res.stats["lm_head_evals"] for res in rounds[0])
@@ -133,17 +147,28 @@ def format_table(rows, costs) -> str:
     out = [f"costs: step {1000 * costs['step_s']:.1f} ms, LM head {1000 * costs['head_s']:.1f} ms "
            f"({costs['head_s'] / costs['step_s']:.0%} of a step, {costs['head_s'] / costs['layer_s']:.1f} layers), "
            f"layer {1000 * costs['layer_s']:.2f} ms, L = {costs['num_layers']}",
-           "| decoder | avg layers | early-exit tokens | head evals/token | theoretical speedup | ms/token "
-           "| measured speedup | identical prompts | mean common prefix |",
+           "| decoder | avg layers | early-exit tokens | head evals/token | theoretical speedup "
+           "| ms/token mean / median / cpu | measured speedup mean / median / cpu | identical prompts "
+           "| mean common prefix |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         def f(key, fmt):
             return format(r[key], fmt) if key in r else "-"
         out.append(f"| {r['decoder']} | {f('avg_layers', '.1f')} | {f('early_fraction', '.0%')} "
                    f"| {f('head_evals_per_token', '.2f')} | {f('theoretical_speedup', '.2f')}x "
-                   f"| {r['ms_per_token']:.1f} | {r['measured_speedup']:.2f}x | {r['identical_prompts']:.0%} "
+                   f"| {r['ms_per_token']:.1f} / {r['median_ms_per_token']:.1f} / {r['cpu_ms_per_token']:.1f} "
+                   f"| {r['measured_speedup']:.2f}x / {r['median_speedup']:.2f}x / {r['cpu_speedup']:.2f}x "
+                   f"| {r['identical_prompts']:.0%} "
                    f"| {r['mean_prefix_fraction']:.0%} |")
     return "\n".join(out)
+
+
+def _loadavg() -> str:
+    try:
+        import os
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
 
 
 def main(argv=None) -> int:
@@ -156,8 +181,12 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many built-in prompts (max {len(PROMPTS)})")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--no-control", dest="control", action="store_false", help="skip the threshold-1.0 row")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's); 1 is steadier on a "
+                                                 "shared machine")
     p.add_argument("--json", help="also write rows and costs to this file")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from harness.models import load_model
 
     target = load_model(args.target, device=args.device)
@@ -168,6 +197,7 @@ def main(argv=None) -> int:
                   log=lambda *a, **k: print(*a, **k))
     rows = summarize(results, costs)
     print(format_table(rows, costs))
+    print(f"threads {torch.get_num_threads()}, load average {_loadavg()}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"costs": costs, "rows": rows, "args": vars(args)}, fh, indent=2)

@@ -1,0 +1,177 @@
+"""Per-layer exit heads for early exit: small learned maps applied to an intermediate hidden
+state before the model's final norm and LM head (tuned-lens style, Belrose et al. 2023).
+
+Without exit heads, early exit reads an intermediate layer through the shared final norm and LM
+head as they are (the logit lens). An exit head first translates the hidden state of that layer
+towards the final layer's basis:
+
+    logits_l = lm_head(norm(T_l(h_l))),   T_l(h) = h + h @ W_l.T + b_l        # residual affine
+
+so an all-zero head is the identity and reproduces the logit lens exactly. Only the logits are
+affected: state propagation still copies the raw hidden state h_l upward.
+
+File format (a folder), version 1:
+
+    exit_heads.json      {"format": "decodegate-exit-heads", "version": 1,
+                          "hidden_size": H, "layers": [l, ...],      # exit layers, ascending
+                          "model": "...", ...}                        # optional provenance keys
+    layer_<l>.safetensors   tensors "weight" (H, H) and "bias" (H,), floating point
+
+A layer index `l` counts layers run, as the early-exit stats do: the head for `l` reads the
+hidden state after decoder layers 0 .. l-1, so 1 <= l < num_layers. The loader validates the
+marker, version, hidden size, layer range and tensor shapes, and refuses non-finite values.
+Training the heads is not done here; `save_exit_heads` writes the format (tests use it).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from decoders.base import DecoderError
+
+FORMAT = "decodegate-exit-heads"
+VERSION = 1
+INDEX = "exit_heads.json"
+
+
+def layer_file(layer: int) -> str:
+    return f"layer_{layer}.safetensors"
+
+
+@dataclass(frozen=True)
+class ExitHeads:
+    """Loaded heads: layer -> (weight (H, H), bias (H,))."""
+
+    hidden_size: int
+    heads: Mapping[int, tuple[torch.Tensor, torch.Tensor]]
+    source: str = ""
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(sorted(self.heads))
+
+    def apply(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """T_l(h) = h + h W^T + b on (..., H)."""
+        weight, bias = self.heads[layer]
+        return hidden + torch.nn.functional.linear(hidden, weight, bias)
+
+    def to(self, device=None, dtype=None) -> ExitHeads:
+        moved = {l: (w.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype))
+                 for l, (w, b) in self.heads.items()}
+        return ExitHeads(self.hidden_size, moved, self.source)
+
+    def check_fits(self, num_layers: int, hidden_size: int) -> None:
+        """Refuse heads made for another model shape."""
+        if self.hidden_size != hidden_size:
+            raise DecoderError(f"exit heads {self.source or ''} have hidden_size {self.hidden_size}, "
+                               f"but the model's is {hidden_size}")
+        bad = [l for l in self.layers if not 1 <= l < num_layers]
+        if bad:
+            raise DecoderError(f"exit heads {self.source or ''} name layers {bad} outside [1, {num_layers}) "
+                               f"for a model with {num_layers} layers")
+
+
+def _check_pair(layer: int, weight: torch.Tensor, bias: torch.Tensor, hidden_size: int, where: str) -> None:
+    if not (weight.is_floating_point() and bias.is_floating_point()):
+        raise DecoderError(f"{where}: exit head for layer {layer} must hold floating-point tensors")
+    if tuple(weight.shape) != (hidden_size, hidden_size):
+        raise DecoderError(f"{where}: exit head for layer {layer} has weight of shape {tuple(weight.shape)}, "
+                           f"expected ({hidden_size}, {hidden_size})")
+    if tuple(bias.shape) != (hidden_size,):
+        raise DecoderError(f"{where}: exit head for layer {layer} has bias of shape {tuple(bias.shape)}, "
+                           f"expected ({hidden_size},)")
+    if not (torch.isfinite(weight).all() and torch.isfinite(bias).all()):
+        raise DecoderError(f"{where}: exit head for layer {layer} holds NaN or inf")
+
+
+def _layer_list(value, where: str) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise DecoderError(f"{where}: 'layers' must be a non-empty list of integers, got {value!r}")
+    if not all(isinstance(l, int) and not isinstance(l, bool) for l in value):
+        raise DecoderError(f"{where}: 'layers' must hold integers, got {value!r}")
+    if len(set(value)) != len(value):
+        raise DecoderError(f"{where}: 'layers' lists a layer twice: {value!r}")
+    return sorted(value)
+
+
+def load_exit_heads(folder, *, num_layers: int | None = None, hidden_size: int | None = None) -> ExitHeads:
+    """Read and validate an exit-heads folder. With `num_layers` / `hidden_size`, also check that
+    the heads fit that model. Errors are `DecoderError` naming the file and the problem."""
+    from safetensors import safe_open
+
+    folder = Path(folder).expanduser()
+    index = folder / INDEX
+    if not folder.is_dir():
+        raise DecoderError(f"exit heads folder not found: {folder}")
+    if not index.is_file():
+        raise DecoderError(f"exit heads folder {folder} has no {INDEX}")
+    try:
+        meta = json.loads(index.read_text())
+    except (OSError, ValueError) as e:
+        raise DecoderError(f"{index}: not valid JSON ({e})") from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise DecoderError(f"{index}: 'format' must be {FORMAT!r}")
+    if meta.get("version") != VERSION:
+        raise DecoderError(f"{index}: unsupported version {meta.get('version')!r} (this reader knows {VERSION})")
+    h = meta.get("hidden_size")
+    if not isinstance(h, int) or isinstance(h, bool) or h < 1:
+        raise DecoderError(f"{index}: 'hidden_size' must be a positive integer, got {h!r}")
+    layers = _layer_list(meta.get("layers"), str(index))
+    heads = {}
+    for layer in layers:
+        path = folder / layer_file(layer)
+        if not path.is_file():
+            raise DecoderError(f"exit heads: {INDEX} lists layer {layer} but {path.name} is missing in {folder}")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                names = set(f.keys())
+                if not {"weight", "bias"} <= names:
+                    raise DecoderError(f"{path}: needs tensors 'weight' and 'bias', has {sorted(names)}")
+                weight, bias = f.get_tensor("weight"), f.get_tensor("bias")
+        except DecoderError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a corrupt file is an input error
+            raise DecoderError(f"{path}: cannot read safetensors ({e})") from e
+        _check_pair(layer, weight, bias, h, str(path))
+        heads[layer] = (weight, bias)
+    out = ExitHeads(h, heads, str(folder))
+    if num_layers is not None and hidden_size is not None:
+        out.check_fits(num_layers, hidden_size)
+    return out
+
+
+def save_exit_heads(folder, heads: Mapping[int, tuple[torch.Tensor, torch.Tensor]], **meta) -> Path:
+    """Write `heads` (layer -> (weight (H, H), bias (H,))) in the format above. Extra keyword
+    arguments (e.g. model="smollm2-135m") go into exit_heads.json as provenance."""
+    from safetensors.torch import save_file
+
+    if not heads:
+        raise DecoderError("save_exit_heads: no heads given")
+    if any(k in meta for k in ("format", "version", "hidden_size", "layers")):
+        raise DecoderError("save_exit_heads: metadata may not override format, version, hidden_size or layers")
+    layers = sorted(int(l) for l in heads)
+    hidden = int(next(iter(heads.values()))[0].shape[0])
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for layer in layers:
+        weight, bias = heads[layer]
+        _check_pair(layer, weight, bias, hidden, "save_exit_heads")
+        save_file({"weight": weight.detach().cpu().contiguous(), "bias": bias.detach().cpu().contiguous()},
+                  str(folder / layer_file(layer)))
+    index = {"format": FORMAT, "version": VERSION, "hidden_size": hidden, "layers": layers, **meta}
+    (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    return folder
+
+
+def identity_heads(hidden_size: int, layers, *, dtype=torch.float32) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """All-zero residual heads (the identity map: reproduces the logit lens)."""
+    return {int(l): (torch.zeros(hidden_size, hidden_size, dtype=dtype), torch.zeros(hidden_size, dtype=dtype))
+            for l in layers}
+
+
+__all__ = ["ExitHeads", "load_exit_heads", "save_exit_heads", "identity_heads", "FORMAT", "VERSION",
+           "INDEX", "layer_file"]
