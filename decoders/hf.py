@@ -15,6 +15,7 @@ import torch
 
 from decoders.base import Decoder, DecoderError, GenerationRequest, GenerationResult, Timing
 from decoders.common import check_prompt_fits, reject_options, sync
+from decoders.sampling import check_finite
 
 
 class _Clock:
@@ -43,6 +44,14 @@ def _count_forwards(module):
         yield counter
     finally:
         handle.remove()
+
+
+class _FiniteCheck:
+    """A logits processor that stops generation on NaN/inf logits, as our own loops do."""
+
+    def __call__(self, input_ids, scores):
+        check_finite(scores, f"generated token {input_ids.shape[1]}")
+        return scores
 
 
 class HFDecoder(Decoder):
@@ -76,8 +85,9 @@ class HFDecoder(Decoder):
         max_new = check_prompt_fits(model, request)
         ids = torch.tensor([request.prompt_ids], device=device)
         clock = _Clock()
+        from transformers import LogitsProcessorList
         kwargs = dict(generation_config=self._config(request, max_new), streamer=clock,
-                      attention_mask=torch.ones_like(ids))
+                      attention_mask=torch.ones_like(ids), logits_processor=LogitsProcessorList([_FiniteCheck()]))
         if request.stop_strings:
             kwargs["tokenizer"] = self.target.tokenizer
         if not request.greedy:
@@ -146,6 +156,9 @@ class HFAssistedDecoder(HFDecoder):
             n = target.model.config.num_hidden_layers
             if not 1 <= layers < n:
                 raise DecoderError(f"self-draft layer must be in [1, {n}), got {layers}")
+        if not isinstance(draft, str):
+            from decoders.drafters import check_tokenizers
+            check_tokenizers(target.tokenizer, draft.tokenizer)
         self.target, self.draft, self.k = target, draft, int(k)
 
     @contextlib.contextmanager

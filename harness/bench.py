@@ -22,20 +22,22 @@ CATEGORIES = ("summary", "rewrite", "explain", "list")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="smollm2-135m", help="target model (default: %(default)s)")
-    p.add_argument("--draft", default=DEFAULT_DRAFTS,
-                   help="comma-separated drafts: models, prompt-lookup, self:L (default: %(default)s)")
+    p.add_argument("--draft", default=None,
+                   help=f"comma-separated drafts: models, prompt-lookup, self:L (default for smollm2-135m: "
+                        f"{DEFAULT_DRAFTS}; for other targets: prompt-lookup and self:<a third of the layers>)")
     p.add_argument("--k", type=int, default=4, help="draft length K for every drafter (default: %(default)s)")
     p.add_argument("--thresholds", default="0.9,0.99", help="early-exit thresholds; '' for none (default: %(default)s)")
     p.add_argument("--prompts-per-category", type=int, default=1, help="longform prompts per category (default: 1)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="(default: %(default)s)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds after the warm-up (default: 2)")
-    p.add_argument("--temperatures", default="0", help="comma-separated; e.g. 0,0.7 for greedy and sampled")
+    p.add_argument("--temperatures", default="0,0.7", help="comma-separated (default: %(default)s: greedy and sampled)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers peers")
-    p.add_argument("--profile", action="store_true", help="also profile one speculative request per drafter")
-    p.add_argument("--device", default=None)
+    p.add_argument("--profile-round", action="store_true",
+                   help="also profile one speculative request per drafter (where a round spends its time)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", help="also write the JSON result to this file")
-    p.add_argument("--tracking-uri", help="log the result to MLflow at this URI")
+    p.add_argument("--tracking-uri", help="log the result to MLflow at this URI (default: not logged)")
 
 
 # ----------------------------------------------------------------------------------- roofline
@@ -72,7 +74,7 @@ def lineup(args) -> list[tuple[str, str, dict]]:
     out = [("standard", "standard", {})]
     if not args.no_hf:
         out.append(("hf", "hf", {}))
-    for d in [x for x in args.draft.split(",") if x]:
+    for d in [x for x in args.draft.split(",") if x]:  # resolved in run()
         out.append((f"spec[{d}]", "speculative", {"draft": d, "k": args.k}))
         if not args.no_hf:
             out.append((f"hf-assisted[{d}]", "hf-assisted", {"draft": d, "k": args.k}))
@@ -187,7 +189,7 @@ def run_bench(args) -> dict:
     bound = wb / (bw * 1e9)
     result["roofline"] = {"weight_bytes_per_token": wb, "memory_bandwidth_gbs": bw, "step_lower_bound_s": bound,
                           "standard_step_s": base_step, "standard_over_bound": base_step / bound}
-    if args.profile:
+    if args.profile_round:
         result["profile"] = {label: profile_request(dec, request(prompts[0][1], 0.0))
                              for label, (backend, _, dec) in decoders.items() if backend == "speculative"}
     return result
@@ -258,6 +260,17 @@ def run(args) -> int:
     from decoders.base import DecoderError
     if args.k < 1:
         raise DecoderError(f"--k must be >= 1, got {args.k}")
+    try:
+        [float(x) for x in args.temperatures.split(",") if x] + [float(x) for x in args.thresholds.split(",") if x]
+    except ValueError:
+        raise DecoderError("--temperatures and --thresholds take comma-separated numbers") from None
+    if args.draft is None:
+        if args.target == "smollm2-135m":
+            args.draft = DEFAULT_DRAFTS
+        else:
+            from harness.build import get_model
+            n = get_model(args.target, args.device).model.config.num_hidden_layers
+            args.draft = f"prompt-lookup,self:{max(1, n // 3)}"
     if args.rounds < 1 or args.prompts_per_category < 1:
         raise DecoderError("--rounds and --prompts-per-category must be >= 1")
     result = run_bench(args)

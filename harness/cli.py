@@ -1,7 +1,8 @@
 """`decodegate` command line. Each subcommand lives in its own module with
 `add_arguments(parser)` and `run(args) -> int`; heavy imports happen inside `run`.
 
-Exit codes: 0 success / every gate passed, 1 a gate failed, 2 a usage or input error.
+Exit codes: 0 success / every gate passed, 1 a gate failed, 2 a usage or input error,
+3 an internal error (a bug: the traceback is printed).
 """
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="decodegate",
         description="Quality-regression and A/B evaluation harness for decoding optimizations "
-                    "(speculative decoding, early exit). Exit codes: 0 pass, 1 gate failed, 2 input error.")
+                    "(speculative decoding, early exit). Exit codes: 0 pass, 1 a gate failed, 2 usage or input "
+                    "error, 3 internal error.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         try:
@@ -44,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "suites" and hasattr(mod, "register"):
             mod.register(sub)
             continue
-        p = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip().split("\n\n")[0])
+        p = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser
@@ -66,7 +70,11 @@ def main(argv=None) -> int:
         if is_input_error(e):
             print(f"decodegate: error: {e}", file=sys.stderr)
             return 2
-        raise
+        # Never exit 1 on a crash: CI would read it as "a gate failed".
+        import traceback
+        traceback.print_exc()
+        print(f"decodegate: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -87,15 +87,33 @@ def _take(table: dict, allowed: set, where: str) -> dict:
     return table
 
 
+def _typed(table: dict, key: str, types, where: str, what: str):
+    if key in table and not isinstance(table[key], types):
+        raise ConfigError(f"{where}: {key!r} must be {what}, got {table[key]!r}")
+
+
 def _decoder(table: dict, where: str, default_kind: str) -> DecoderSpec:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table, got {table!r}")
     _take(table, {"name", "decoder", "options", "kind", "target", "min_speedup", "labels", "suites"}, where)
     if "decoder" not in table:
         raise ConfigError(f"{where}: missing key 'decoder'")
+    for key, types, what in [("name", str, "a string"), ("decoder", str, "a string"), ("options", dict, "a table"),
+                             ("target", str, "a model name"), ("min_speedup", (int, float), "a number"),
+                             ("labels", dict, "a table"), ("suites", list, "a list of suite names")]:
+        _typed(table, key, types, where, what)
+    if "verify" in table.get("options", {}) and table["decoder"] != "speculative":
+        raise ConfigError(f"{where}: option 'verify' applies to the speculative decoder only")
     kind = table.get("kind", default_kind)
     if kind not in KINDS:
         raise ConfigError(f"{where}: kind must be one of {KINDS}, got {kind!r}")
+    options = dict(table.get("options", {}))
+    if table["decoder"] == "speculative" and "verify" not in options:
+        # Make the sampled verifier explicit, so gates and tags never guess the decoder's default.
+        from decoders.speculative import DEFAULT_VERIFIER
+        options["verify"] = DEFAULT_VERIFIER
     return DecoderSpec(name=str(table.get("name", table["decoder"])), decoder=table["decoder"],
-                       options=dict(table.get("options", {})), kind=kind, target=table.get("target"),
+                       options=options, kind=kind, target=table.get("target"),
                        min_speedup=table.get("min_speedup"), labels=dict(table.get("labels", {})),
                        suites=tuple(table["suites"]) if "suites" in table else None)
 
@@ -140,9 +158,21 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     suite_names = tuple(p.get("suites", list(suites)))
     for s in suite_names:
         suites.setdefault(s, SuiteSpec(s))
+    where = f"{path} [profiles.{profile}]"
+    for key in ("suites", "temperatures", "sample_suites", "seeds"):
+        _typed(p, key, list, where, "a list")
     temps = tuple(float(t) for t in p.get("temperatures", [0.0]))
     if any(t < 0 for t in temps):
-        raise ConfigError(f"{path} [profiles.{profile}]: temperatures must be >= 0")
+        raise ConfigError(f"{where}: temperatures must be >= 0")
+    if len(set(temps)) != len(temps) or len(set(p.get("seeds", [0]))) != len(p.get("seeds", [0])):
+        raise ConfigError(f"{where}: temperatures and seeds must not repeat")
+    if not p.get("seeds", [0]) or not all(isinstance(x, int) and not isinstance(x, bool) for x in p.get("seeds", [0])):
+        raise ConfigError(f"{where}: seeds must be a non-empty list of integers")
+    unknown = set(p.get("sample_suites", [])) - set(p.get("suites", list(suites)))
+    if unknown:
+        raise ConfigError(f"{where}: sample_suites {sorted(unknown)} are not in this profile's suites")
+    if p.get("max_new_tokens") is not None and (not isinstance(p["max_new_tokens"], int) or p["max_new_tokens"] < 1):
+        raise ConfigError(f"{where}: max_new_tokens must be a positive integer")
     prof = Profile(name=profile, subset=p.get("subset", profile), suites=suite_names, temperatures=temps,
                    sample_suites=tuple(p.get("sample_suites", suite_names)), seeds=tuple(p.get("seeds", [0])),
                    max_new_tokens=p.get("max_new_tokens"), exactness_prompts=int(p.get("exactness_prompts", 2)),
@@ -153,6 +183,19 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     gates = Gates(**g)
     if gates.inconclusive not in ("fail", "warn"):
         raise ConfigError(f"{path} [gates]: inconclusive must be 'fail' or 'warn'")
+    top_p = raw.get("top_p", 1.0)
+    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ConfigError(f"{path}: top_p must be in (0, 1], got {top_p!r}")
+    for c in candidates:
+        for s_name in c.suites or ():
+            if s_name not in suite_names:
+                close = difflib.get_close_matches(s_name, suite_names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"{path}: candidate {c.name!r} lists suite {s_name!r}{hint}, "
+                                  f"which profile {profile!r} does not run")
+    for label in [*raw.get("labels", {}), *(k for c in candidates for k in c.labels)]:
+        if not all(ch.isalnum() or ch in "_-./ " for ch in label):
+            raise ConfigError(f"{path}: label name {label!r} may hold only letters, digits and _ - . / space")
     return RegressConfig(path=str(path), target=raw["target"], device=raw.get("device"), chat=raw.get("chat"),
                          top_p=float(raw.get("top_p", 1.0)), baseline=baseline, candidates=candidates,
                          suites=suites, profile=prof, gates=gates, labels=dict(raw.get("labels", {})))

@@ -6,7 +6,6 @@ resumed run does not redo them.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -40,23 +39,20 @@ def needs_check(spec) -> bool:
 
 def run_checks(config, run_dir: Path, lineup, suites, progress: bool = True) -> dict:
     from tqdm import tqdm
-    path = Path(run_dir) / FILE
-    done = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                done[(row["candidate"], row["item_id"], row["temperature"])] = row
+    from harness.runner import RecordWriter, read_records
+    done = {(r["candidate"], r["suite"], r["item_id"], r["temperature"]): r for r in read_records(run_dir, FILE)}
     prof = config.profile
     temps = [t for t in prof.temperatures if t > 0]
-    items = [(s, it) for s in suites if s.name in prof.sample_suites for it in s.select(prof.subset)][: prof.exactness_prompts]
+    items = [(s, it) for s in suites if s.name in prof.sample_suites for it in s.select(prof.subset)]
     out: dict = {}
-    with open(path, "a") as f:
+    f = RecordWriter(run_dir, FILE)
+    try:
         for spec in (s for s in lineup.specs if needs_check(s)):
             tests = []
-            for suite, item in items:
+            mine = [(su, it) for su, it in items if spec.suites is None or su.name in spec.suites]
+            for suite, item in mine[: prof.exactness_prompts]:
                 for t in temps:
-                    key = (spec.name, item.id, t)
+                    key = (spec.name, suite.name, item.id, t)
                     if key not in done:
                         target = lineup.targets[spec.name]
                         base = make_request(config, target, WorkItem(suite, item, t, 0))
@@ -68,16 +64,18 @@ def run_checks(config, run_dir: Path, lineup, suites, progress: bool = True) -> 
                             samples.append(tuple(lineup.decoders[spec.name].generate(req).tokens))
                         full = [s for s in samples if len(s) == SEQ_LEN]
                         p = sequence_probabilities(lineup.baseline_target, base, set(full))
+                        row = {"candidate": spec.name, "suite": suite.name, "item_id": item.id, "temperature": t,
+                               "n": len(full)}
                         try:
                             gof = analysis.goodness_of_fit(full, p)
-                            row = {"candidate": spec.name, "item_id": item.id, "temperature": t, "n": gof.n,
-                                   "pvalue": gof.pvalue, "statistic": gof.statistic, "categories": gof.categories}
+                            row.update(pvalue=gof.pvalue, statistic=gof.statistic, categories=gof.categories)
                         except analysis.InsufficientDataError as e:
-                            row = {"candidate": spec.name, "item_id": item.id, "temperature": t, "n": len(full),
-                                   "pvalue": 1.0, "statistic": 0.0, "categories": 1, "note": str(e)}
-                        f.write(json.dumps(row) + "\n")
-                        f.flush()
+                            # Not a pass: the gate reports it as inconclusive.
+                            row.update(pvalue=None, statistic=None, categories=None, note=str(e))
+                        f.write(row)
                         done[key] = row
                     tests.append(done[key])
             out[spec.name] = {"tests": tests}
+    finally:
+        f.close()
     return out

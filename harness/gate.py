@@ -73,26 +73,58 @@ def _quality_gates(cand: dict, gates: Gates) -> list[GateResult]:
     return out
 
 
+# Decoders that sample with the keyed noise of `standard`, so sampled outputs can be identical.
+# transformers' peers sample from torch's global generator: only their greedy output can match.
+KEYED_NOISE = ("standard", "early-exit")
+
+
+def _sampled_identity_applies(cand: dict) -> bool:
+    if cand["decoder"] == "speculative":
+        # Rejection sampling is exact in distribution only; its sampled outputs may differ by design.
+        return cand.get("options", {}).get("verify") == "coupled"
+    return cand["decoder"] in KEYED_NOISE
+
+
+def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
+    out = []
+    for test in cand.get("exactness", {}).get("tests", []):
+        name = f"exactness {test['item_id']} T={test['temperature']:g}"
+        if test.get("pvalue") is None:
+            status = "fail" if gates.inconclusive == "fail" else "warn"
+            out.append(GateResult(name, status, f"inconclusive: {test.get('note', 'too few samples')}"))
+            continue
+        ok = test["pvalue"] >= gates.exactness_pvalue
+        out.append(GateResult(name, "pass" if ok else "fail", f"goodness of fit p={test['pvalue']:.3g} over "
+                              f"{test['n']} samples (threshold {gates.exactness_pvalue})"))
+    if cand.get("exactness_expected") and not out:
+        out.append(GateResult("exactness", "warn", "rejection sampling was not tested: the profile has no "
+                              "temperature > 0 on a sampled suite"))
+    return out
+
+
 def decide(cand: dict, gates: Gates) -> Decision:
     results: list[GateResult] = []
-    errors = sum(len(s.get("errors", [])) for s in cand["suites"].values())
-    if errors:
-        first = next(e for s in cand["suites"].values() for e in s.get("errors", []))
-        results.append(GateResult("errors", "fail", f"{errors} generation(s) failed; first: {first}"))
-    verify = cand.get("options", {}).get("verify")
+    for side in ("errors", "baseline_errors"):
+        errors = [e for s in cand["suites"].values() for e in s.get(side, [])]
+        if errors:
+            who = "generation(s)" if side == "errors" else "baseline generation(s)"
+            results.append(GateResult(side.replace("_", " "), "fail", f"{len(errors)} {who} failed; first: {errors[0]}"))
     if cand["kind"] == "exact":
-        # Rejection sampling is exact in distribution only; its sampled outputs may differ by design.
-        results += _identity_gates(cand, check_sampled=verify != "rejection")
-        for test in cand.get("exactness", {}).get("tests", []):
-            ok = test["pvalue"] >= gates.exactness_pvalue
-            results.append(GateResult(f"exactness {test['item_id']} T={test['temperature']:g}", "pass" if ok else "fail",
-                                      f"goodness of fit p={test['pvalue']:.3g} over {test['n']} samples "
-                                      f"(threshold {gates.exactness_pvalue})"))
+        results += _identity_gates(cand, check_sampled=_sampled_identity_applies(cand))
+        results += _exactness_gates(cand, gates)
     results += _quality_gates(cand, gates)
+    for suite, s in cand["suites"].items():
+        if s.get("quality_missing"):
+            results.append(GateResult(f"quality {suite}", "fail", s["quality_missing"]))
     if cand.get("min_speedup") is not None and "speedup" in cand:
         sp = cand["speedup"]
         ok = sp["statistic"] >= cand["min_speedup"]
         results.append(GateResult("speed", "pass" if ok else "fail",
                                   f"speedup {sp['statistic']:.2f}x [{sp['ci_low']:.2f}, {sp['ci_high']:.2f}] "
                                   f"vs minimum {cand['min_speedup']:.2f}x"))
+    if not results:
+        # A gate that checked nothing must not pass silently (e.g. a lossy candidate on suites
+        # without margins, or a profile without greedy runs).
+        results.append(GateResult("coverage", "fail", "no gate applied to this candidate: give its suites a "
+                                  "quality margin, or run it greedily"))
     return Decision(passed=not any(r.status == "fail" for r in results), results=tuple(results))

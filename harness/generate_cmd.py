@@ -12,7 +12,7 @@ STATS_DEFAULTS = {"target_forwards": 0, "draft_forwards": 0, "proposed": 0, "acc
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="smollm2-135m",
-                   help="model: alias (smollm2-135m, smollm2-135m-int8, tiny-llama, tiny-qwen2), "
+                   help="model: alias (smollm2-135m, smollm2-135m-int8, tiny-llama, tiny-qwen2, tiny-mistral), "
                         "a local folder, a .gguf file, or a Hugging Face id (default: %(default)s)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
 
@@ -35,7 +35,8 @@ def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-device", help="device of a draft model (default: the target's)")
     g.add_argument("--k", type=int, help="draft length K (default 4)")
     g.add_argument("--verify", choices=["rejection", "coupled"],
-                   help="sampling verifier for speculative (greedy requests verify by argmax)")
+                   help="sampling verifier for speculative (default rejection: same distribution; coupled: "
+                        "token-identical to standard with the same seed). Greedy requests verify by argmax")
     g.add_argument("--adaptive-k", action="store_true", default=None, help="grow/shrink K with acceptance")
     g.add_argument("--min-acceptance", type=float,
                    help="kill switch: fall back to standard decoding when rolling acceptance < X")
@@ -71,12 +72,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, default=0, help="0 disables (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="in (0, 1]; 1 disables (default)")
     g.add_argument("--seed", type=int, default=0, help="keys the sampling noise (default 0)")
-    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--max-new-tokens", type=int, default=64, help="new-token budget (default: %(default)s)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--prompt", required=True, help="the user message (or raw text with --no-chat)")
     p.add_argument("--chat", dest="chat", action="store_true", default=None,
                    help="apply the model's chat template (default when it has one)")
-    p.add_argument("--no-chat", dest="chat", action="store_false")
+    p.add_argument("--no-chat", dest="chat", action="store_false", help="send the prompt as raw text")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -232,6 +232,10 @@ def load_model(spec: str, device: str | torch.device | None = None, dtype: torch
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelError("--device cuda was asked for but CUDA is not available")
     dtype = dtype or default_dtype(device)
+    if spec.startswith("tiny-") and spec not in ALIASES:
+        close = difflib.get_close_matches(spec, ALIASES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ModelError(f"unknown model {spec!r}{hint} (aliases: {', '.join(ALIASES)})")
     if spec.startswith("tiny-"):
         family = spec[len("tiny-"):]
         loaded = build_tiny(family)

@@ -19,8 +19,10 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="regress.toml", help="regress config (TOML; default: %(default)s)")
-    p.add_argument("--profile", default="smoke", help="profile in the config: smoke or full (default: %(default)s)")
-    p.add_argument("--run-dir", help="run folder; an existing one is resumed (default: runs/<time>-<profile>)")
+    p.add_argument("--profile", default="smoke", help="a profile defined in the config; the shipped one has "
+                                                       "smoke and full (default: %(default)s)")
+    p.add_argument("--run-dir", help="run folder; an existing one is resumed: finished generations are "
+                                     "skipped (default: runs/<time>-<profile>)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -40,20 +42,25 @@ def code_version() -> str:
     return f"{v}+{sha}" if sha else v
 
 
-def fingerprint(config_path: str, profile: str) -> str:
-    return hashlib.sha256(Path(config_path).read_bytes() + profile.encode()).hexdigest()[:16]
+def fingerprint(config_path: str, profile: str, suites) -> str:
+    """Config, profile and suite contents: a resumed run must not mix rows from other prompts."""
+    h = hashlib.sha256(Path(config_path).read_bytes() + profile.encode())
+    for s in suites:
+        h.update(f"{s.name}:{s.hash}".encode())
+    return h.hexdigest()[:16]
 
 
-def open_run_dir(args, config) -> tuple[Path, dict]:
-    """Create or resume a run folder; refuse to resume one made from another config."""
+def open_run_dir(args, config, suites) -> tuple[Path, dict]:
+    """Create or resume a run folder; refuse to resume one made from another config or suites."""
     from harness.config import ConfigError
-    fp = fingerprint(args.config, args.profile)
+    fp = fingerprint(args.config, args.profile, suites)
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{args.profile}")
     meta_path = run_dir / "run.json"
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         if meta["fingerprint"] != fp:
-            raise ConfigError(f"{run_dir} was made from another config or profile; use a new --run-dir")
+            raise ConfigError(f"{run_dir} was made from another config, profile or suite version; "
+                              f"use a new --run-dir")
         return run_dir, meta
     run_dir.mkdir(parents=True, exist_ok=True)
     meta = {"run_uid": uuid.uuid4().hex, "fingerprint": fp, "config": str(args.config), "profile": args.profile,
@@ -72,7 +79,7 @@ def run(args) -> int:
     from decoders import get_decoder_class
     for spec in (config.baseline, *config.candidates):
         get_decoder_class(spec.decoder)
-    run_dir, meta = open_run_dir(args, config)
+    run_dir, meta = open_run_dir(args, config, suites)
     print(f"decodegate: run folder {run_dir}", file=sys.stderr)
     lineup = runner.Lineup(config)
     records = runner.run(config, run_dir, lineup, suites, progress=not args.no_progress)

@@ -25,8 +25,10 @@ def table(summary: dict) -> str:
                 extra = f"α={_fmt(a['alpha'])} τ={_fmt(a['tau'])}"
             elif "exits" in s:
                 extra = f"{s['exits']['mean_layers']:.1f}/{s['exits']['num_layers']} layers"
-            verdict = next((g["status"] for g in cand["gates"] if g["name"].endswith(suite) and g["status"] != "pass"),
-                           "pass")
+            mine = [g for g in cand["gates"] if f" {suite}" in f" {g['name']} "
+                    or (suite == "refusal" and g["name"] == "refusal behaviour")]
+            verdict = next((g["status"] for g in mine if g["status"] == "fail"),
+                           next((g["status"] for g in mine if g["status"] != "pass"), "pass" if mine else "–"))
             rows.append((name, suite, ident_s, q_s, sp_s, extra, verdict))
         rows.append((name, "ALL", "", "", f"{cand['speedup']['statistic']:.2f}x" if "speedup" in cand else "–",
                      "", cand["verdict"].upper()))
@@ -55,6 +57,12 @@ def per_prompt_csv(records: list[dict], path: Path) -> None:
                         r.get("error", "")])
 
 
+def _ns(d: dict):
+    """A summary dict with attribute access, as the figure functions read analysis results."""
+    from types import SimpleNamespace
+    return SimpleNamespace(**d)
+
+
 def figures(summary: dict, records: list[dict], run_dir: Path) -> list[Path]:
     """Figures per candidate; a figure that cannot be drawn is skipped, never fatal."""
     import analysis
@@ -70,15 +78,11 @@ def figures(summary: dict, records: list[dict], run_dir: Path) -> list[Path]:
                      ((summary["baseline"], base), (name, rows))}
         jobs = [("latency_cdf.png", lambda p, s=per_token: fig.latency_cdfs(s, p, xlabel="seconds per token",
                                                                            title=f"{name}: latency per token"))]
-        if cand["decoder"] == "speculative":
-            pairs = [p for p in analysis.pair_records(by_cand[summary["baseline"]], by_cand[name]) if p.key.temperature == 0]
-            acc = analysis.acceptance_summary(pairs) if pairs else None
-            if acc is not None:
-                jobs += [("acceptance_histogram.png", lambda p, a=acc: fig.acceptance_histogram(a, p)),
-                         ("acceptance_by_position.png", lambda p, a=acc: fig.acceptance_by_position(a, p))]
-        if cand["decoder"] == "early-exit" and rows:
-            ex = analysis.exit_summary(rows)
-            jobs.append(("exit_layers.png", lambda p, e=ex: fig.exit_layer_histogram(e, p)))
+        if cand["decoder"] == "speculative" and isinstance(cand.get("acceptance"), dict):
+            jobs += [("acceptance_histogram.png", lambda p, a=cand["acceptance"]: fig.acceptance_histogram(_ns(a), p)),
+                     ("acceptance_by_position.png", lambda p, a=cand["acceptance"]: fig.acceptance_by_position(_ns(a), p))]
+        if cand["decoder"] == "early-exit" and isinstance(cand.get("exits"), dict):
+            jobs.append(("exit_layers.png", lambda p, e=cand["exits"]: fig.exit_layer_histogram(_ns(e), p)))
         deltas = {s: (v["quality"]["statistic"], v["quality"]["ci_low"], v["quality"]["ci_high"])
                   for s, v in cand["suites"].items() if "quality" in v}
         if deltas:

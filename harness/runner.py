@@ -37,9 +37,9 @@ def record_key(row: dict) -> tuple:
     return (row["candidate"], row["suite"], row["item_id"], row["seed"], row["temperature"])
 
 
-def read_records(run_dir: Path) -> list[dict]:
+def read_records(run_dir: Path, name: str = RECORDS) -> list[dict]:
     """All complete rows; a torn last line (the run was killed mid-write) is dropped."""
-    path = Path(run_dir) / RECORDS
+    path = Path(run_dir) / name
     if not path.exists():
         return []
     rows = []
@@ -56,18 +56,29 @@ def read_records(run_dir: Path) -> list[dict]:
     return rows
 
 
+def _finite(obj):
+    """NaN/inf become null: records stay valid JSON for every reader, not just Python's."""
+    if isinstance(obj, float) and obj != obj or obj in (float("inf"), float("-inf")):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 class RecordWriter:
-    def __init__(self, run_dir: Path):
-        path = Path(run_dir) / RECORDS
+    def __init__(self, run_dir: Path, name: str = RECORDS):
+        path = Path(run_dir) / name
         # Cut a torn last line before appending, so new rows start on a fresh line.
         if path.exists():
             data = path.read_bytes()
             if data and not data.endswith(b"\n"):
-                path.write_bytes(data[: data.rfind(b"\n") + 1])
+                os.truncate(path, data.rfind(b"\n") + 1)  # in place: never rewrite finished rows
         self.f = open(path, "a", encoding="utf-8")
 
     def write(self, row: dict) -> None:
-        self.f.write(json.dumps(row) + "\n")
+        self.f.write(json.dumps(_finite(row), allow_nan=False) + "\n")
         self.f.flush()
         os.fsync(self.f.fileno())
 
@@ -196,9 +207,12 @@ def run_lmeval(config: RegressConfig, run_dir: Path, lineup: Lineup, progress: b
     """`lmeval:<task>` suites: each decoder runs the task through lm-eval (generation through our
     decoder), and its per-sample records join records.jsonl like any other suite's."""
     from harness.lmeval import lmeval_records
-    done = {(r["candidate"], r["suite"], r["seed"], r["temperature"]) for r in read_records(run_dir)}
+    # A task counts as done for a decoder only once its completion marker is written: a run
+    # killed inside lm-eval reruns that task from the start (its rows are replaced).
+    marks = read_records(run_dir, LMEVAL_DONE)
+    done = {(r["candidate"], r["suite"], r["seed"], r["temperature"]) for r in marks}
     suites = []
-    writer = RecordWriter(run_dir)
+    marker = RecordWriter(run_dir, LMEVAL_DONE)
     try:
         for name in (n for n in config.profile.suites if n.startswith("lmeval:")):
             spec_s = config.suites[name]
@@ -216,11 +230,29 @@ def run_lmeval(config: RegressConfig, run_dir: Path, lineup: Lineup, progress: b
                                               candidate=spec.name, seed=seed, temperature=t, limit=spec_s.limit,
                                               include_path=spec_s.include_path,
                                               gen_kwargs={"max_gen_toks": spec_s.max_gen_toks} if spec_s.max_gen_toks else None)
+                        stale = {(spec.name, name, seed, t)}
+                        if any(record_key(r)[:2] == (spec.name, name) for r in read_records(run_dir)):
+                            _drop_rows(run_dir, lambda r: (r["candidate"], r["suite"], r["seed"], r["temperature"]) in stale)
+                        writer = RecordWriter(run_dir)  # opened after any rewrite above
                         for row in rows:
                             row.setdefault("kind", spec.kind)
                             writer.write(row)
+                        writer.close()
+                        marker.write({"candidate": spec.name, "suite": name, "seed": seed, "temperature": t})
             rows = [r for r in read_records(run_dir) if r["suite"] == name]
             suites.append(LmEvalSuite(name, rows))
     finally:
-        writer.close()
+        marker.close()
     return suites
+
+
+LMEVAL_DONE = "lmeval_done.jsonl"
+
+
+def _drop_rows(run_dir: Path, drop) -> None:
+    """Rewrite records.jsonl without the rows `drop` selects (a half-finished lm-eval task)."""
+    path = Path(run_dir) / RECORDS
+    keep = [r for r in read_records(run_dir) if not drop(r)]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    os.replace(tmp, path)

@@ -45,29 +45,36 @@ def _identity(pairs, eps) -> dict:
 
 def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng, head_cost: float = 0.0) -> dict:
     out: dict = {"n_pairs": len(pairs)}
-    errors = [p.candidate.get("error") for p in pairs if p.candidate.get("error")]
-    if errors:
-        out["errors"] = errors
+    for side, key in (("candidate", "errors"), ("baseline", "baseline_errors")):
+        errors = [f"{p.key.item_id}: {getattr(p, side)['error']}" for p in pairs if getattr(p, side).get("error")]
+        if errors:
+            out[key] = errors
     by_temp: dict[float, list] = {}
     for p in pairs:
         by_temp.setdefault(p.key.temperature, []).append(p)
     out["identity"] = {f"T={t:g}": _identity(ps, config.gates.near_tie_epsilon) for t, ps in sorted(by_temp.items())}
     greedy = by_temp.get(0.0, [])
-    if suite_spec.margin is not None and greedy and all(p.baseline.get("passed") is not None for p in greedy):
-        q = analysis.quality_delta(greedy, margin=suite_spec.margin, alpha=config.gates.alpha, rng=rng,
-                                   group=suite_spec.name, metric="passed")
-        out["quality"] = _plain(q)
+    if suite_spec.margin is not None:
+        graded = [p for p in greedy if p.baseline.get("passed") is not None and p.candidate.get("passed") is not None]
+        if graded:
+            q = analysis.quality_delta(graded, margin=suite_spec.margin, alpha=config.gates.alpha, rng=rng,
+                                       group=suite_spec.name, metric="passed")
+            out["quality"] = _plain(q)
+        else:
+            out["quality_missing"] = (f"suite {suite_spec.name!r} has a quality margin but no graded greedy "
+                                      f"pairs to test it on")
     stats = [p.candidate.get("stats", {}) for p in pairs]
     if spec.decoder == "speculative" and any(s.get("proposed") for s in stats):
         try:
-            out["acceptance"] = _plain(analysis.acceptance_summary(greedy or pairs, rng=rng))
+            usable = [p for p in (greedy or pairs) if p.baseline.get("tokens") and p.candidate.get("tokens")]
+            out["acceptance"] = _plain(analysis.acceptance_summary(usable, rng=rng))
         except ValueError as e:
             out["acceptance"] = {"error": str(e)}
     if spec.decoder == "early-exit" and any(s.get("exit_layers") for s in stats):
         out["exits"] = _plain(analysis.exit_summary([p.candidate for p in pairs], lm_head_cost=head_cost))
     timed = [p for p in pairs if p.candidate.get("tokens") and p.baseline.get("tokens")]
     if timed:
-        out["latency"] = _plain(analysis.latency_summary([p.candidate for p in timed]))
+        out["latency"] = _plain(analysis.latency_summary([p.candidate for p in timed]))  # noqa: E501
         out["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng))
     return out
 
@@ -85,7 +92,7 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
                "suites": {s.name: {"version": s.version, "hash": s.hash, "n_items": len(s.select(config.profile.subset))}
                           for s in suites},
                "baseline_latency": _plain(analysis.latency_summary([r for r in base_rows if r.get("tokens")]))
-               if base_rows else None,
+               if any(r.get("tokens") for r in base_rows) else None,
                "candidates": {}}
     for spec in config.candidates:
         rows = by_cand.get(spec.name, [])
@@ -105,7 +112,8 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
             cand["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng))
             cand["latency"] = _plain(analysis.latency_summary([p.candidate for p in timed]))
         if spec.decoder == "speculative":
-            greedy = [p for p in pairs if p.key.temperature == 0 and p.candidate.get("stats", {}).get("proposed")]
+            greedy = [p for p in pairs if p.key.temperature == 0 and p.candidate.get("stats", {}).get("proposed")
+                      and p.baseline.get("tokens")]
             if greedy:
                 cand["acceptance"] = _plain(analysis.acceptance_summary(greedy, rng=rng))
                 cand["acceptance_by_category"] = {
@@ -114,7 +122,8 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
             cand["exits"] = _plain(analysis.exit_summary([p.candidate for p in pairs if p.candidate.get("tokens")],
                                                          lm_head_cost=head))
         if exactness and spec.name in exactness:
-            cand["exactness"] = exactness[spec.name]
+            cand["exactness"] = _plain(exactness[spec.name])
+        cand["exactness_expected"] = spec.decoder == "speculative" and spec.options.get("verify") == "rejection"
         cand["metrics"] = headline_metrics(cand)
         summary["candidates"][spec.name] = cand
     return summary
@@ -153,5 +162,6 @@ def headline_metrics(cand: dict) -> dict:
         if "speedup" in s:
             m[f"{suite}.speedup"] = s["speedup"]["statistic"]
     if "exactness" in cand:
-        m["exactness_min_pvalue"] = min((e["pvalue"] for e in cand["exactness"]["tests"]), default=None)
+        m["exactness_min_pvalue"] = min((e["pvalue"] for e in cand["exactness"]["tests"] if e.get("pvalue") is not None),
+                                        default=None)
     return {k: v for k, v in m.items() if isinstance(v, (int, float))}

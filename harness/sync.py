@@ -1,5 +1,6 @@
 """Upload a finished run folder to MLflow, e.g. after the tracking server was down during the
-run. Idempotent: runs already uploaded (matched by the run's id tag) are not created again."""
+run. Idempotent: runs already uploaded (matched by the run's id tag) are not created again.
+Exit codes: 0 uploaded, 2 not a run folder or the server cannot be reached."""
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,7 @@ def run(args) -> int:
         ids = tracking.log_run(run_dir, args.tracking_uri)
     except tracking.TrackingUnavailable as e:
         print(f"decodegate: error: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(f"decodegate: synced {run_dir} to {tracking.resolve_uri(args.tracking_uri)}: "
           f"{len(ids) - 1} candidate run(s) under parent {ids['parent']}")
     return 0

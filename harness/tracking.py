@@ -81,8 +81,8 @@ def _log(client, run_id: str, params: dict, metrics: dict, tags: dict) -> None:
     import time
     now = int(time.time() * 1000)
     ms = [Metric(_metric_name(k), v, now, 0) for k, v in metrics.items()]
-    ps = [Param(k, str(v)[:6000]) for k, v in params.items()]
-    ts = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+    ps = [Param(_metric_name(k), str(v)[:6000]) for k, v in params.items()]
+    ts = [RunTag(_metric_name(k), str(v)[:5000]) for k, v in tags.items()]
     # MLflow caps one batch at 1000 metrics, 100 params and 100 tags.
     for i in range(0, len(ps), 100):
         client.log_batch(run_id, params=ps[i:i + 100])

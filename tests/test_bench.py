@@ -10,7 +10,7 @@ from harness.cli import main
 def test_bench_reports_every_decoder(tmp_path, capsys):
     out = tmp_path / "bench.json"
     rc = main(["bench", "--target", "tiny-llama", "--draft", "tiny-qwen2,prompt-lookup,self:2", "--thresholds", "0.5",
-               "--max-new-tokens", "12", "--rounds", "1", "--temperatures", "0,0.7", "--profile", "--out", str(out)])
+               "--max-new-tokens", "12", "--rounds", "1", "--temperatures", "0,0.7", "--profile-round", "--out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "roofline" in text and "by category" in text
