@@ -7,6 +7,8 @@ each suite's margin (the refusal suite is how "refusal behaviour not worse" is c
 Non-inferiority p-values are Holm-adjusted across the suites a candidate is gated on.
 A quality comparison that neither shows non-inferiority nor a significant loss is
 "inconclusive" (too few items for the margin): `gates.inconclusive` says whether that fails.
+An exact candidate whose greedy outputs are token-identical on every graded item has identical
+grades by construction; its quality gate passes without a test (the identity gates carry it).
 """
 from __future__ import annotations
 
@@ -114,6 +116,10 @@ def decide(cand: dict, gates: Gates) -> Decision:
         results += _exactness_gates(cand, gates)
     results += _quality_gates(cand, gates)
     for suite, s in cand["suites"].items():
+        if s.get("quality_identical"):
+            results.append(GateResult("refusal behaviour" if suite == "refusal" else f"quality {suite}", "pass",
+                                      f"outputs token-identical on all {s['quality_identical']} graded items: "
+                                      f"quality unchanged"))
         if s.get("quality_missing"):
             results.append(GateResult(f"quality {suite}", "fail", s["quality_missing"]))
     if cand.get("min_speedup") is not None and "speedup" in cand:

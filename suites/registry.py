@@ -1,6 +1,6 @@
 """Find suites by name: the JSONL files in `suites/data/`, plus `humaneval` from its package.
 
-`load_suite` also takes a path to any suite file. Loaded built-in suites are cached (they are
+`load_suite` also takes a path to any suite file, or `hf:DATASET[@split]` (see `hf_dataset`). Loaded built-in suites are cached (they are
 immutable); a path is read afresh each time, since the file may be being edited.
 """
 
@@ -25,6 +25,9 @@ def list_suites() -> list[str]:
 def load_suite(name_or_path: str | Path) -> Suite:
     """A suite by registered name, or from a `.jsonl` file path."""
     text = str(name_or_path)
+    if text.startswith("hf:"):
+        from suites.hf_dataset import load
+        return load(text[3:])
     if isinstance(name_or_path, Path) or text.endswith(".jsonl") or "/" in text:
         path = Path(text)
         if not path.is_file():

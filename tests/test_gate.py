@@ -107,3 +107,9 @@ def test_speculative_verifier_default_is_made_explicit(tmp_path):
     cfg.write_text("target = 'tiny-llama'\n[[candidates]]\ndecoder = 'speculative'\noptions = {draft = 'prompt-lookup'}\n"
                    "[profiles.smoke]\n")
     assert load_config(cfg).candidates[0].options["verify"] == "rejection"
+
+
+def test_exact_candidate_with_identical_outputs_passes_quality_without_a_test():
+    c = cand(suites={"f": {"identity": {"T=0": identity()}, "quality_identical": 10}})
+    d = decide(c, Gates())
+    assert d.passed and "quality f" in names(d, "pass")

@@ -95,7 +95,7 @@ def test_exact_candidates_pass(tmp_path, tiny_suite):
     spec = s["candidates"]["spec-self"]
     assert spec["suites"]["echo"]["identity"]["T=0"]["rate"] == 1.0
     assert spec["suites"]["echo"]["identity"]["T=0.8"]["rate"] == 1.0   # coupled: identical when sampled
-    assert spec["suites"]["echo"]["quality"]["non_inferiority"]["passed"]
+    assert spec["suites"]["echo"]["quality_identical"] == N_ITEMS  # identical outputs, identical grades
     rej = s["candidates"]["spec-rejection"]
     assert rej["exactness"]["tests"][0]["pvalue"] >= 0.001
     names = {g["name"] for g in rej["gates"]}
@@ -256,3 +256,26 @@ temperatures = [0.0]
     ident = s["candidates"]["spec-self"]["suites"]["lmeval:decodegate_tiny_gen"]["identity"]["T=0"]
     assert ident["n"] >= 3 and ident["rate"] == 1.0
     assert s["suites"]["lmeval:decodegate_tiny_gen"]["hash"] not in ("?", None)
+
+
+def test_broken_rejection_verifier_fails_the_exactness_gate(tmp_path, tiny_suite, monkeypatch):
+    import decoders.speculative as spec
+    from decoders.verify import Verdict
+
+    def accept_all(p, q, draft, u_accept, u_sample):  # the bug: outputs follow the draft, not the target
+        k = draft.shape[1]
+        return Verdict(accepted=draft.new_full((draft.shape[0],), k),
+                       token=p[:, k].argmax(-1))
+
+    monkeypatch.setattr(spec, "verify_rejection", accept_all)
+    cfg = write_config(tmp_path, tiny_suite, """
+[[candidates]]
+name = "spec-rejection"
+decoder = "speculative"
+suites = ["echo"]
+options = { draft = "tiny-qwen2", k = 2, verify = "rejection" }
+""", temps="[0.8]", samples=300)
+    assert regress(cfg, tmp_path / "run") == 1
+    gates = summary(tmp_path / "run")["candidates"]["spec-rejection"]["gates"]
+    failed = [g for g in gates if g["status"] == "fail"]
+    assert any(g["name"].startswith("exactness") and "p=" in g["detail"] for g in failed), failed

@@ -278,3 +278,23 @@ def test_cli_registers_into_a_parent_parser():
     cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["suites", "show", "code", "--json"])
     assert args.func is cli.run and args.name == "code" and args.json
+
+
+def test_suite_from_a_dataset_through_datasets(tmp_path):
+    """`hf:` suites go through `datasets` (a local folder here; a hub id where reachable)."""
+    import json
+
+    from suites import SuiteError, load_suite
+    folder = tmp_path / "qa"
+    folder.mkdir()
+    rows = [{"id": f"q{i}", "prompt": f"What is {i} + {i}?", "references": [str(2 * i)]} for i in range(12)]
+    (folder / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    suite = load_suite(f"hf:{folder}")
+    assert suite.name == "qa" and len(suite.items) == 12 and len(suite.smoke_ids) == 10
+    assert suite.items[3].references == ("6",) and suite.items[0].grader == "exact_match"
+    (folder / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:5]) + "\n")
+    assert load_suite(f"hf:{folder}").hash != suite.hash
+    (folder / "test.jsonl").write_text(json.dumps({"id": "x", "prompt": "p", "grader": "nope"}) + "\n")
+    import pytest
+    with pytest.raises(SuiteError, match="grader"):
+        load_suite(f"hf:{folder}")
