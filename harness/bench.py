@@ -241,7 +241,7 @@ def table(result: dict) -> str:
         if cats:
             lines.append("  by category (speedup vs standard; α):")
             for label, d in cats:
-                lines.append("    " + label.ljust(28) + "  ".join(
+                lines.append("    " + label.ljust(32) + "  ".join(
                     f"{c}={v['speedup']:.2f}x" + (f" α={v['alpha']:.2f}" if "alpha" in v else "")
                     for c, v in d["by_category"].items()))
     r = result["roofline"]
