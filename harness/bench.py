@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated drafts: models, prompt-lookup, self:L (default for smollm2-135m: "
                         f"{DEFAULT_DRAFTS}; for other targets: prompt-lookup and self:<a third of the layers>)")
     p.add_argument("--k", type=int, default=4, help="draft length K for every drafter (default: %(default)s)")
+    p.add_argument("--min-acceptance", type=float, default=None,
+                   help="kill switch for every speculative decoder: fall back to standard decoding when the "
+                        "rolling acceptance falls below this (default: off, so raw drafter speed is measured)")
     p.add_argument("--thresholds", default="0.9,0.99", help="early-exit thresholds; '' for none (default: %(default)s)")
     p.add_argument("--prompts-per-category", type=int, default=1, help="longform prompts per category (default: 1)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="(default: %(default)s)")
@@ -75,7 +78,10 @@ def lineup(args) -> list[tuple[str, str, dict]]:
     if not args.no_hf:
         out.append(("hf", "hf", {}))
     for d in [x for x in args.draft.split(",") if x]:  # resolved in run()
-        out.append((f"spec[{d}]", "speculative", {"draft": d, "k": args.k}))
+        opts = {"draft": d, "k": args.k}
+        if args.min_acceptance is not None:
+            opts["min_acceptance"] = args.min_acceptance
+        out.append((f"spec[{d}]", "speculative", opts))
         if not args.no_hf:
             out.append((f"hf-assisted[{d}]", "hf-assisted", {"draft": d, "k": args.k}))
     for t in [x for x in args.thresholds.split(",") if x]:

@@ -10,7 +10,7 @@ from harness.cli import main
 def test_bench_reports_every_decoder(tmp_path, capsys):
     out = tmp_path / "bench.json"
     rc = main(["bench", "--target", "tiny-llama", "--draft", "tiny-qwen2,prompt-lookup,self:2", "--thresholds", "0.5",
-               "--max-new-tokens", "12", "--rounds", "1", "--temperatures", "0,0.7", "--profile-round", "--out", str(out)])
+               "--max-new-tokens", "16", "--rounds", "1", "--min-acceptance", "0.3", "--temperatures", "0,0.7", "--profile-round", "--out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "roofline" in text and "by category" in text
@@ -22,6 +22,8 @@ def test_bench_reports_every_decoder(tmp_path, capsys):
     assert spec["identity"] == 1.0  # greedy speculative never changes tokens
     assert 0 <= spec["alpha"] <= 1 and spec["tau"] >= 1 and spec["theoretical_speedup"] > 0
     assert res["roofline"]["standard_over_bound"] > 0
+    # The kill switch stops an unrelated draft and leaves the target's own layers drafting.
+    assert res["decoders"]["spec[tiny-qwen2]"]["T=0"]["fallbacks"] > 0
     assert set(res["profile"]) == {"spec[tiny-qwen2]", "spec[prompt-lookup]", "spec[self:2]"}
 
 
