@@ -67,15 +67,28 @@ def shape_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p
         x = x.masked_fill(x < kth, float("-inf"))
     logp = torch.log_softmax(x, dim=-1)
     if top_p < 1.0:
-        sorted_logp, idx = torch.sort(logp, dim=-1, descending=True)
-        cum = sorted_logp.exp().cumsum(dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it
-        # already reaches top_p. The top token is always kept.
-        drop_sorted = (cum - sorted_logp.exp()) >= top_p
-        drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
+        drop = _top_p_drop(logp, top_p)
         logp = torch.log_softmax(x.masked_fill(drop, float("-inf")), dim=-1)
     return logp
+
+
+def _top_p_drop(logp: torch.Tensor, top_p: float, probe: int = 256) -> torch.Tensor:
+    """Mask of tokens outside the smallest set whose mass reaches top_p (the top token is always
+    kept). A full sort of a 49k vocabulary costs ~6 ms on a CPU, more than the rest of a sampling
+    step; the nucleus almost always lies inside the top few hundred tokens, so sort only those and
+    fall back to the full sort for the rows where it does not. The result is the same either way."""
+    k = min(probe, logp.shape[-1])
+    top_logp, top_idx = torch.topk(logp, k, dim=-1)  # sorted, descending
+    if bool((top_logp.exp().sum(dim=-1) >= top_p).all()):
+        sorted_logp, idx = top_logp, top_idx
+    else:
+        sorted_logp, idx = torch.sort(logp, dim=-1, descending=True)
+    p_sorted = sorted_logp.exp()
+    # Drop a token when the mass before it already reaches top_p.
+    drop_sorted = (p_sorted.cumsum(dim=-1) - p_sorted) >= top_p
+    drop_sorted[..., 0] = False
+    keep = torch.zeros_like(logp, dtype=torch.bool).scatter(-1, idx, ~drop_sorted)
+    return ~keep
 
 
 def probs(logits: torch.Tensor, request: GenerationRequest) -> torch.Tensor:
