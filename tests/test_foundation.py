@@ -196,3 +196,15 @@ def test_smollm2_standard_greedy_equals_hf(smollm2):
     ref = make_decoder("hf", smollm2).generate(req)
     assert ours.tokens == ref.tokens
     assert "Paris" in ours.text
+
+
+@pytest.mark.parametrize("scale", [0.05, 8.0])  # flat: the full-sort fallback; peaked: the top-256 path
+def test_top_p_on_a_large_vocabulary_matches_transformers(scale):
+    from transformers.generation.logits_process import TopPLogitsWarper
+    torch.manual_seed(1)
+    logits = torch.randn(3, 5000) * scale
+    for p in (0.5, 0.9, 0.95):
+        ref = torch.softmax(TopPLogitsWarper(p)(None, logits.clone()), -1)
+        ours = shape_logits(logits, 1.0, 0, p).exp()
+        assert torch.equal(ours > 0, ref > 0)
+        assert torch.allclose(ours, ref, atol=1e-6)
