@@ -79,7 +79,7 @@ def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng,
         out["exits"] = _plain(analysis.exit_summary([p.candidate for p in pairs], lm_head_cost=head_cost))
     timed = [p for p in pairs if p.candidate.get("tokens") and p.baseline.get("tokens")]
     if timed:
-        out["latency"] = _plain(analysis.latency_summary([p.candidate for p in timed]))  # noqa: E501
+        out["latency"] = _plain(analysis.latency_summary([p.candidate for p in timed]))
         out["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng))
     return out
 
