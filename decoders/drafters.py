@@ -22,7 +22,9 @@ Drafters:
 - `PromptLookup`: n-gram match of the context's tail against the context itself; no model, no
   probabilities (a point mass: the rejection verifier treats it as q = one_hot(d)).
 - `SelfDraft`: the target's first L layers, final norm and LM head (LayerSkip-style
-  self-speculation), sharing the target's KV cache for those layers.
+  self-speculation), sharing the target's KV cache for those layers. Given exit heads
+  (`decoders.exit_heads`, trained by `decodegate train-exits`), it reads layer L through its
+  head: only the proposals change, the target still verifies, so exactness is untouched.
 """
 from __future__ import annotations
 
@@ -215,7 +217,7 @@ class SelfDraft(Drafter):
     L = N (every layer) is allowed: a draft identical to the target, useful in tests.
     """
 
-    def __init__(self, target, layers: int):
+    def __init__(self, target, layers: int, exit_heads=None):
         super().__init__()
         self.adapter = LayerAdapter(target.model)
         n = self.adapter.num_layers
@@ -224,6 +226,10 @@ class SelfDraft(Drafter):
         self.layers, self.name = layers, f"self:{layers}"
         self.device = target.device
         self.cache, self.up, self.low, self.hidden = None, 0, 0, None
+        self.heads = None
+        if exit_heads is not None:
+            self.heads = _fitted_head(exit_heads, target, layers)
+            self.name = f"self:{layers}+head"
 
     def scorer(self):
         return self
@@ -278,17 +284,42 @@ class SelfDraft(Drafter):
             self.forwards += 1
             self.low += len(pending)
             self.hidden = torch.cat([self.hidden, h], dim=1)
-            token, q_row = pick(a.head(h[:, -1:])[0], len(context) + i)
+            token, q_row = pick(self.draft_logits(h[:, -1:])[0], len(context) + i)
             tokens.append(token)
             q.append(q_row)
             pending = [token]
         return Draft(tokens, _stack(q))
 
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits (T, V) from layer-L hidden states (1, T, H): through the exit head when
+        there is one (the logit lens otherwise; at L = N the model's own output)."""
+        if self.heads is not None and self.layers < self.adapter.num_layers:
+            hidden = self.heads.apply(self.layers, hidden)
+        return self.adapter.head(hidden)
+
+
+def _fitted_head(exit_heads, target, layers: int):
+    """Exit heads checked against the target (shape, fingerprint) and holding layer `layers`,
+    on the target's device and dtype."""
+    from decoders.exit_heads import ExitHeads, load_exit_heads, model_fingerprint
+    heads = exit_heads if isinstance(exit_heads, ExitHeads) else load_exit_heads(exit_heads)
+    cfg = target.model.config
+    heads.check_fits(int(cfg.num_hidden_layers), int(cfg.hidden_size), fingerprint=model_fingerprint(target.model),
+                     model_name=getattr(target, "name", "this model"))
+    if layers < cfg.num_hidden_layers and layers not in heads.layers:
+        raise DecoderError(f"self:{layers} with exit heads: {heads.source or 'the heads'} have no head for layer "
+                           f"{layers} (they cover {list(heads.layers)})")
+    param = next(target.model.parameters())
+    return heads.to(device=param.device, dtype=param.dtype)
+
 
 # ----------------------------------------------------------------------------------- factory
 
-def make_drafter(draft, target, *, ngram_max: int = 3, ngram_min: int = 1) -> Drafter:
-    """`draft`: a loaded model (with .model and .tokenizer), 'prompt-lookup', or 'self:L'."""
+def make_drafter(draft, target, *, ngram_max: int = 3, ngram_min: int = 1, exit_heads=None) -> Drafter:
+    """`draft`: a loaded model (with .model and .tokenizer), 'prompt-lookup', or 'self:L'.
+    `exit_heads` (a folder or `ExitHeads`) applies to 'self:L' only."""
+    if exit_heads is not None and not (isinstance(draft, str) and draft.startswith("self:")):
+        raise DecoderError(f"exit_heads apply to a self-draft ('self:L') only, not to draft {draft!r}")
     if draft is None:
         raise DecoderError("speculative needs a draft: a model, 'prompt-lookup', or 'self:L' "
                            "(the target's first L layers)")
@@ -300,7 +331,7 @@ def make_drafter(draft, target, *, ngram_max: int = 3, ngram_min: int = 1) -> Dr
                 layers = int(draft[len("self:"):])
             except ValueError:
                 raise DecoderError(f"self-draft must be 'self:L' with an integer L, got {draft!r}") from None
-            return SelfDraft(target, layers)
+            return SelfDraft(target, layers, exit_heads=exit_heads)
         raise DecoderError(f"unknown draft {draft!r}: give a model, 'prompt-lookup', or 'self:L'")
     if not (hasattr(draft, "model") and hasattr(draft, "tokenizer")):
         raise DecoderError(f"draft must be a loaded model, 'prompt-lookup' or 'self:L', got {type(draft).__name__}")

@@ -54,7 +54,7 @@ import torch
 from decoders.adapter import LayerAdapter
 from decoders.base import Decoder, DecoderError, GenerationRequest, GenerationResult
 from decoders.common import Emitter, check_prompt_fits, new_cache, reject_options, sync
-from decoders.exit_heads import ExitHeads, load_exit_heads
+from decoders.exit_heads import ExitHeads, heads_hash, load_exit_heads, model_fingerprint, read_marked_json
 from decoders.sampling import check_finite, choose, prompt_key, top2_margin
 
 CONFIDENCES = ("softmax", "margin", "saturation")
@@ -223,6 +223,57 @@ def make_plan(num_layers: int, *, threshold=DEFAULT_THRESHOLD, exit_layers=None,
     return ExitPlan(num_layers, tuple(layers), tuple(float(x) for x in thresholds), confidence)
 
 
+# ------------------------------------------------------------------------- calibrated thresholds
+
+CALIBRATION_FORMAT = "decodegate-exit-calibration"
+CALIBRATION_FILE = "exit_calibration.json"
+CALIBRATED = "calibrated:"
+
+
+def load_calibration(folder) -> dict:
+    """Read `decodegate calibrate-exits`'s output folder (exit_calibration.json): thresholds per
+    exit layer, the confidence, the exit heads (path and hash, or none: the logit lens), the
+    target fingerprint, and the guarantee (epsilon, delta, n)."""
+    folder = Path(str(folder)).expanduser()
+    path = folder / CALIBRATION_FILE if folder.is_dir() or not folder.suffix else folder
+    if not path.is_file():
+        raise DecoderError(f"calibrated thresholds: {path} not found (make it with `decodegate calibrate-exits`)")
+    cal = read_marked_json(path, CALIBRATION_FORMAT)
+    for key in ("thresholds", "confidence", "target_fingerprint"):
+        if key not in cal:
+            raise DecoderError(f"{path}: missing key {key!r}")
+    cal["_path"] = str(path)
+    return cal
+
+
+def _resolve_calibrated(threshold, exit_heads, exit_layers, confidence, target, fingerprint):
+    """Turn threshold="calibrated:DIR" into (thresholds, exit_heads, confidence), refusing a
+    calibration made for another target, other heads, or another confidence."""
+    cal = load_calibration(threshold[len(CALIBRATED):])
+    where = cal["_path"]
+    if cal["target_fingerprint"] != fingerprint:
+        raise DecoderError(f"{where} was calibrated for target {cal.get('target', '?')!r} (fingerprint "
+                           f"{cal['target_fingerprint']}), not for {target.name!r} (fingerprint {fingerprint})")
+    if confidence not in (None, DEFAULT_CONFIDENCE, cal["confidence"]):
+        raise DecoderError(f"{where} was calibrated with confidence {cal['confidence']!r}, not {confidence!r}")
+    if exit_layers is not None:
+        raise DecoderError(f"{where} fixes the exit layers ({sorted(cal['thresholds'])}); do not also give exit_layers")
+    want = cal.get("heads_hash")
+    if exit_heads is None and cal.get("exit_heads"):
+        exit_heads = cal["exit_heads"]
+    if want is None and exit_heads is not None:
+        raise DecoderError(f"{where} was calibrated without exit heads (the logit lens); do not give exit_heads")
+    if want is not None:
+        if exit_heads is None:
+            raise DecoderError(f"{where} was calibrated with exit heads {cal.get('exit_heads')!r}: give exit_heads")
+        heads = exit_heads if isinstance(exit_heads, ExitHeads) else load_exit_heads(Path(exit_heads))
+        if heads_hash(heads) != want:
+            raise DecoderError(f"{where} was calibrated with other exit heads (hash {want}) than "
+                               f"{heads.source or 'the ones given'} (hash {heads_hash(heads)}): calibrate again")
+        exit_heads = heads
+    return {int(k): float(v) for k, v in cal["thresholds"].items()}, exit_heads, cal["confidence"]
+
+
 # ----------------------------------------------------------------------------------- decoder
 
 @dataclass
@@ -235,9 +286,11 @@ class _Exit:
 
 
 class EarlyExitDecoder(Decoder):
-    """Options: `threshold` (float, list per exit layer, mapping layer -> float, or "7:0.8,14:0.9"),
-    `exit_layers` (list of ints in [1, num_layers)), `confidence` (softmax | margin | saturation),
-    `exit_heads` (a folder in the `decoders.exit_heads` format, or an `ExitHeads`)."""
+    """Options: `threshold` (float, list per exit layer, mapping layer -> float, "7:0.8,14:0.9",
+    or "calibrated:DIR": the thresholds, confidence and exit heads that `decodegate
+    calibrate-exits` wrote to DIR), `exit_layers` (list of ints in [1, num_layers)), `confidence`
+    (softmax | margin | saturation), `exit_heads` (a folder in the `decoders.exit_heads` format,
+    or an `ExitHeads`; heads trained for another target are refused)."""
 
     name = "early-exit"
 
@@ -248,10 +301,16 @@ class EarlyExitDecoder(Decoder):
         self.adapter = LayerAdapter(target.model)   # refuses unsupported architectures
         n = self.adapter.num_layers
         hidden_size = int(target.model.config.hidden_size)
+        self.calibration = None
+        if isinstance(threshold, str) and threshold.strip().startswith(CALIBRATED):
+            self.calibration = threshold.strip()
+            threshold, exit_heads, confidence = _resolve_calibrated(
+                threshold.strip(), exit_heads, exit_layers, confidence, target, model_fingerprint(target.model))
         self.heads: ExitHeads | None = None
         if exit_heads is not None:
             heads = exit_heads if isinstance(exit_heads, ExitHeads) else load_exit_heads(Path(exit_heads))
-            heads.check_fits(n, hidden_size)
+            heads.check_fits(n, hidden_size, fingerprint=model_fingerprint(target.model),
+                             model_name=getattr(target, "name", "this model"))
             param = next(target.model.parameters())
             self.heads = heads.to(device=param.device, dtype=param.dtype)
         self.plan = make_plan(n, threshold=threshold, exit_layers=exit_layers,
@@ -312,6 +371,26 @@ class EarlyExitDecoder(Decoder):
         logits = self.adapter.head(last)
         return _Exit(logits, n, self._final_confidence(logits, last, previous), checks, evals + 1)
 
+    # ----------------------------------------------------------------------------- forced
+    @torch.inference_mode()
+    def teacher_forced(self, prompt_ids, tokens) -> tuple[list[int], list[int]]:
+        """Feed `tokens` (e.g. the full-depth greedy continuation) after the prompt, exiting and
+        propagating state as `generate` does, and return per position (exit layer, the greedy
+        token this decoder would have chosen there). A disagreement at position i is what
+        early exit changes given the same prefix, with its own (propagated) cache."""
+        device = self.target.device
+        cache = new_cache(self.target.model)
+        position = len(prompt_ids)
+        ex = self.step(self.adapter.embed(torch.tensor([list(prompt_ids)], device=device)), cache, 0, full=True)
+        layers, chosen = [], []
+        for i, token in enumerate(tokens):
+            layers.append(ex.layers)
+            chosen.append(int(ex.logits[-1].argmax()))
+            if i + 1 < len(tokens):
+                ex = self.step(self.adapter.embed(torch.tensor([[int(token)]], device=device)), cache, position)
+                position += 1
+        return layers, chosen
+
     # ----------------------------------------------------------------------------- loop
     def generate(self, request: GenerationRequest) -> GenerationResult:
         return self.generate_with_cache(request)[0]
@@ -347,5 +426,8 @@ class EarlyExitDecoder(Decoder):
             "lm_head_checks": checks, "lm_head_evals": evals,
             "confidence": self.plan.confidence, "exit_points": list(self.plan.exit_layers),
             "thresholds": list(self.plan.thresholds),
+            "exit_heads": self.heads.source if self.heads is not None else None,
         }
+        if self.calibration:
+            stats["calibration"] = self.calibration
         return out.result(self.name, stats), cache

@@ -20,13 +20,22 @@ File format (a folder), version 1:
 A layer index `l` counts layers run, as the early-exit stats do: the head for `l` reads the
 hidden state after decoder layers 0 .. l-1, so 1 <= l < num_layers. The loader validates the
 marker, version, hidden size, layer range and tensor shapes, and refuses non-finite values.
-Training the heads is not done here; `save_exit_heads` writes the format (tests use it).
+
+Provenance: `decodegate train-exits` (harness/exits/train.py) writes `target_fingerprint`
+(`model_fingerprint`: architecture and a hash of every weight), `target`, `num_layers`, the data
+hash, steps and seed. Heads that carry a fingerprint are refused on any other model, naming
+both. `save_exit_heads` writes into a temporary folder and renames it into place, so a folder
+that has an exit_heads.json is always complete.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -49,6 +58,7 @@ class ExitHeads:
     hidden_size: int
     heads: Mapping[int, tuple[torch.Tensor, torch.Tensor]]
     source: str = ""
+    meta: Mapping = field(default_factory=dict)   # exit_heads.json as read (provenance)
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -62,13 +72,25 @@ class ExitHeads:
     def to(self, device=None, dtype=None) -> ExitHeads:
         moved = {l: (w.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype))
                  for l, (w, b) in self.heads.items()}
-        return ExitHeads(self.hidden_size, moved, self.source)
+        return ExitHeads(self.hidden_size, moved, self.source, self.meta)
 
-    def check_fits(self, num_layers: int, hidden_size: int) -> None:
-        """Refuse heads made for another model shape."""
+    def check_fits(self, num_layers: int, hidden_size: int, *, fingerprint: str | None = None,
+                   model_name: str = "this model") -> None:
+        """Refuse heads made for another model: shape, and (when both sides have one) the
+        target fingerprint written at training."""
+        made_for = self.meta.get("target", "?")
+        theirs = self.meta.get("target_fingerprint")
+        if fingerprint is not None and theirs is not None and theirs != fingerprint:
+            raise DecoderError(f"exit heads {self.source or ''} were trained for target {made_for!r} "
+                               f"(fingerprint {theirs}), not for {model_name!r} (fingerprint {fingerprint}): "
+                               f"train heads for this target with `decodegate train-exits`")
+        n_theirs = self.meta.get("num_layers")
+        if isinstance(n_theirs, int) and n_theirs != num_layers:
+            raise DecoderError(f"exit heads {self.source or ''} were trained for {made_for!r} with {n_theirs} "
+                               f"layers; {model_name!r} has {num_layers}")
         if self.hidden_size != hidden_size:
-            raise DecoderError(f"exit heads {self.source or ''} have hidden_size {self.hidden_size}, "
-                               f"but the model's is {hidden_size}")
+            raise DecoderError(f"exit heads {self.source or ''} (trained for {made_for!r}) have hidden_size "
+                               f"{self.hidden_size}, but {model_name!r}'s is {hidden_size}")
         bad = [l for l in self.layers if not 1 <= l < num_layers]
         if bad:
             raise DecoderError(f"exit heads {self.source or ''} name layers {bad} outside [1, {num_layers}) "
@@ -98,6 +120,17 @@ def _layer_list(value, where: str) -> list[int]:
     return sorted(value)
 
 
+def read_marked_json(path: Path, fmt: str) -> dict:
+    """A JSON object whose 'format' key must be `fmt`; DecoderError naming the file otherwise."""
+    try:
+        meta = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise DecoderError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(meta, dict) or meta.get("format") != fmt:
+        raise DecoderError(f"{path}: 'format' must be {fmt!r}")
+    return meta
+
+
 def load_exit_heads(folder, *, num_layers: int | None = None, hidden_size: int | None = None) -> ExitHeads:
     """Read and validate an exit-heads folder. With `num_layers` / `hidden_size`, also check that
     the heads fit that model. Errors are `DecoderError` naming the file and the problem."""
@@ -109,12 +142,7 @@ def load_exit_heads(folder, *, num_layers: int | None = None, hidden_size: int |
         raise DecoderError(f"exit heads folder not found: {folder}")
     if not index.is_file():
         raise DecoderError(f"exit heads folder {folder} has no {INDEX}")
-    try:
-        meta = json.loads(index.read_text())
-    except (OSError, ValueError) as e:
-        raise DecoderError(f"{index}: not valid JSON ({e})") from e
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise DecoderError(f"{index}: 'format' must be {FORMAT!r}")
+    meta = read_marked_json(index, FORMAT)
     if meta.get("version") != VERSION:
         raise DecoderError(f"{index}: unsupported version {meta.get('version')!r} (this reader knows {VERSION})")
     h = meta.get("hidden_size")
@@ -138,7 +166,7 @@ def load_exit_heads(folder, *, num_layers: int | None = None, hidden_size: int |
             raise DecoderError(f"{path}: cannot read safetensors ({e})") from e
         _check_pair(layer, weight, bias, h, str(path))
         heads[layer] = (weight, bias)
-    out = ExitHeads(h, heads, str(folder))
+    out = ExitHeads(h, heads, str(folder), meta)
     if num_layers is not None and hidden_size is not None:
         out.check_fits(num_layers, hidden_size)
     return out
@@ -146,7 +174,11 @@ def load_exit_heads(folder, *, num_layers: int | None = None, hidden_size: int |
 
 def save_exit_heads(folder, heads: Mapping[int, tuple[torch.Tensor, torch.Tensor]], **meta) -> Path:
     """Write `heads` (layer -> (weight (H, H), bias (H,))) in the format above. Extra keyword
-    arguments (e.g. model="smollm2-135m") go into exit_heads.json as provenance."""
+    arguments (e.g. model="smollm2-135m") go into exit_heads.json as provenance.
+
+    Atomic: everything is written to a temporary folder beside `folder`, then renamed into
+    place (an existing folder is replaced), so an interrupted save never leaves a loadable,
+    half-written folder."""
     from safetensors.torch import save_file
 
     if not heads:
@@ -155,16 +187,68 @@ def save_exit_heads(folder, heads: Mapping[int, tuple[torch.Tensor, torch.Tensor
         raise DecoderError("save_exit_heads: metadata may not override format, version, hidden_size or layers")
     layers = sorted(int(l) for l in heads)
     hidden = int(next(iter(heads.values()))[0].shape[0])
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     for layer in layers:
-        weight, bias = heads[layer]
-        _check_pair(layer, weight, bias, hidden, "save_exit_heads")
-        save_file({"weight": weight.detach().cpu().contiguous(), "bias": bias.detach().cpu().contiguous()},
-                  str(folder / layer_file(layer)))
-    index = {"format": FORMAT, "version": VERSION, "hidden_size": hidden, "layers": layers, **meta}
-    (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        _check_pair(layer, *heads[layer], hidden, "save_exit_heads")
+    folder = Path(folder).expanduser()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.writing-"))
+    try:
+        for layer in layers:
+            weight, bias = heads[layer]
+            save_file({"weight": weight.detach().cpu().contiguous(), "bias": bias.detach().cpu().contiguous()},
+                      str(tmp / layer_file(layer)))
+        index = {"format": FORMAT, "version": VERSION, "hidden_size": hidden, "layers": layers, **meta}
+        (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")  # last: the folder is complete
+        _replace_dir(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Rename src to dst; an existing dst is moved aside first and removed after."""
+    if dst.exists():
+        if not dst.is_dir():
+            raise DecoderError(f"{dst} exists and is not a folder")
+        old = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.old-"))
+        os.replace(dst, old / "x")
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+
+
+def model_fingerprint(model) -> str:
+    """A short hash of a model's architecture (type, layers, sizes) and every weight tensor.
+    Cached on the module (weights here are frozen once loaded)."""
+    cached = getattr(model, "_decodegate_fingerprint", None)
+    if cached is not None:
+        return cached
+    cfg = model.config
+    h = hashlib.sha256(json.dumps([getattr(cfg, "model_type", "?"), cfg.num_hidden_layers, cfg.hidden_size,
+                                   cfg.vocab_size]).encode())
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            h.update(name.encode())
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    out = h.hexdigest()[:16]
+    try:
+        model._decodegate_fingerprint = out
+    except AttributeError:  # pragma: no cover - a module that refuses attributes
+        pass
+    return out
+
+
+def heads_hash(heads: ExitHeads) -> str:
+    """Hash of the head tensors (what a calibration was made with)."""
+    h = hashlib.sha256()
+    for layer in heads.layers:
+        w, b = heads.heads[layer]
+        h.update(str(layer).encode())
+        h.update(w.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+        h.update(b.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def identity_heads(hidden_size: int, layers, *, dtype=torch.float32) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -173,5 +257,5 @@ def identity_heads(hidden_size: int, layers, *, dtype=torch.float32) -> dict[int
             for l in layers}
 
 
-__all__ = ["ExitHeads", "load_exit_heads", "save_exit_heads", "identity_heads", "FORMAT", "VERSION",
-           "INDEX", "layer_file"]
+__all__ = ["ExitHeads", "load_exit_heads", "save_exit_heads", "identity_heads", "model_fingerprint",
+           "heads_hash", "FORMAT", "VERSION", "INDEX", "layer_file"]

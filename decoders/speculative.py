@@ -141,6 +141,8 @@ class SpeculativeDecoder(Decoder):
       window: rounds in the kill switch's rolling window (default 8).
       cooldown: standard tokens per fallback, or None for the rest of the request.
       ngram_max, ngram_min: n-gram sizes tried by prompt lookup (default 3 down to 1).
+      exit_heads: for draft "self:L", exit heads (`decodegate train-exits`) through which the
+          draft reads layer L; the verification is unchanged.
 
     Stats: rounds, proposed, accepted (the verifier's decisions, also past an EOS that ended the
     request), proposed_per_round, accepted_per_round, acceptance_by_position ([accepted,
@@ -155,7 +157,8 @@ class SpeculativeDecoder(Decoder):
 
     def __init__(self, target, draft=None, k: int = 4, verify: str | None = None, adaptive_k: bool = False,
                  k_max: int | None = None, min_acceptance: float | None = None, window: int = 8,
-                 cooldown: int | None = None, ngram_max: int = 3, ngram_min: int = 1, **options):
+                 cooldown: int | None = None, ngram_max: int = 3, ngram_min: int = 1, exit_heads=None,
+                 **options):
         reject_options(self.name, options)
         self.target = target
         self.k = _positive_int("k", k)
@@ -171,7 +174,8 @@ class SpeculativeDecoder(Decoder):
         self.min_acceptance = None if min_acceptance is None else float(min_acceptance)
         self.window = _positive_int("window", window)
         self.cooldown = None if cooldown is None else _positive_int("cooldown", cooldown)
-        self.drafter = make_drafter(draft, target, ngram_max=int(ngram_max), ngram_min=int(ngram_min))
+        self.drafter = make_drafter(draft, target, ngram_max=int(ngram_max), ngram_min=int(ngram_min),
+                                    exit_heads=exit_heads)
         self.vocab = output_size(target.model)
 
     # ---------------------------------------------------------------------------------- loop

@@ -17,6 +17,8 @@ COMMANDS = {
     "suites": ("suites.cli", "list or show the prompt suites"),
     "sync": ("harness.sync", "upload a run folder to MLflow (after the server was down)"),
     "lm-eval": ("harness.lmeval_cmd", "run lm-eval tasks through decodegate's decoders"),
+    "train-exits": ("harness.exits.train", "train exit heads for a target (distillation on its own text)"),
+    "calibrate-exits": ("harness.exits.calibrate", "early-exit thresholds with a guarantee (Learn-then-Test)"),
 }
 
 # Our input errors are ValueError subclasses defined in these packages.
