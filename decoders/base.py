@@ -29,6 +29,9 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
+    # The chat messages the prompt was rendered from, for backends that must send messages
+    # (an engine's chat route) rather than `prompt_ids`. Every other backend ignores them.
+    messages: tuple = ()
 
     def __post_init__(self):
         if len(self.prompt_ids) == 0:
@@ -93,6 +96,16 @@ class Decoder:
     def generate(self, request: GenerationRequest) -> GenerationResult:  # pragma: no cover
         raise NotImplementedError
 
+    def generate_many(self, requests):
+        """Yield `(index, result)` for each request as it finishes, or `(index, DecoderError)`
+        for a request that failed on its own. The default runs them one after another; engine
+        backends keep several in flight. Any other exception ends the call."""
+        for i, request in enumerate(requests):
+            try:
+                yield i, self.generate(request)
+            except DecoderError as e:
+                yield i, e
+
 
 _REGISTRY: dict[str, str] = {}
 
@@ -108,13 +121,42 @@ def decoder_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+ENTRY_POINT_GROUP = "decodegate.decoders"
+
+
+def _entry_points() -> None:
+    """Decoders other packages register under the `decodegate.decoders` entry-point group
+    (`name = "package.module:Class"`): recorded as lazy strings, imported only when chosen."""
+    from importlib.metadata import entry_points
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        _REGISTRY.setdefault(ep.name, ep.value)
+
+
+def _load(target: str, name: str) -> type[Decoder]:
+    module, _, cls = target.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module), cls)
+    except ModuleNotFoundError as e:
+        raise DecoderError(f"decoder {name!r}: cannot import module {module!r} ({e})") from None
+    except AttributeError:
+        raise DecoderError(f"decoder {name!r}: module {module!r} has no class {cls!r}") from None
+    if not (isinstance(obj, type) and callable(getattr(obj, "generate", None))):
+        raise DecoderError(f"decoder {name!r}: {target} is not a decoder class (it needs a generate method)")
+    return obj
+
+
 def get_decoder_class(name: str) -> type[Decoder]:
+    """A registered name, an entry point, or "package.module:Class" (a decoder of one's own)."""
     if name not in _REGISTRY:
+        _entry_points()
+    if name not in _REGISTRY:
+        if ":" in name and "." not in name.split(":", 1)[1]:
+            return _load(name, name)
         close = difflib.get_close_matches(name, _REGISTRY, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise DecoderError(f"unknown decoder {name!r}{hint} (known: {', '.join(decoder_names())})")
-    module, cls = _REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+        raise DecoderError(f"unknown decoder {name!r}{hint} (known: {', '.join(decoder_names())}; "
+                           f"or a class of your own as \"package.module:Class\")")
+    return _load(_REGISTRY[name], name)
 
 
 def make_decoder(name: str, target, **options) -> Decoder:
@@ -126,3 +168,8 @@ register_decoder("speculative", "decoders.speculative:SpeculativeDecoder")
 register_decoder("early-exit", "decoders.early_exit:EarlyExitDecoder")
 register_decoder("hf", "decoders.hf:HFDecoder")
 register_decoder("hf-assisted", "decoders.hf:HFAssistedDecoder")
+register_decoder("llama.cpp", "decoders.engines.llamacpp:LlamaCppDecoder")
+register_decoder("openai", "decoders.engines.openai_compat:OpenAICompletionsDecoder")
+register_decoder("openai-chat", "decoders.engines.openai_compat:OpenAIChatDecoder")
+register_decoder("vllm", "decoders.engines.openai_compat:VLLMDecoder")
+register_decoder("sglang", "decoders.engines.sglang:SGLangDecoder")

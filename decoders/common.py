@@ -97,11 +97,12 @@ class Emitter:
     def remaining(self) -> int:
         return self.max_new - len(self.tokens)
 
-    def emit(self, token: int, margin: float | None = None) -> bool:
-        """Append one token; returns True when generation must stop here."""
+    def emit(self, token: int, margin: float | None = None, at: float | None = None) -> bool:
+        """Append one token; returns True when generation must stop here. `at`: when the token
+        arrived (a streamed engine's chunk time; default now)."""
         self.tokens.append(int(token))
         self.margins.append(float("nan") if margin is None else float(margin))
-        self.stamps.append(time.perf_counter())
+        self.stamps.append(time.perf_counter() if at is None else at)
         if token in self.stop_ids:
             self.finish_reason = "eos"
         elif self.longest_stop and self._hit_stop_string():

@@ -25,10 +25,17 @@ def is_model_draft(draft: str) -> bool:
     return not (draft in NON_MODEL_DRAFTS or draft.startswith("self:"))
 
 
-def build_decoder(name: str, target: LoadedModel, options: dict | None = None):
+def build_decoder(name: str, target: LoadedModel, options: dict | None = None, engines: dict | None = None):
     """`options` holds decoder options; `draft` may name a model (loaded here), 'prompt-lookup',
-    or 'self:L' (the target's first L layers). `draft_device` places a draft model."""
+    or 'self:L' (the target's first L layers). `draft_device` places a draft model. `engine`
+    names a started server from `engines` (the config's [engines], see harness.engines)."""
     options = {k: v for k, v in (options or {}).items() if v is not None}
+    if isinstance(options.get("engine"), str):
+        from harness.config import ConfigError
+        if not engines or options["engine"] not in engines:
+            raise ConfigError(f"decoder {name!r}: engine {options['engine']!r} is not running "
+                              f"(known: {', '.join(sorted(engines or {})) or 'none'})")
+        options["engine"] = engines[options["engine"]]
     draft = options.get("draft")
     draft_device = options.pop("draft_device", None)
     if isinstance(draft, str) and is_model_draft(draft):

@@ -59,6 +59,45 @@ class Gates:
     inconclusive: str = "fail"      # underpowered quality comparison: "fail" or "warn"
 
 
+ENGINE_KEYS = {"base_url", "launch", "model", "health_timeout_s", "request_timeout_s", "retries", "concurrency",
+               "api_key_env", "env"}
+
+
+def _engine(name: str, table: dict, where: str):
+    """An [engines.NAME] table -> EngineSpec. Secrets never sit in the config: `api_key_env`
+    names the environment variable that holds the key."""
+    import os
+    import shlex
+    from decoders.engines.server import EngineSpec
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table, got {table!r}")
+    _take(table, ENGINE_KEYS, where)
+    if bool(table.get("base_url")) == bool(table.get("launch")):
+        raise ConfigError(f"{where}: give exactly one of base_url (an engine already running) "
+                          f"or launch (a command decodegate starts)")
+    launch = table.get("launch")
+    if isinstance(launch, str):
+        launch = shlex.split(launch)
+    if launch is not None and not (isinstance(launch, list) and launch and all(isinstance(a, str) for a in launch)):
+        raise ConfigError(f"{where}: launch must be a command: a string or a list of strings")
+    if launch is not None and not any("{port}" in a for a in launch):
+        raise ConfigError(f"{where}: launch must contain {{port}} (decodegate picks a free port)")
+    for key in ("health_timeout_s", "request_timeout_s"):
+        if key in table and (not isinstance(table[key], (int, float)) or table[key] <= 0):
+            raise ConfigError(f"{where}: {key} must be a positive number of seconds")
+    for key, low in (("retries", 0), ("concurrency", 1)):
+        if key in table and (not isinstance(table[key], int) or isinstance(table[key], bool) or table[key] < low):
+            raise ConfigError(f"{where}: {key} must be an integer >= {low}, got {table[key]!r}")
+    key_env = table.get("api_key_env")
+    if key_env and key_env not in os.environ:
+        raise ConfigError(f"{where}: api_key_env names ${key_env}, which is not set")
+    kw = {k: table[k] for k in ("base_url", "model", "health_timeout_s", "request_timeout_s", "retries", "concurrency")
+          if k in table}
+    return EngineSpec(name=name, launch=tuple(launch) if launch else None,
+                      api_key=os.environ.get(key_env) if key_env else None,
+                      env={str(k): str(v) for k, v in table.get("env", {}).items()}, **kw)
+
+
 @dataclass(frozen=True)
 class RegressConfig:
     path: str
@@ -72,6 +111,7 @@ class RegressConfig:
     profile: Profile
     gates: Gates
     labels: dict
+    engines: dict = field(default_factory=dict)   # name -> decoders.engines.server.EngineSpec
 
 
 KINDS = ("exact", "lossy")
@@ -127,7 +167,7 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
     _take(raw, {"target", "device", "chat", "top_p", "baseline", "candidates", "suites", "profiles",
-                "gates", "labels"}, str(path))
+                "gates", "labels", "engines"}, str(path))
     if "target" not in raw:
         raise ConfigError(f"{path}: missing key 'target'")
     baseline = _decoder(raw.get("baseline", {"decoder": "standard", "name": "baseline"}), f"{path} [baseline]", "exact")
@@ -193,9 +233,18 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"{path}: candidate {c.name!r} lists suite {s_name!r}{hint}, "
                                   f"which profile {profile!r} does not run")
+    engines = {name: _engine(name, table, f"{path} [engines.{name}]") for name, table in raw.get("engines", {}).items()}
+    for spec in (baseline, *candidates):
+        name = spec.options.get("engine")
+        if name is not None and name not in engines:
+            close = difflib.get_close_matches(str(name), engines, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{path}: {spec.name!r} names engine {name!r}{hint}, which no [engines.NAME] "
+                              f"table defines (defined: {', '.join(sorted(engines)) or 'none'})")
     for label in [*raw.get("labels", {}), *(k for c in candidates for k in c.labels)]:
         if not all(ch.isalnum() or ch in "_-./ " for ch in label):
             raise ConfigError(f"{path}: label name {label!r} may hold only letters, digits and _ - . / space")
     return RegressConfig(path=str(path), target=raw["target"], device=raw.get("device"), chat=raw.get("chat"),
                          top_p=float(raw.get("top_p", 1.0)), baseline=baseline, candidates=candidates,
-                         suites=suites, profile=prof, gates=gates, labels=dict(raw.get("labels", {})))
+                         suites=suites, profile=prof, gates=gates, labels=dict(raw.get("labels", {})),
+                         engines=engines)

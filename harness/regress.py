@@ -81,16 +81,25 @@ def run(args) -> int:
         get_decoder_class(spec.decoder)
     run_dir, meta = open_run_dir(args, config, suites)
     print(f"decodegate: run folder {run_dir}", file=sys.stderr)
-    lineup = runner.Lineup(config)
-    records = runner.run(config, run_dir, lineup, suites, progress=not args.no_progress)
-    if any(n.startswith("lmeval:") for n in config.profile.suites):
-        suites = suites + runner.run_lmeval(config, run_dir, lineup, progress=not args.no_progress)
-        records = runner.read_records(run_dir)
-    from harness import exactness_run
-    exactness = exactness_run.run_checks(config, run_dir, lineup, suites, progress=not args.no_progress)
-    from harness.models import lm_head_cost_in_layers
-    head_cost = {s.name: lm_head_cost_in_layers(lineup.targets[s.name].model) for s in lineup.specs
-                 if s.decoder == "early-exit"}
+    from decoders.engines.server import EngineDown
+    from harness.engines import started
+    with started(config, run_dir) as servers:
+        lineup = runner.Lineup(config, servers)
+        try:
+            records = runner.run(config, run_dir, lineup, suites, progress=not args.no_progress)
+        except EngineDown as e:
+            kept = len(runner.read_records(run_dir))
+            raise EngineDown(f"{e}\n{kept} finished records are kept in {run_dir}; once the engine is back, "
+                             f"rerun with --run-dir {run_dir} to resume") from None
+        if any(n.startswith("lmeval:") for n in config.profile.suites):
+            suites = suites + runner.run_lmeval(config, run_dir, lineup, progress=not args.no_progress)
+            records = runner.read_records(run_dir)
+        from harness import exactness_run
+        exactness = exactness_run.run_checks(config, run_dir, lineup, suites, progress=not args.no_progress)
+        from harness.models import lm_head_cost_in_layers
+        head_cost = {s.name: lm_head_cost_in_layers(lineup.targets[s.name].model) for s in lineup.specs
+                     if s.decoder == "early-exit"}
+        meta = {**meta, "engines": {name: server.info for name, server in servers.items()}}
     return finish(config, run_dir, meta, records, suites, exactness, args, head_cost)
 
 
@@ -101,6 +110,12 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
     summary = summarize(config, records, suites, exactness, lm_head_cost=head_cost)
     summary.update(run_uid=meta["run_uid"], created=meta["created"], code_version=meta["code_version"],
                    config=meta["config"])
+    if meta.get("engines"):
+        summary["engines"] = meta["engines"]
+        for cand in summary["candidates"].values():
+            name = (cand.get("options") or {}).get("engine")
+            if name in meta["engines"]:
+                cand["engine"] = meta["engines"][name]
     all_pass = True
     for cand in summary["candidates"].values():
         decision = decide(cand, config.gates)

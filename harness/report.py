@@ -39,8 +39,23 @@ def table(summary: dict) -> str:
     fails = [(n, g) for n, c in summary["candidates"].items() for g in c["gates"] if g["status"] != "pass"]
     if fails:
         out += "\n\n" + "\n".join(f"{g['status'].upper():5} {n}: {g['name']}: {g['detail']}" for n, g in fails)
+    out += engine_lines(summary)
     out += f"\n\nverdict: {summary['verdict'].upper()}"
     return out
+
+
+def engine_lines(summary: dict) -> str:
+    """What was compared, exactly: each engine's version and launch command."""
+    lines = []
+    for name, info in (summary.get("engines") or {}).items():
+        how = " ".join(info["launch"]) if info.get("launch") else info.get("base_url", "?")
+        lines.append(f"engine {name}: {info.get('engine', '')} {info.get('version', 'version unknown')} · "
+                     f"serves {', '.join(map(str, info.get('models') or [])) or '?'} · {how}".replace("  ", " "))
+    text_only = [n for n, c in summary["candidates"].items() if c.get("compare_on") == "text"]
+    if text_only:
+        lines.append(f"compared on text (the engine returned no token ids, so no near-tie forensics): "
+                     f"{', '.join(text_only)}")
+    return "\n\n" + "\n".join(lines) if lines else ""
 
 
 def per_prompt_csv(records: list[dict], path: Path) -> None:

@@ -116,9 +116,10 @@ def work_items(config: RegressConfig, suites: list) -> list[WorkItem]:
 
 
 class Lineup:
-    """The baseline and candidates, built once, with their targets."""
+    """The baseline and candidates, built once, with their targets. `engines`: started servers
+    by name (harness.engines.started), for engine decoders."""
 
-    def __init__(self, config: RegressConfig):
+    def __init__(self, config: RegressConfig, engines: dict | None = None):
         self.config = config
         self.specs: list[DecoderSpec] = [config.baseline, *config.candidates]
         self.targets = {}
@@ -126,11 +127,15 @@ class Lineup:
         for spec in self.specs:
             target = get_model(spec.target or config.target, config.device)
             self.targets[spec.name] = target
-            self.decoders[spec.name] = build_decoder(spec.decoder, target, spec.options)
+            self.decoders[spec.name] = build_decoder(spec.decoder, target, spec.options, engines)
 
     @property
     def baseline_target(self):
         return self.targets[self.config.baseline.name]
+
+    def block_size(self) -> int:
+        """Work items per interleaving block: the most requests any decoder keeps in flight."""
+        return max(int(getattr(d, "concurrency", 1)) for d in self.decoders.values())
 
 
 def runs_on(spec: DecoderSpec, suite: str) -> bool:
@@ -144,49 +149,86 @@ def make_request(config: RegressConfig, target, work: WorkItem) -> GenerationReq
     budget = item.max_new_tokens
     if config.profile.max_new_tokens:
         budget = min(budget, config.profile.max_new_tokens)
+    messages = tuple(prompt) if isinstance(prompt, list) else ({"role": "user", "content": prompt},)
     return GenerationRequest(tuple(ids), max_new_tokens=budget, temperature=work.temperature,
                              top_p=config.top_p if work.temperature > 0 else 1.0,
                              stop_token_ids=target.stop_token_ids(), stop_strings=tuple(item.stop),
-                             seed=work.seed)
+                             seed=work.seed, messages=messages)
 
 
-def run_one(spec: DecoderSpec, decoder, target, config: RegressConfig, work: WorkItem) -> dict:
+def make_row(spec: DecoderSpec, work: WorkItem, result) -> dict:
+    """One record: the generation (or the error that stopped it) and its grade."""
     from suites.graders import grade
     row = {"candidate": spec.name, "decoder": spec.decoder, "kind": spec.kind,
            "suite": work.suite.name, "suite_version": work.suite.version, "suite_hash": work.suite.hash,
            "item_id": work.item.id, "categories": list(work.item.categories),
            "seed": work.seed, "temperature": work.temperature}
+    if isinstance(result, DecoderError):
+        # One bad item (e.g. a prompt longer than this model's context) is recorded, not fatal.
+        return {**row, "error": str(result), "tokens": [], "text": "", "score": 0.0, "passed": False,
+                "margins": [], "stats": {}, "timing": {}}
+    g = grade(work.item, result.text)
+    row.update(tokens=list(result.tokens), text=result.text, finish_reason=result.finish_reason,
+               score=g.score, passed=g.passed, grade_detail=g.detail,
+               margins=list(result.margins), stats=result.stats, timing=result.timing.as_dict())
+    if result.stats.get("compare_on") == "text":
+        row["compare_on"] = "text"  # the engine gave text only: tokens are our re-tokenization
+    return row
+
+
+def run_one(spec: DecoderSpec, decoder, target, config: RegressConfig, work: WorkItem) -> dict:
     try:
         result = decoder.generate(make_request(config, target, work))
     except DecoderError as e:
-        # One bad item (e.g. a prompt longer than this model's context) is recorded, not fatal.
-        return {**row, "error": str(e), "tokens": [], "text": "", "score": 0.0, "passed": False,
-                "margins": [], "stats": {}, "timing": {}}
-    g = grade(work.item, result.text)
-    return {**row, "tokens": list(result.tokens), "text": result.text, "finish_reason": result.finish_reason,
-            "score": g.score, "passed": g.passed, "grade_detail": g.detail,
-            "margins": list(result.margins), "stats": result.stats, "timing": result.timing.as_dict()}
+        result = e
+    return make_row(spec, work, result)
 
 
 def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, progress: bool = True) -> list[dict]:
-    """Generate everything not yet in the run folder; return all rows."""
+    """Generate everything not yet in the run folder; return all rows.
+
+    Work goes in blocks of `lineup.block_size()` items (1 for in-process decoders): within a
+    block the baseline runs its requests, then each candidate (an engine keeps them in flight at
+    once), so machine noise still hits all decoders alike. Every record is written as it finishes.
+    """
     from tqdm import tqdm
     done = {record_key(r) for r in read_records(run_dir)}
     work = work_items(config, suites)
-    todo = [(w, s) for w in work for s in lineup.specs if w.key(s.name) not in done and runs_on(s, w.suite.name)]
+    pending = [(w, [s for s in lineup.specs if w.key(s.name) not in done and runs_on(s, w.suite.name)])
+               for w in work]
+    pending = [(w, specs) for w, specs in pending if specs]
     writer = RecordWriter(run_dir)
+    batches = RecordWriter(run_dir, ENGINE_BATCHES)
     try:
         total = sum(runs_on(s, w.suite.name) for w in work for s in lineup.specs)
-        bar = tqdm(total=total, initial=total - len(todo),
+        bar = tqdm(total=total, initial=total - sum(len(specs) for _, specs in pending),
                    desc="generating", unit="gen", disable=not progress, dynamic_ncols=True)
-        for w, spec in todo:
-            bar.set_postfix_str(f"{spec.name} · {w.suite.name}/{w.item.id} · T={w.temperature:g}", refresh=False)
-            writer.write(run_one(spec, lineup.decoders[spec.name], lineup.targets[spec.name], config, w))
-            bar.update(1)
+        size = lineup.block_size()
+        for start in range(0, len(pending), size):
+            block = pending[start:start + size]
+            for spec in lineup.specs:
+                items = [w for w, specs in block if spec in specs]
+                if not items:
+                    continue
+                w0 = items[0]
+                bar.set_postfix_str(f"{spec.name} · {w0.suite.name}/{w0.item.id} · T={w0.temperature:g}"
+                                    + (f" (+{len(items) - 1})" if len(items) > 1 else ""), refresh=False)
+                decoder, target = lineup.decoders[spec.name], lineup.targets[spec.name]
+                requests = [make_request(config, target, w) for w in items]
+                for i, result in decoder.generate_many(requests):
+                    writer.write(make_row(spec, items[i], result))
+                    bar.update(1)
+                batch = getattr(decoder, "last_batch", None)
+                if batch and batch.get("proposed"):
+                    batches.write({"candidate": spec.name, **batch})
         bar.close()
     finally:
         writer.close()
+        batches.close()
     return read_records(run_dir)
+
+
+ENGINE_BATCHES = "engine_batches.jsonl"
 
 
 class LmEvalSuite:

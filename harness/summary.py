@@ -69,7 +69,7 @@ def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng,
             out["quality_missing"] = (f"suite {suite_spec.name!r} has a quality margin but no graded greedy "
                                       f"pairs to test it on")
     stats = [p.candidate.get("stats", {}) for p in pairs]
-    if spec.decoder == "speculative" and any(s.get("proposed") for s in stats):
+    if any(s.get("proposed") for s in stats):  # our speculative decoder, or an engine's telemetry
         try:
             usable = [p for p in (greedy or pairs) if p.baseline.get("tokens") and p.candidate.get("tokens")]
             out["acceptance"] = _plain(analysis.acceptance_summary(usable, rng=rng))
@@ -116,19 +116,26 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
         if timed:
             cand["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng))
             cand["latency"] = _plain(analysis.latency_summary([p.candidate for p in timed]))
-        if spec.decoder == "speculative":
+        if spec.decoder == "speculative" or any(p.candidate.get("stats", {}).get("proposed") for p in pairs):
             greedy = [p for p in pairs if p.key.temperature == 0 and p.candidate.get("stats", {}).get("proposed")
                       and p.baseline.get("tokens")]
             if greedy:
-                cand["acceptance"] = _plain(analysis.acceptance_summary(greedy, rng=rng))
-                cand["acceptance_by_category"] = {
-                    g: _plain(a) for g, a in analysis.acceptance_by_group(greedy, by="category", rng=rng).items()}
+                try:
+                    cand["acceptance"] = _plain(analysis.acceptance_summary(greedy, rng=rng))
+                    cand["acceptance_by_category"] = {
+                        g: _plain(a) for g, a in analysis.acceptance_by_group(greedy, by="category", rng=rng).items()}
+                except ValueError as e:  # telemetry too thin for the statistics (e.g. no draft length)
+                    cand["acceptance"] = {"error": str(e)}
         if spec.decoder == "early-exit":
             cand["exits"] = _plain(analysis.exit_summary([p.candidate for p in pairs if p.candidate.get("tokens")],
                                                          lm_head_cost=head))
         if exactness and spec.name in exactness:
             cand["exactness"] = _plain(exactness[spec.name])
         cand["exactness_expected"] = spec.decoder == "speculative" and spec.options.get("verify") == "rejection"
+        if any(r.get("compare_on") == "text" for r in rows + mine):
+            # An engine that returns text only: identity is judged on our tokenization of its text,
+            # and no near-tie forensics are possible (it gave no logprobs tied to token ids).
+            cand["compare_on"] = "text"
         cand["metrics"] = headline_metrics(cand)
         summary["candidates"][spec.name] = cand
     return summary

@@ -161,6 +161,15 @@ def candidate_tags(cand: dict, summary: dict) -> dict:
         tags["verifier"] = opts["verify"]
     if "threshold" in opts:
         tags["exit_threshold"] = opts["threshold"]
+    engine = cand.get("engine")
+    if engine:  # exactly what was compared: the engine, its version and its launch flags
+        tags["engine"] = engine.get("engine") or cand["decoder"]
+        tags["engine.name"] = engine.get("name", "")
+        tags["engine.version"] = engine.get("version", "unknown")
+        tags["engine.launch"] = " ".join(engine["launch"]) if engine.get("launch") else engine.get("base_url", "")
+        tags["engine.models"] = ",".join(map(str, engine.get("models") or []))
+    if cand.get("compare_on") == "text":
+        tags["decodegate.compare_on"] = "text"
     for k, v in {**summary.get("labels", {}), **cand.get("labels", {})}.items():
         tags[f"label.{k}"] = v
     return tags

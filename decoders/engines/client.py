@@ -1,0 +1,303 @@
+"""The part every engine flavour shares: a `Decoder` whose `generate` is one streamed HTTP request.
+
+A flavour (llama.cpp's `/completion`, OpenAI `/v1/completions`, SGLang's `/generate`, ...) only
+says how to turn a `GenerationRequest` into a request and each streamed chunk into a `Piece`
+(new token ids, their top-1 minus top-2 logprob, new text). This module does the rest the same
+way for all of them:
+- stopping rules: the engine's tokens go through the same `Emitter` as the in-process decoders,
+  so EOS, stop strings and the token budget cut the output where `standard` would cut it;
+- timing: a token's time is when the chunk carrying it arrived (TTFT = first chunk with a token);
+- faults: connection errors and timeouts are retried a bounded number of times; an engine that
+  still does not answer (or whose process died) raises `EngineDown`, which ends the run with the
+  finished records kept; an HTTP error on one request (prompt too long, bad option) is a
+  `DecoderError` for that item only;
+- concurrency: `generate_many` keeps up to `concurrency` requests in flight (asyncio) and yields
+  each result as it finishes, so the runner writes every record the moment it exists;
+- telemetry: per-request acceptance from the final chunk when the flavour has it, else the
+  engine's Prometheus counters differenced around the request (one request in flight only).
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Iterator
+
+import httpx
+
+from decoders.base import Decoder, DecoderError, GenerationRequest, GenerationResult, Timing
+from decoders.common import Emitter
+from decoders.engines.server import EngineDown, EngineError, EngineServer, EngineSpec
+from decoders.engines.telemetry import flatten, spec_counters, spec_delta, stats_from_delta
+
+
+@dataclass
+class Piece:
+    """What one streamed chunk adds."""
+    tokens: list[int] = field(default_factory=list)
+    margins: list[float | None] = field(default_factory=list)   # top-1 minus top-2 logprob per token
+    text: str = ""
+    finish_reason: str | None = None                            # "eos", "stop_string", "length"
+    final: dict = field(default_factory=dict)                   # last chunk's extras (timings, meta)
+
+
+def top2_gap(logprobs: list[float]) -> float | None:
+    """Top-1 minus top-2 logprob: the logit gap (softmax shifts every logit by one constant)."""
+    finite = sorted((x for x in logprobs if x is not None and math.isfinite(x)), reverse=True)
+    return finite[0] - finite[1] if len(finite) >= 2 else None
+
+
+class EngineRequestError(DecoderError):
+    """One request the engine refused (HTTP 4xx/5xx): recorded for that item, the run goes on."""
+
+
+RETRY_STATUS = {429, 502, 503, 504}
+
+
+def _transient(e: Exception) -> bool:
+    """Connection refused or reset, timeouts: worth a retry (httpx's and the openai client's)."""
+    import openai
+    return isinstance(e, (httpx.TransportError, openai.APIConnectionError))
+
+
+def _status(e: Exception) -> int | None:
+    import openai
+    if isinstance(e, httpx.HTTPStatusError):
+        return e.response.status_code
+    if isinstance(e, openai.APIStatusError):
+        return e.status_code
+    return None
+
+
+def _detail(e: Exception) -> str:
+    if isinstance(e, httpx.HTTPStatusError):
+        return _body(e.response)
+    return str(e)[:300]
+
+
+class EngineDecoder(Decoder):
+    """Base of the engine flavours. Options: `engine` (an `EngineServer`, given by the harness
+    from the config's [engines] table) or `base_url` (an engine already running); `extra`
+    (request fields passed through as they are, e.g. llama.cpp's `speculative.n_max`);
+    `concurrency`, `request_timeout_s`, `retries` override the engine's."""
+
+    name = "engine"
+    flavour = "?"
+    returns_ids = True          # False: the route gives text only; outputs are compared on text
+    needs = ""                  # what to turn on when token ids or logprobs are missing
+
+    def __init__(self, target, engine: EngineServer | None = None, base_url: str | None = None,
+                 model: str | None = None, extra: dict | None = None, concurrency: int | None = None,
+                 request_timeout_s: float | None = None, retries: int | None = None, **options):
+        if options:
+            raise DecoderError(f"decoder {self.name!r} takes no option(s) {', '.join(sorted(options))}; "
+                               f"it takes engine, base_url, model, extra, concurrency, request_timeout_s, retries")
+        if engine is None:
+            if not base_url:
+                raise DecoderError(f"decoder {self.name!r} needs an engine: name one from the config's "
+                                   f"[engines] table (engine = \"NAME\") or give base_url")
+            engine = EngineServer(EngineSpec(name=base_url, base_url=base_url, model=model))
+            engine.start()
+        self.target = target
+        self.tokenizer = target.tokenizer
+        self.server = engine
+        spec = engine.spec
+        self.extra = dict(extra or {})
+        self.concurrency = int(concurrency or spec.concurrency)
+        if self.concurrency < 1:
+            raise DecoderError(f"concurrency must be >= 1, got {self.concurrency}")
+        self.timeout = float(request_timeout_s or spec.request_timeout_s)
+        self.retries = int(spec.retries if retries is None else retries)
+        self.metrics_ok = spec_counters(engine.metrics()) is not None
+        self.last_batch: dict = {}
+
+    # ------------------------------------------------------------------------- for flavours
+
+    def stream(self, http: httpx.AsyncClient, request: GenerationRequest) -> AsyncIterator[Piece]:
+        raise NotImplementedError
+
+    def telemetry(self, final: dict) -> dict:
+        """Per-request acceptance stats from the final chunk; {} when the flavour has none."""
+        return {}
+
+    async def open_session(self):
+        """A client object for one batch, made inside its event loop (the openai client)."""
+        return None
+
+    async def close_session(self) -> None:
+        pass
+
+    def url(self, path: str) -> str:
+        return self.server.base_url + path
+
+    # ------------------------------------------------------------------------------ contract
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        for _, out in self.generate_many([request]):
+            if isinstance(out, BaseException):
+                raise out
+            return out
+        raise AssertionError("unreachable")
+
+    def generate_many(self, requests) -> Iterator[tuple[int, GenerationResult | DecoderError]]:
+        """Up to `concurrency` in flight; yields (index, result or per-item error) as each finishes.
+        An `EngineDown` is raised after every result that finished before it has been yielded."""
+        requests = list(requests)
+        done: queue.Queue = queue.Queue()
+        worker = threading.Thread(target=lambda: asyncio.run(self._many(requests, done)), daemon=True)
+        worker.start()
+        for _ in range(len(requests)):
+            item = done.get()
+            if isinstance(item, BaseException):
+                worker.join(timeout=30)
+                raise item
+            yield item
+        worker.join()
+
+    async def _many(self, requests, done: queue.Queue) -> None:
+        gate = asyncio.Semaphore(self.concurrency)
+        limits = httpx.Limits(max_connections=self.concurrency + 2)
+        timeout = httpx.Timeout(self.timeout, connect=10.0)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.server.headers()) as http:
+            before = await self._spec_counters(http) if self.metrics_ok else None
+            self.session = await self.open_session()
+
+            async def one(i, request):
+                async with gate:
+                    try:
+                        done.put((i, await self._one(http, request)))
+                    except DecoderError as e:
+                        if isinstance(e, EngineDown):
+                            raise
+                        done.put((i, e))
+
+            tasks = [asyncio.create_task(one(i, r)) for i, r in enumerate(requests)]
+            try:
+                try:
+                    await asyncio.gather(*tasks)
+                finally:
+                    await self.close_session()
+            except EngineDown as e:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                done.put(e)
+                return
+            except BaseException as e:  # a bug in a flavour: surface it, never hang the runner
+                for t in tasks:
+                    t.cancel()
+                done.put(e)
+                return
+            after = await self._spec_counters(http) if self.metrics_ok else None
+            self.last_batch = {"requests": len(requests), "concurrency": self.concurrency,
+                               **stats_from_delta(spec_delta(before, after))}
+
+    async def _spec_counters(self, http: httpx.AsyncClient) -> dict | None:
+        try:
+            r = await http.get(self.url("/metrics"))
+            r.raise_for_status()
+        except httpx.HTTPError:
+            return None
+        return spec_counters(flatten(r.text))
+
+    async def _one(self, http: httpx.AsyncClient, request: GenerationRequest) -> GenerationResult:
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if not self.server.alive():
+                break
+            try:
+                before = await self._spec_counters(http) if self.metrics_ok and self.concurrency == 1 else None
+                result = await self._stream_once(http, request)
+                if before is not None:
+                    # One request in flight: the counters' difference is this request's alone.
+                    # Per-request fields from the engine's own payload take precedence.
+                    after = await self._spec_counters(http)
+                    for key, value in stats_from_delta(spec_delta(before, after)).items():
+                        result.stats.setdefault(key, value)
+                return result
+            except Exception as e:  # noqa: BLE001 - sorted into transient / refused / a bug below
+                status = _status(e)
+                if status is None and not _transient(e):
+                    raise
+                if status is not None and status not in RETRY_STATUS:
+                    raise EngineRequestError(f"engine {self.server.spec.name!r} refused the request: "
+                                             f"HTTP {status}: {_detail(e)}") from None
+                last = e
+            await asyncio.sleep(min(2.0 ** attempt, 10.0))
+        state = ("its process exited" if not self.server.alive()
+                 else f"{type(last).__name__}: {last}" if last else "no answer")
+        log = f"; log {self.server.log_path}:\n{self.server.log_tail()}" if self.server.log_path else ""
+        raise EngineDown(f"engine {self.server.spec.name!r} at {self.server.base_url} stopped answering "
+                         f"after {self.retries + 1} attempt(s) ({state}){log}")
+
+    async def _stream_once(self, http: httpx.AsyncClient, request: GenerationRequest) -> GenerationResult:
+        out = Emitter(request, self.tokenizer, request.max_new_tokens)
+        text, chunk_times, finish, final = [], [], None, {}
+        async for piece in self.stream(http, request):
+            now = time.perf_counter()
+            text.append(piece.text)
+            if piece.text or piece.tokens:
+                chunk_times.append(now)
+            finish = piece.finish_reason or finish
+            final.update(piece.final)
+            for token, margin in zip(piece.tokens, piece.margins + [None] * (len(piece.tokens) - len(piece.margins))):
+                if out.done:
+                    break
+                out.emit(token, margin, at=now)
+        stats = {"engine": self.server.spec.name, "flavour": self.flavour, **self.telemetry(final)}
+        if not out.tokens and "".join(text):
+            if self.returns_ids:
+                raise EngineRequestError(f"engine {self.server.spec.name!r} returned text but no token ids; "
+                                         f"{self.needs}")
+            return self._text_result("".join(text), finish, out.t0, chunk_times, stats)
+        if not out.done:
+            out.finish_reason = finish or "length"
+        result = out.result(self.name, stats)
+        if result.tokens and all(math.isnan(m) for m in result.margins):
+            result.stats["margins"] = f"missing: {self.needs}"
+        if "accepted" in stats and "target_forwards" not in stats:
+            # Each target forward emits its accepted drafts plus one token of its own.
+            result.stats["target_forwards"] = max(len(result.tokens) - int(stats["accepted"]), 1)
+        return result
+
+    def _text_result(self, text: str, finish, t0: float, chunk_times: list[float], stats: dict) -> GenerationResult:
+        # Compared on text: the tokens are the harness tokenizer's reading of the engine's text.
+        ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        stamps = chunk_times or [time.perf_counter()]
+        times = [b - a for a, b in zip([t0] + stamps[:-1], stamps)]
+        return GenerationResult(tokens=ids, text=text, decoder=self.name, finish_reason=finish or "length",
+                                timing=Timing(wall_s=stamps[-1] - t0, ttft_s=times[0], token_times_s=tuple(times)),
+                                stats={**stats, "compare_on": "text"})
+
+
+def _body(response: httpx.Response) -> str:
+    try:
+        text = response.text
+    except httpx.ResponseNotRead:  # flavours read error bodies before raising; this is a fallback
+        text = ""
+    return (text or "(no body)")[:300]
+
+
+async def raise_for_status(response: httpx.Response) -> None:
+    """`raise_for_status` on a streamed response, with its body read so the error can show it."""
+    if response.is_error:
+        await response.aread()
+        response.raise_for_status()
+
+
+def check_served(decoder: EngineDecoder) -> None:
+    """Refuse an engine whose tokenizer disagrees with the harness's on a probe text."""
+    probe = "The quick brown fox: 12 + 7 = 19. déjà vu — naïve café\n  def f(x):"
+    want = list(decoder.tokenizer(probe, add_special_tokens=False)["input_ids"])
+    try:
+        got = decoder.tokenize(probe)
+    except (httpx.HTTPError, ValueError, KeyError):
+        return  # the engine has no tokenize route: nothing to compare
+    if got and list(got) != want:  # an empty answer: the route exists but ignored our fields
+        raise EngineError(f"engine {decoder.server.spec.name!r} (model {decoder.server.served_model!r}) "
+                          f"tokenizes a probe text differently from the target "
+                          f"{getattr(decoder.target, 'name', '?')!r}: engine {got[:12]}... vs harness {want[:12]}...; "
+                          f"both must use the same tokenizer")

@@ -1,0 +1,177 @@
+"""OpenAI-compatible routes through the official `openai` client (async, streamed).
+
+- `openai`: `/v1/completions` with the prompt as token ids. Any engine that speaks the route
+  (vLLM, SGLang, TGI, llama.cpp, ...). Top-2 logprobs come from `logprobs: 2`; token ids only
+  where the engine adds them, otherwise outputs are compared on text (the record says so).
+- `vllm`: the same route with vLLM's extras: `return_token_ids` (generated ids),
+  `return_tokens_as_token_ids` (logprob keys as "token_id:N", so top-2 gaps are tied to ids),
+  vLLM's own samplers pinned off (min-p, repetition penalty), stop strings kept in the output so
+  the harness cuts them exactly as in-process, and per-request `metrics.speculative_decoding`
+  when the server was started with per-request spec-decode metrics.
+- `openai-chat`: `/v1/chat/completions` with the item's messages. The engine applies its own chat
+  template, so the prompt tokens are the engine's, not the harness's; the record keeps the
+  engine's prompt token count beside the harness's so a template mismatch is visible.
+"""
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+import httpx
+
+from decoders.base import DecoderError, GenerationRequest
+from decoders.engines.client import EngineDecoder, Piece, top2_gap
+
+FINISH = {"stop": "eos", "length": "length"}
+
+
+def _token_id(key) -> int | None:
+    """vLLM's "token_id:123" logprob keys; None for plain token strings."""
+    if isinstance(key, str) and key.startswith("token_id:"):
+        try:
+            return int(key.split(":", 1)[1])
+        except ValueError:
+            return None
+    return None
+
+
+def parse_completion_chunk(chunk: dict) -> Piece:
+    """One streamed `/v1/completions` chunk (a plain dict) -> Piece."""
+    choices = chunk.get("choices") or []
+    if not choices:
+        return Piece(final=_usage_and_metrics(chunk))
+    c = choices[0]
+    lp = c.get("logprobs") or {}
+    tops = lp.get("top_logprobs") or []
+    margins = [top2_gap(list(t.values())) if t else None for t in tops]
+    ids = c.get("token_ids")
+    if ids is None:
+        named = [_token_id(t) for t in lp.get("tokens") or []]
+        ids = named if named and all(i is not None for i in named) else []
+    piece = Piece(tokens=[int(i) for i in ids], margins=margins if ids else [], text=c.get("text") or "")
+    if c.get("finish_reason"):
+        piece.finish_reason = FINISH.get(c["finish_reason"], c["finish_reason"])
+        piece.final = {"finish_reason": c["finish_reason"], "stop_reason": c.get("stop_reason")}
+    piece.final.update(_usage_and_metrics(chunk))
+    return piece
+
+
+def parse_chat_chunk(chunk: dict) -> Piece:
+    """One streamed `/v1/chat/completions` chunk -> Piece."""
+    choices = chunk.get("choices") or []
+    if not choices:
+        return Piece(final=_usage_and_metrics(chunk))
+    c = choices[0]
+    content = ((c.get("logprobs") or {}).get("content")) or []
+    margins = [top2_gap([t.get("logprob") for t in e.get("top_logprobs") or []]) for e in content]
+    ids = c.get("token_ids") or []
+    piece = Piece(tokens=[int(i) for i in ids], margins=margins if ids else [],
+                  text=(c.get("delta") or {}).get("content") or "")
+    if c.get("finish_reason"):
+        piece.finish_reason = FINISH.get(c["finish_reason"], c["finish_reason"])
+        piece.final = {"finish_reason": c["finish_reason"]}
+    piece.final.update(_usage_and_metrics(chunk))
+    return piece
+
+
+def _usage_and_metrics(chunk: dict) -> dict:
+    out = {}
+    if chunk.get("usage"):
+        out["usage"] = chunk["usage"]
+    metrics = chunk.get("metrics") or {}
+    if isinstance(metrics, dict) and metrics.get("speculative_decoding"):
+        out["speculative_decoding"] = metrics["speculative_decoding"]
+    return out
+
+
+def telemetry_from_vllm(final: dict) -> dict:
+    """vLLM's per-request spec-decode metrics -> stats (absent unless the server enables them)."""
+    sd = final.get("speculative_decoding") or {}
+    if not sd or "num_draft_tokens" not in sd:
+        return {}
+    stats = {"proposed": int(sd["num_draft_tokens"]), "accepted": int(sd.get("num_accepted_tokens", 0)),
+             "telemetry": "per-request"}
+    if "num_drafts" in sd:
+        stats["rounds"] = int(sd["num_drafts"])
+    per_pos = sd.get("num_accepted_tokens_per_pos")
+    if per_pos and "num_drafts" in sd:
+        stats["k"] = len(per_pos)
+        stats["acceptance_by_position"] = [[int(a), int(sd["num_drafts"])] for a in per_pos]
+    return stats
+
+
+class OpenAICompletionsDecoder(EngineDecoder):
+    name = "openai"
+    flavour = "OpenAI /v1/completions"
+    returns_ids = False  # the plain route has no ids; compare on text unless the engine adds them
+    needs = "the route returned no top logprobs (it must honour logprobs = 2)"
+
+    def extra_body(self, request: GenerationRequest) -> dict:
+        return dict(self.extra)
+
+    async def open_session(self):
+        import openai
+        return openai.AsyncOpenAI(base_url=self.url("/v1"), api_key=self.server.spec.api_key or "unused",
+                                  max_retries=0, timeout=self.timeout)
+
+    async def close_session(self) -> None:
+        await self.session.close()
+
+    def create_args(self, request: GenerationRequest) -> dict:
+        return dict(model=self.server.served_model, prompt=list(request.prompt_ids),
+                    max_tokens=request.max_new_tokens, temperature=request.temperature, top_p=request.top_p,
+                    seed=request.seed, stop=list(request.stop_strings) or None, logprobs=2, stream=True,
+                    extra_body=self.extra_body(request))
+
+    async def stream(self, http: httpx.AsyncClient, request: GenerationRequest) -> AsyncIterator[Piece]:
+        stream = await self.session.completions.create(**self.create_args(request))
+        async for chunk in stream:
+            yield parse_completion_chunk(chunk.model_dump())
+
+    def telemetry(self, final: dict) -> dict:
+        stats = telemetry_from_vllm(final)
+        usage = final.get("usage") or {}
+        if usage.get("prompt_tokens") is not None:
+            stats["engine_prompt_tokens"] = int(usage["prompt_tokens"])
+        return stats
+
+
+class VLLMDecoder(OpenAICompletionsDecoder):
+    name = "vllm"
+    flavour = "vLLM /v1/completions"
+    returns_ids = True
+    needs = "vLLM returns ids with return_token_ids (vLLM >= 0.10.2) and top-2 logprobs with logprobs = 2"
+
+    def extra_body(self, request: GenerationRequest) -> dict:
+        return {"return_token_ids": True, "return_tokens_as_token_ids": True,
+                "top_k": request.top_k or -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                "include_stop_str_in_output": True, "skip_special_tokens": False, **self.extra}
+
+    def tokenize(self, text: str) -> list[int]:
+        body = self.server.post_json("/tokenize", {"model": self.server.served_model, "prompt": text,
+                                                   "add_special_tokens": False})
+        return [int(t) for t in body["tokens"]]
+
+    def __init__(self, target, **options):
+        super().__init__(target, **options)
+        from decoders.engines.client import check_served
+        check_served(self)
+
+
+class OpenAIChatDecoder(OpenAICompletionsDecoder):
+    name = "openai-chat"
+    flavour = "OpenAI /v1/chat/completions"
+    needs = "the route returned no top logprobs (it must honour logprobs = true, top_logprobs = 2)"
+
+    def create_args(self, request: GenerationRequest) -> dict:
+        if not request.messages:
+            raise DecoderError("decoder 'openai-chat' needs chat messages; this request has token ids only "
+                               "(use decoder 'openai', 'vllm' or 'llama.cpp' to send token ids)")
+        return dict(model=self.server.served_model, messages=[dict(m) for m in request.messages],
+                    max_tokens=request.max_new_tokens, temperature=request.temperature, top_p=request.top_p,
+                    seed=request.seed, stop=list(request.stop_strings) or None, logprobs=True, top_logprobs=2,
+                    stream=True, stream_options={"include_usage": True}, extra_body=self.extra_body(request))
+
+    async def stream(self, http: httpx.AsyncClient, request: GenerationRequest) -> AsyncIterator[Piece]:
+        stream = await self.session.chat.completions.create(**self.create_args(request))
+        async for chunk in stream:
+            yield parse_chat_chunk(chunk.model_dump())

@@ -1,0 +1,76 @@
+"""Acceptance telemetry from an engine's Prometheus counters, in the `stats` keys the analysis reads.
+
+vLLM and llama.cpp's server export the same spec-decode counters under their own prefix
+(`vllm:spec_decode_num_drafts_total`, `llamacpp:spec_decode_num_drafts_total`, ...). Counters are
+read before and after a stretch of requests and differenced; the difference belongs to those
+requests only when nothing else ran on the engine meanwhile (one request in flight, or an engine
+that serves one candidate alone). Per position, vLLM counts accepted tokens per draft slot and
+rates them per draft (accepted_j / num_drafts); `acceptance_by_position` keeps that basis.
+"""
+from __future__ import annotations
+
+import re
+
+_SUFFIXES = {
+    "spec_decode_num_drafts_total": "drafts",
+    "spec_decode_num_draft_tokens_total": "draft_tokens",
+    "spec_decode_num_accepted_tokens_total": "accepted",
+    "spec_decode_num_accepted_tokens_per_pos_total": "per_pos",
+}
+_POSITION = re.compile(r'position="(\d+)"')
+
+
+def flatten(text: str) -> dict[str, float]:
+    """Prometheus exposition text -> {'name{label="v",...}': value}, parsed by prometheus_client."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = float(s.value)
+    return out
+
+
+def spec_counters(metrics: dict[str, float] | None) -> dict | None:
+    """Sum the spec-decode counters over labels (engines, model names); per position kept apart."""
+    if not metrics:
+        return None
+    out: dict = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "per_pos": {}}
+    seen = False
+    for key, value in metrics.items():
+        name = key.split("{", 1)[0].rsplit(":", 1)[-1]
+        field = _SUFFIXES.get(name)
+        if field is None:
+            continue
+        seen = True
+        if field == "per_pos":
+            m = _POSITION.search(key)
+            if m:
+                pos = int(m.group(1))
+                out["per_pos"][pos] = out["per_pos"].get(pos, 0.0) + value
+        else:
+            out[field] += value
+    return out if seen else None
+
+
+def spec_delta(before: dict | None, after: dict | None) -> dict | None:
+    if before is None or after is None:
+        return None
+    delta = {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")}
+    positions = set(before["per_pos"]) | set(after["per_pos"])
+    delta["per_pos"] = {p: after["per_pos"].get(p, 0.0) - before["per_pos"].get(p, 0.0) for p in sorted(positions)}
+    return delta
+
+
+def stats_from_delta(delta: dict | None) -> dict:
+    """`stats` fields from a counter difference (empty when the engine drafted nothing)."""
+    if not delta or delta["draft_tokens"] <= 0:
+        return {}
+    drafts = int(round(delta["drafts"]))
+    stats = {"proposed": int(round(delta["draft_tokens"])), "accepted": int(round(delta["accepted"])),
+             "rounds": drafts, "telemetry": "prometheus"}
+    if delta["per_pos"]:
+        k = max(delta["per_pos"]) + 1
+        stats["k"] = k
+        stats["acceptance_by_position"] = [[int(round(delta["per_pos"].get(j, 0.0))), drafts] for j in range(k)]
+    return stats

