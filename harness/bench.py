@@ -29,7 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-acceptance", type=float, default=None,
                    help="kill switch for every speculative decoder: fall back to standard decoding when the "
                         "rolling acceptance falls below this (default: off, so raw drafter speed is measured)")
-    p.add_argument("--thresholds", default="0.9,0.99", help="early-exit thresholds; '' for none (default: %(default)s)")
+    p.add_argument("--thresholds", default="0.9,0.99",
+                   help="early-exit thresholds, or calibrated:DIR (`decodegate calibrate-exits`); '' for none "
+                        "(default: %(default)s)")
+    p.add_argument("--exit-heads", help="exit heads folder (`decodegate train-exits`): every self:L draft and "
+                                        "every numeric early-exit threshold also runs through the heads, beside "
+                                        "the logit lens")
     p.add_argument("--prompts-per-category", type=int, default=1, help="longform prompts per category (default: 1)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="(default: %(default)s)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds after the warm-up (default: 2)")
@@ -77,15 +82,24 @@ def lineup(args) -> list[tuple[str, str, dict]]:
     out = [("standard", "standard", {})]
     if not args.no_hf:
         out.append(("hf", "hf", {}))
+    heads = getattr(args, "exit_heads", None)
     for d in [x for x in args.draft.split(",") if x]:  # resolved in run()
         opts = {"draft": d, "k": args.k}
         if args.min_acceptance is not None:
             opts["min_acceptance"] = args.min_acceptance
         out.append((f"spec[{d}]", "speculative", opts))
-        if not args.no_hf:
+        if heads and d.startswith("self:"):  # the same self-draft read through its trained head
+            out.append((f"spec[{d}+head]", "speculative", {**opts, "exit_heads": heads}))
+        if not args.no_hf:  # transformers' self-draft reads the logit lens: it has no exit heads
             out.append((f"hf-assisted[{d}]", "hf-assisted", {"draft": d, "k": args.k}))
-    for t in [x for x in args.thresholds.split(",") if x]:
+    for t in [x.strip() for x in args.thresholds.split(",") if x.strip()]:
+        if t.startswith("calibrated:"):  # thresholds, confidence and heads from the calibration
+            name = t[len("calibrated:"):].rstrip("/").split("/")[-1]
+            out.append((f"early-exit[calibrated:{name}]", "early-exit", {"threshold": t}))
+            continue
         out.append((f"early-exit[{t}]", "early-exit", {"threshold": float(t)}))
+        if heads:
+            out.append((f"early-exit[{t}+heads]", "early-exit", {"threshold": float(t), "exit_heads": heads}))
     return out
 
 
@@ -267,9 +281,11 @@ def run(args) -> int:
     if args.k < 1:
         raise DecoderError(f"--k must be >= 1, got {args.k}")
     try:
-        [float(x) for x in args.temperatures.split(",") if x] + [float(x) for x in args.thresholds.split(",") if x]
+        [float(x) for x in args.temperatures.split(",") if x]
+        [float(x) for x in args.thresholds.split(",") if x.strip() and not x.strip().startswith("calibrated:")]
     except ValueError:
-        raise DecoderError("--temperatures and --thresholds take comma-separated numbers") from None
+        raise DecoderError("--temperatures and --thresholds take comma-separated numbers "
+                           "(--thresholds also calibrated:DIR)") from None
     if args.draft is None:
         if args.target == "smollm2-135m":
             args.draft = DEFAULT_DRAFTS

@@ -175,19 +175,41 @@ def candidate_tags(cand: dict, summary: dict) -> dict:
     return tags
 
 
-def log_bench(result: dict, uri: str | None = None) -> str:
-    """One MLflow run per bench invocation, with a metric per decoder and temperature."""
+def _new_run(uri: str | None, experiment: str, name: str):
+    """(client, run id) of a fresh run in `experiment` (created on first use), after a health check."""
     uri = resolve_uri(uri)
     check_health(uri)
     client = _client(uri)
-    exp = client.get_experiment_by_name("decodegate-bench")
-    exp_id = exp.experiment_id if exp else client.create_experiment("decodegate-bench")
-    run_id = client.create_run(exp_id, run_name=f"bench {result['target']}").info.run_id
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    return client, client.create_run(exp_id, run_name=name).info.run_id
+
+
+def log_bench(result: dict, uri: str | None = None) -> str:
+    """One MLflow run per bench invocation, with a metric per decoder and temperature."""
+    client, run_id = _new_run(uri, "decodegate-bench", f"bench {result['target']}")
     metrics: dict = {}
     _flat("", {label: {k: v for k, v in e.items() if k not in ("options", "decoder")}
                for label, e in result["decoders"].items()}, metrics)
     _flat("roofline", result["roofline"], metrics)
     _log(client, run_id, params={"target": result["target"], "k": result["k"],
                                  "max_new_tokens": result["max_new_tokens"]}, metrics=metrics, tags={"decodegate.kind": "bench"})
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def log_frontier(result: dict, run_dir: Path, figures=(), uri: str | None = None) -> str:
+    """One MLflow run per early-exit frontier sweep (`decodegate exit-frontier`): a metric per
+    point, frontier.json / frontier.txt and the Pareto figure as artifacts."""
+    client, run_id = _new_run(uri, "decodegate-exit-frontier", f"exit frontier {result['target']}")
+    metrics: dict = {}
+    _flat("", {p["name"]: {k: v for k, v in p.items() if k not in ("options", "name", "series")}
+               for p in result["points"]}, metrics)
+    _log(client, run_id, params={"target": result["target"], "subset": result["subset"],
+                                 "suites": ",".join(result["suites"])},
+         metrics=metrics, tags={"decodegate.kind": "exit-frontier"})
+    for path in [Path(run_dir) / "frontier.json", Path(run_dir) / "frontier.txt", *map(Path, figures)]:
+        if path.exists():
+            client.log_artifact(run_id, str(path))
     client.set_terminated(run_id, "FINISHED")
     return run_id
