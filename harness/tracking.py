@@ -111,7 +111,9 @@ def log_run(run_dir: Path, uri: str | None = None) -> dict:
         _log(client, parent_id, params=summary_params(summary), metrics={"verdict_pass": summary["verdict"] == "pass"},
              tags={"decodegate.verdict": summary["verdict"], "optimization": "baseline",
                    **{f"label.{k}": v for k, v in summary.get("labels", {}).items()}})
-        for name in ("summary.json", "records.jsonl", "per_prompt.csv", "report.txt"):
+        # log_text = false: records.jsonl (the only file holding generated text) stays in the folder.
+        text = ("records.jsonl",) if summary.get("log_text", True) else ()
+        for name in ("summary.json", *text, "per_prompt.csv", "report.txt"):
             if (run_dir / name).exists():
                 client.log_artifact(parent_id, str(run_dir / name))
         ids["parent"] = parent_id
@@ -130,10 +132,11 @@ def log_run(run_dir: Path, uri: str | None = None) -> dict:
         metrics["verdict_pass"] = float(cand["verdict"] == "pass")
         _log(client, run_id, params={"decoder": cand["decoder"], "kind": cand["kind"], "target": cand["target"],
                                      **{f"option.{k}": v for k, v in cand.get("options", {}).items()}},
-             metrics=metrics, tags=candidate_tags(cand, summary))
+             metrics=metrics, tags={**candidate_tags(cand, summary), "decodegate.candidate": name})
         figures = run_dir / "figures" / name
         if figures.is_dir():
             client.log_artifacts(run_id, str(figures), artifact_path="figures")
+        _log_acceptance_rows(client, run_id, run_dir, name, cand, summary)
         client.set_terminated(run_id, "FINISHED")
         ids[name] = run_id
     client.set_terminated(parent_id, "FINISHED")
@@ -155,6 +158,8 @@ def candidate_tags(cand: dict, summary: dict) -> dict:
     opts = cand.get("options", {})
     tags = {"optimization": cand["decoder"], "decodegate.kind": cand["kind"], "decodegate.verdict": cand["verdict"],
             "decodegate.target": cand["target"]}
+    if cand.get("acceptance_suites_key"):
+        tags["decodegate.suites_key"] = cand["acceptance_suites_key"]
     if "draft" in opts:
         tags["drafter"] = opts["draft"]
     if "verify" in opts:
@@ -213,3 +218,51 @@ def log_frontier(result: dict, run_dir: Path, figures=(), uri: str | None = None
             client.log_artifact(run_id, str(path))
     client.set_terminated(run_id, "FINISHED")
     return run_id
+
+
+# ------------------------------------------------------------------ acceptance references
+
+ACCEPTANCE_ARTIFACT = "acceptance/acceptance_rows.json"
+
+
+def _log_acceptance_rows(client, run_id: str, run_dir: Path, name: str, cand: dict, summary: dict) -> None:
+    """A speculative candidate's per-record acceptance counters (no text), so that a later run can
+    use this one as `acceptance_reference = "mlflow:last"`."""
+    if not cand.get("acceptance_suites_key"):
+        return
+    from harness.acceptance_ref import acceptance_rows
+    from harness.runner import read_records
+    rows = acceptance_rows(read_records(run_dir), name)
+    if not any((r.get("stats") or {}).get("proposed_per_round") for r in rows):
+        return
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(ACCEPTANCE_ARTIFACT).name
+        path.write_text(json.dumps({"target": cand["target"], "rows": rows,
+                                    "suite_hashes": {k: v.get("hash") for k, v in summary.get("suites", {}).items()}}))
+        client.log_artifact(run_id, str(path), artifact_path=str(Path(ACCEPTANCE_ARTIFACT).parent))
+
+
+def last_passing_reference(uri: str | None, candidate: str, target: str, suites_key: str) -> dict | None:
+    """The newest passing MLflow run of `candidate` on `target` with the suite versions
+    `suites_key` (harness.acceptance_ref.suites_key), as a Reference's fields; None if none."""
+    import tempfile
+    uri = resolve_uri(uri)
+    check_health(uri)
+    client = _client(uri)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    if exp is None:
+        return None
+    filt = (f"tags.`decodegate.candidate` = '{candidate}' and tags.`decodegate.verdict` = 'pass' and "
+            f"tags.`decodegate.target` = '{target}' and tags.`decodegate.suites_key` = '{suites_key}'")
+    for run in client.search_runs([exp.experiment_id], filter_string=filt, order_by=["attributes.start_time DESC"],
+                                  max_results=20):
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                local = client.download_artifacts(run.info.run_id, ACCEPTANCE_ARTIFACT, tmp)
+            except Exception:  # noqa: BLE001 - a run without the artifact (older, or not speculative)
+                continue
+            data = json.loads(Path(local).read_text())
+        return {"source": f"mlflow:{run.info.run_id}", "target": data["target"],
+                "suite_hashes": data["suite_hashes"], "rows": data["rows"]}
+    return None
