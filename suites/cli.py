@@ -1,4 +1,4 @@
-"""`decodegate suites list|show NAME`: what the suites hold.
+"""`decodegate suites list|show NAME|import FILE`: what the suites hold; request logs as a suite.
 
 `register(subparsers)` adds the `suites` command to the harness's argparse tree; the chosen
 handler is `args.func(args) -> int` (0 ok, 2 unknown suite or bad file). `python -m suites.cli`
@@ -17,7 +17,7 @@ from suites.registry import list_suites, load_suite
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("suites", help="list the prompt suites or show one",
+    parser = subparsers.add_parser("suites", help="list the prompt suites or show one; import request logs",
                                    description="List the prompt suites or show one.")
     commands = parser.add_subparsers(dest="suites_command", required=True, metavar="COMMAND")
     p_list = commands.add_parser("list", help="every suite: version, items, smoke size, hash")
@@ -26,6 +26,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     p_show.add_argument("name", help="a suite name (see `suites list`) or a .jsonl path")
     p_show.add_argument("--json", action="store_true", help="print JSON")
     p_show.add_argument("--items", action="store_true", help="also list every item")
+    from suites import importer
+    p_import = commands.add_parser("import", help="turn request logs (chat JSONL or prompts) into a suite file",
+                                   description=importer.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    importer.add_arguments(p_import)
     parser.set_defaults(func=run)
     return parser
 
@@ -48,6 +52,9 @@ def run(args) -> int:
     try:
         if args.suites_command == "list":
             return _list(args.json)
+        if args.suites_command == "import":
+            from suites import importer
+            return importer.run(args)
         return _show(args.name, args.json, args.items)
     except SuiteError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -10,7 +10,10 @@ A suite is one JSONL file. Its first record is the header; every later line is o
 Item fields: `id` (unique), exactly one of `prompt` (text) or `messages` (chat turns, each
 {"role": "system"|"user"|"assistant", "content": str}), `references` (accepted answers, or a
 reference solution), `grader` and `grader_options` (see `suites.graders`), `categories`,
-`max_new_tokens`, `stop`. Missing generation fields come from the header's `defaults`.
+`max_new_tokens`, `stop`, and `sampling` ({"temperature", "top_p"}: the settings a logged request
+used; a profile with `temperatures = "as-logged"` runs each item with them). Missing generation
+fields come from the header's `defaults`. The header's optional `source` records where an
+imported suite came from (file, sha256, how it was sampled: see `suites.importer`).
 
 Files are read line by line here rather than through `datasets`: only a line reader can name the
 line of a bad record, and Arrow's schema inference would fill every item's `grader_options` with
@@ -36,10 +39,11 @@ PROFILES = ("smoke", "full")
 ROLES = ("system", "user", "assistant")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
-_HEADER_KEYS = {"suite", "version", "description", "smoke", "defaults"}
+_HEADER_KEYS = {"suite", "version", "description", "smoke", "defaults", "source"}
 _DEFAULT_KEYS = {"grader", "max_new_tokens", "stop"}
 _ITEM_KEYS = {"id", "prompt", "messages", "references", "grader", "grader_options",
-              "categories", "max_new_tokens", "stop"}
+              "categories", "max_new_tokens", "stop", "sampling"}
+_SAMPLING_KEYS = ("temperature", "top_p")
 
 
 class SuiteError(ValueError):
@@ -69,6 +73,7 @@ class Item:
     categories: tuple[str, ...]
     max_new_tokens: int
     stop: tuple[str, ...]
+    sampling: dict | None = None  # logged {"temperature", "top_p"} (suites import); None: not logged
 
     def as_messages(self) -> list[dict]:
         """The chat turns to send: `messages`, or `prompt` as a single user turn."""
@@ -78,11 +83,14 @@ class Item:
 
     def to_row(self) -> dict[str, Any]:
         """Plain JSON-able form; also the canonical form the content hash is computed over."""
-        return {"id": self.id, "prompt": self.prompt,
-                "messages": None if self.messages is None else [dict(m) for m in self.messages],
-                "references": list(self.references), "grader": self.grader,
-                "grader_options": dict(self.grader_options), "categories": list(self.categories),
-                "max_new_tokens": self.max_new_tokens, "stop": list(self.stop)}
+        row = {"id": self.id, "prompt": self.prompt,
+               "messages": None if self.messages is None else [dict(m) for m in self.messages],
+               "references": list(self.references), "grader": self.grader,
+               "grader_options": dict(self.grader_options), "categories": list(self.categories),
+               "max_new_tokens": self.max_new_tokens, "stop": list(self.stop)}
+        if self.sampling is not None:  # only when logged: suites without it keep their hash
+            row["sampling"] = dict(self.sampling)
+        return row
 
 
 @dataclass(frozen=True)
@@ -201,6 +209,8 @@ def _parse_header(record: dict, file: str, line: int) -> dict:
     smoke = record.get("smoke")
     if not isinstance(smoke, list) or not smoke or not all(isinstance(s, str) for s in smoke):
         fail("smoke", "required, a non-empty list of item ids")
+    if "source" in record and not isinstance(record["source"], dict):
+        fail("source", "must be an object (file, sha256, sampling)")
     defaults = record.get("defaults", {})
     if not isinstance(defaults, dict):
         fail("defaults", "must be an object")
@@ -250,9 +260,25 @@ def item_from_row(row: dict, defaults: dict | None = None, *, file: str = "<memo
     if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:
         fail("max_new_tokens", "must be a positive integer")
     stop = _string_list(row.get("stop", defaults.get("stop", [])), "stop", fail)
+    sampling = _check_sampling(row["sampling"], fail) if row.get("sampling") is not None else None
     return Item(id=item_id, prompt=prompt, messages=messages, references=references,
                 grader=grader, grader_options=dict(options), categories=categories,
-                max_new_tokens=max_new, stop=stop)
+                max_new_tokens=max_new, stop=stop, sampling=sampling)
+
+
+def _check_sampling(sampling, fail) -> dict:
+    if not isinstance(sampling, dict):
+        fail("sampling", f"must be an object with keys among {sorted(_SAMPLING_KEYS)}")
+    for key, value in sampling.items():
+        if key not in _SAMPLING_KEYS:
+            fail(f"sampling.{key}", f"unknown sampling setting; expected one of {sorted(_SAMPLING_KEYS)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            fail(f"sampling.{key}", "must be a number")
+    if sampling.get("temperature", 0.0) < 0:
+        fail("sampling.temperature", "must be >= 0")
+    if "top_p" in sampling and not 0 < sampling["top_p"] <= 1:
+        fail("sampling.top_p", "must be in (0, 1]")
+    return {k: float(v) for k, v in sorted(sampling.items())}
 
 
 def _check_messages(messages, fail) -> list[dict]:
