@@ -282,11 +282,11 @@ def test_engine_killed_mid_run_keeps_records_and_resumes(tmp_path):
     assert proc.returncode == 2, text
     assert "stopped answering" in text and "rerun with --run-dir" in text
     kept = len(records.read_text().splitlines())
-    assert 3 <= kept < 12
+    assert 3 <= kept < 18  # 6 items x (baseline, its A/A run, the candidate)
     code = main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-tracking", "--no-progress"])
     rows = [json.loads(line) for line in records.read_text().splitlines()]
     keys = [(r["candidate"], r["item_id"]) for r in rows]
-    assert len(keys) == 12 and len(set(keys)) == 12  # resumed: nothing twice, nothing missing
+    assert len(keys) == 18 and len(set(keys)) == 18  # resumed: nothing twice, nothing missing
     assert code == 0
 
 
