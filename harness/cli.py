@@ -19,6 +19,7 @@ COMMANDS = {
     "lm-eval": ("harness.lmeval_cmd", "run lm-eval tasks through decodegate's decoders"),
     "train-exits": ("harness.exits.train", "train exit heads for a target (distillation on its own text)"),
     "calibrate-exits": ("harness.exits.calibrate", "early-exit thresholds with a guarantee (Learn-then-Test)"),
+    "estimate-acceptance": ("harness.estimate", "teacher-forced α̂ of a draft on a suite, and the speedup it implies"),
     "exit-frontier": ("harness.exits.frontier", "early-exit threshold sweep: speed against quality, Pareto figure"),
 }
 

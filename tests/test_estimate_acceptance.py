@@ -1,0 +1,71 @@
+"""`estimate-acceptance` on tiny models: the teacher-forced α̂ must agree with the α the
+speculative decoder measures on the same prompts (greedy: the replayed rounds are the decoder's
+own), for a draft model, a self-draft and prompt lookup; sampled β is sane; the CLI runs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from decoders import GenerationRequest, make_decoder
+from harness.cli import main
+from harness.estimate import baseline_outputs, estimate
+from suites.format import item_from_row
+
+PROMPTS = ["abcabcabc abc", "the cat sat on the mat, the cat", "1 2 3 1 2 3 1 2", "hello hello hello",
+           "xyz xyz", "Note: rivers and lakes", "zzzz zzzz zz", "one two one two one"]
+
+
+@pytest.fixture(scope="module")
+def items():
+    return [item_from_row({"id": f"p{i}", "prompt": p, "grader": "none", "max_new_tokens": 24,
+                           "categories": ["repeat" if i < 4 else "other"]}) for i, p in enumerate(PROMPTS)]
+
+
+def measured_alpha(target, draft, items, k):
+    dec = make_decoder("speculative", target, draft=draft, k=k)
+    acc = tested = 0
+    for it in items:
+        res = dec.generate(GenerationRequest(tuple(target.encode(it.prompt)), max_new_tokens=it.max_new_tokens,
+                                             stop_token_ids=target.stop_token_ids()))
+        a, p = res.stats["accepted_per_round"], res.stats["proposed_per_round"]
+        acc += sum(a)
+        tested += sum(a) + sum(x < y for x, y in zip(a, p))
+    return acc / tested
+
+
+@pytest.mark.parametrize("draft", ["tiny-qwen2", "self:2", "prompt-lookup"])
+def test_greedy_estimate_matches_measured_alpha(tiny_llama, tiny_qwen2, items, draft):
+    outputs = baseline_outputs(tiny_llama, items, run_dir=None, suite_name="t", cap=None)
+    est = estimate(tiny_llama, draft, items, outputs, k=3)
+    alpha_hat = est["groups"]["all"]["alpha"]
+    draft_obj = tiny_qwen2 if draft == "tiny-qwen2" else draft
+    alpha = measured_alpha(tiny_llama, draft_obj, items, 3)
+    assert abs(alpha_hat - alpha) < 0.03, (draft, alpha_hat, alpha)
+    g = est["groups"]["all"]
+    assert g["ci_low"] <= alpha <= g["ci_high"] or abs(alpha_hat - alpha) < 1e-9
+    assert set(est["groups"]) == {"all", "category:repeat", "category:other"}
+    assert est["c"] >= 0 and est["groups"]["all"]["theoretical_speedup"] > 0
+
+
+def test_self_as_draft_is_perfect_and_sampling_beta(tiny_llama, items):
+    outputs = baseline_outputs(tiny_llama, items, run_dir=None, suite_name="t", cap=12)
+    full = estimate(tiny_llama, "self:4", items, outputs, k=3)  # all layers: the target itself
+    assert full["groups"]["all"]["alpha"] == 1.0
+    hot = estimate(tiny_llama, "tiny-llama", items, outputs, k=3, temperature=1.0)
+    assert hot["groups"]["all"]["alpha"] == pytest.approx(1.0, abs=1e-5)  # Σ min(p, p) = 1
+    other = estimate(tiny_llama, "self:1", items, outputs, k=3, temperature=1.0)
+    assert 0 < other["groups"]["all"]["alpha"] < 1
+
+
+def test_cli_json(tmp_path, capsys):
+    suite = tmp_path / "s.jsonl"
+    rows = [{"suite": "s", "version": "1", "description": "d", "smoke": ["a", "b"],
+             "defaults": {"grader": "none", "max_new_tokens": 8}},
+            {"id": "a", "prompt": "abc abc abc", "categories": ["x"]}, {"id": "b", "prompt": "hello", "categories": ["y"]}]
+    suite.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["estimate-acceptance", "--target", "tiny-llama", "--draft", "prompt-lookup", "--suite", str(suite),
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["suite"] == "s" and set(out["groups"]) == {"all", "category:x", "category:y"}
+    assert main(["estimate-acceptance", "--target", "tiny-llama", "--draft", "self:9", "--suite", str(suite)]) == 2
