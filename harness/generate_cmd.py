@@ -29,7 +29,8 @@ def _threshold_arg(text: str):
 def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoder")
     g.add_argument("--decoder", default="standard",
-                   help="standard | speculative | early-exit | hf | hf-assisted (default: %(default)s)")
+                   help="standard | speculative | early-exit | hf | hf-assisted | llama.cpp | vllm | sglang | openai | "
+                        "openai-chat | package.module:Class (default: %(default)s)")
     g.add_argument("--draft", help="speculative / hf-assisted draft: a model, 'prompt-lookup', "
                                    "or 'self:L' (the target's first L layers)")
     g.add_argument("--draft-device", help="device of a draft model (default: the target's)")
@@ -48,13 +49,17 @@ def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
                    help="early-exit confidence measure")
     g.add_argument("--exit-heads", help="early-exit: folder of per-layer exit heads "
                                         "(decodegate-exit-heads format; default: the shared LM head)")
+    g.add_argument("--base-url", help="engine decoders (llama.cpp, vllm, sglang, openai, openai-chat): "
+                                      "the URL of a running engine, e.g. http://127.0.0.1:8080")
+    g.add_argument("--engine-model", help="engine decoders: the model name the engine must serve (checked)")
 
 
 def decoder_options(args) -> dict:
     opts = {"draft": args.draft, "draft_device": args.draft_device, "k": args.k, "verify": args.verify,
             "adaptive_k": args.adaptive_k, "min_acceptance": args.min_acceptance,
             "threshold": args.threshold, "confidence": args.confidence,
-            "exit_heads": getattr(args, "exit_heads", None)}
+            "exit_heads": getattr(args, "exit_heads", None),
+            "base_url": getattr(args, "base_url", None), "model": getattr(args, "engine_model", None)}
     if args.exit_layers:
         try:
             opts["exit_layers"] = [int(x) for x in args.exit_layers.split(",")]

@@ -337,3 +337,13 @@ def test_regress_fails_an_exact_engine_candidate_whose_outputs_move(tmp_path):
     ident = cand["suites"]["mini"]["identity"]["T=0"]
     assert ident["real_divergences"] >= 1
     assert any(g["name"].startswith("identity") and g["status"] == "fail" for g in cand["gates"])
+
+
+@pytest.mark.slow
+def test_generate_command_against_a_running_engine(plain, capsys):
+    code = main(["generate", "--target", "smollm2-135m", "--decoder", "llama.cpp", "--base-url", plain.base_url,
+                 "--engine-model", "smollm2-135m", "--prompt", PROMPTS[2], "--max-new-tokens", "8", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["decoder"] == "llama.cpp" and len(out["tokens"]) <= 8 and out["timing"]["ttft_s"] > 0
+    assert main(["generate", "--target", "smollm2-135m", "--decoder", "llama.cpp", "--base-url",
+                 f"http://127.0.0.1:{free_port()}", "--prompt", "hi"]) == 2
