@@ -2,8 +2,8 @@
 
 Pair baseline and candidate records (:mod:`.pairing`), then: token identity and divergence
 forensics (:mod:`.identity`), paired quality tests (:mod:`.paired`, :mod:`.quality`),
-distribution exactness (:mod:`.exactness`), speculative acceptance (:mod:`.acceptance`),
-early-exit statistics (:mod:`.exits`), latency (:mod:`.latency`) and report figures
+distribution exactness (:mod:`.exactness`; the sequential PIT test, :mod:`.pit`), speculative
+acceptance (:mod:`.acceptance`), early-exit statistics (:mod:`.exits`), latency (:mod:`.latency`) and report figures
 (:mod:`.figures`, imported on demand because it loads matplotlib). Calibration of the tests:
 ``python -m analysis.calibrate`` (results in ``analysis/CALIBRATION.md``).
 """
@@ -15,6 +15,7 @@ from .acceptance import (
 from .exactness import (
     GoodnessOfFitResult, HomogeneityResult, InsufficientDataError, goodness_of_fit, homogeneity,
 )
+from .pit import PitFeatures, PitTestResult, pit_test
 from .exits import ExitSummary, exit_by_group, exit_summary, exit_theoretical_speedup
 from .identity import DEFAULT_EPS, Divergence, IdentityResult, common_prefix_length, token_identity
 from .latency import LatencySummary, Percentiles, SpeedupResult, latency_summary, paired_speedup
@@ -36,5 +37,5 @@ __all__ = [
     "holm", "homogeneity", "latency_summary", "mcnemar", "non_inferiority", "pair_records",
     "paired_proportion_difference", "paired_speedup", "quality_delta", "quality_deltas",
     "split_by_candidate", "tango_interval", "theoretical_speedup", "token_identity",
-    "wilcoxon_signed_rank",
+    "wilcoxon_signed_rank", "PitFeatures", "PitTestResult", "pit_test",
 ]

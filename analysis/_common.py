@@ -1,5 +1,5 @@
 """Small shared pieces of the analysis package: the confidence-interval tuple, input coercion,
-the bootstrap wrapper, and grouping of pairs by suite or category.
+the bootstrap wrapper, prompt clusters, and grouping of pairs by suite or category.
 
 Not part of the public API; modules import from here so that each stays short.
 """
@@ -81,17 +81,34 @@ def bootstrap_ci(
     rng: np.random.Generator,
     method: str = "BCa",
 ) -> ConfidenceInterval:
-    """Paired bootstrap interval through ``scipy.stats.bootstrap`` (resampling whole pairs).
+    """Paired bootstrap interval through ``scipy.stats.bootstrap`` (resampling whole rows).
 
     ``statistic`` must be vectorised (take ``axis``). Constant data give the degenerate
     interval (value, value); where BCa cannot be computed (its jackknife degenerates) the
-    percentile interval is used instead.
+    percentile interval is used instead. Rows must be independent: where one prompt gives
+    several rows (seeds, temperatures), pass per-prompt sums (:func:`cluster_sums`).
     """
+    return bootstrap_bounds(data, statistic, confidence_level=confidence_level, n_resamples=n_resamples,
+                            rng=rng, method=method)[0]
+
+
+def bootstrap_bounds(
+    data: Sequence[np.ndarray],
+    statistic: Callable[..., np.ndarray],
+    *,
+    confidence_level: float,
+    n_resamples: int,
+    rng: np.random.Generator,
+    method: str = "BCa",
+    bound_level: float | None = None,
+) -> tuple[ConfidenceInterval, float]:
+    """:func:`bootstrap_ci`, plus the one-sided lower bound at ``bound_level`` computed from the
+    same bootstrap distribution (NaN when ``bound_level`` is None)."""
     if method not in ("BCa", "percentile", "basic"):
         raise ValueError(f"method must be 'BCa', 'percentile' or 'basic', not {method!r}")
     observed = float(statistic(*data, axis=-1))
     if all(np.all(d == d[0]) for d in data):
-        return ConfidenceInterval(observed, observed)
+        return ConfidenceInterval(observed, observed), (observed if bound_level is not None else float("nan"))
     for m in (method, "percentile"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -99,10 +116,37 @@ def bootstrap_ci(
                 tuple(data), statistic, n_resamples=n_resamples, vectorized=True, paired=True,
                 confidence_level=confidence_level, method=m, rng=rng,
             )
+            bound = float("nan")
+            if bound_level is not None:
+                one = stats.bootstrap(
+                    tuple(data), statistic, n_resamples=0, vectorized=True, paired=True,
+                    confidence_level=bound_level, alternative="greater", method=m, bootstrap_result=res,
+                    rng=rng,
+                )
+                bound = float(one.confidence_interval.low)
         low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if np.isfinite(low) and np.isfinite(high):
-            return ConfidenceInterval(low, high)
-    return ConfidenceInterval(observed, observed)
+        if np.isfinite(low) and np.isfinite(high) and (bound_level is None or np.isfinite(bound)):
+            return ConfidenceInterval(low, high), bound
+    return ConfidenceInterval(observed, observed), (observed if bound_level is not None else float("nan"))
+
+
+def cluster_index(keys: Sequence[Any]) -> np.ndarray:
+    """Integer cluster ids (0..m-1, in first-seen order) for a sequence of hashable keys."""
+    ids: dict[Any, int] = {}
+    return np.fromiter((ids.setdefault(k, len(ids)) for k in keys), dtype=np.int64, count=len(keys))
+
+
+def prompt_clusters(pairs: Sequence[Any]) -> np.ndarray:
+    """The independent unit of paired records: one prompt (suite, item), whatever its seeds and
+    temperatures. Pairs of one prompt share its difficulty and length, so they are correlated;
+    intervals resample prompts, not pairs."""
+    return cluster_index([(p.key.suite, p.key.item_id) for p in pairs])
+
+
+def cluster_sums(ids: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per-cluster sums of each array (clusters in id order)."""
+    m = int(ids.max()) + 1 if ids.size else 0
+    return tuple(np.bincount(ids, weights=np.asarray(a, dtype=float), minlength=m) for a in arrays)
 
 
 def group_keys(record: Mapping[str, Any], by: str | None) -> list[str]:

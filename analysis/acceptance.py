@@ -11,7 +11,8 @@ From the candidate's ``stats`` (see the record contract) and the paired baseline
   (accepted + rejected rounds), a round being rejected when it accepted fewer than it proposed.
   It needs ``accepted_per_round`` and ``proposed_per_round``; without them it is estimated from
   ``acceptance_by_position`` (tested at position j = accepted at j - 1), and without that too it
-  falls back to accepted / proposed; ``alpha_method`` says which.
+  falls back to accepted / proposed; ``alpha_method`` says which. Its interval resamples prompts
+  (the rounds of one prompt, and its seeds and temperatures, share its predictability).
 - ``tau``: tokens emitted per target forward.
 - ``accepted_length_histogram``: rounds by number of drafts accepted, 0..K.
 - acceptance by draft position: accepted / proposed at each position (cumulative) and accepted /
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import ConfidenceInterval, as_rng, check_level, group_pairs
+from ._common import ConfidenceInterval, as_rng, check_level, cluster_sums, group_pairs, prompt_clusters
 from .latency import SpeedupResult, decode_step_seconds, paired_speedup
 from .pairing import Pair
 
@@ -159,7 +160,8 @@ def _tested_per_record(stats_list, per_round, k: int) -> tuple[np.ndarray, str]:
 
 
 def _ratio_ci(num: np.ndarray, den: np.ndarray, level: float, n_resamples: int, rng) -> tuple[float, float]:
-    """Percentile bootstrap interval of sum(num) / sum(den), resampling records."""
+    """Percentile bootstrap interval of sum(num) / sum(den), resampling rows (pass per-prompt
+    sums: the rows must be independent)."""
     idx = rng.integers(0, num.size, size=(n_resamples, num.size))
     with np.errstate(invalid="ignore", divide="ignore"):
         boot = num[idx].sum(axis=1) / den[idx].sum(axis=1)
@@ -221,7 +223,8 @@ def acceptance_summary(
                  for s, r in zip(stats_list, per_round))
     tested_rec, alpha_method = _tested_per_record(stats_list, per_round, k)
     alpha = _ratio(accepted_rec.sum(), tested_rec.sum())
-    alpha_ci = _ratio_ci(accepted_rec, tested_rec, level, n_resamples, gen)
+    # Resample prompts, not records: one prompt's seeds and temperatures share its acceptance.
+    alpha_ci = _ratio_ci(*cluster_sums(prompt_clusters(pairs), accepted_rec, tested_rec), level, n_resamples, gen)
 
     hist = np.zeros(k + 1, dtype=int)
     for r in per_round:

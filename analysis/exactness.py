@@ -20,7 +20,8 @@ probabilities (enumeration or the baseline's samples), not be picked after looki
 sequences the candidate drew; pooling by expected count keeps that so for listed sequences.
 
 Results carry ``statistic``, ``pvalue``, ``n``, ``df``; there is no natural interval, so they
-have no ``confidence_interval``.
+have no ``confidence_interval``. :func:`detectable_tv` states what a test of this size could have
+seen. The far stronger check over every sampled token is :mod:`analysis.pit`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 _METHODS = {"pearson": "pearson", "g-test": "log-likelihood"}
 
@@ -56,6 +57,7 @@ class GoodnessOfFitResult:
     pooled_mass: float
     impossible: int
     method: str
+    bin_probabilities: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,29 @@ def goodness_of_fit(
     return GoodnessOfFitResult(
         statistic=float(res.statistic), pvalue=float(res.pvalue), n=n, df=len(exp) - 1,
         categories=len(exp), pooled_mass=float(pooled_mass), impossible=0, method=method,
+        bin_probabilities=tuple(float(e) / n for e in exp),
     )
+
+
+def detectable_tv(bin_probabilities: Sequence[float], n: int, *, level: float, power: float = 0.8) -> float | None:
+    """Smallest total-variation distortion the chi-square test over these bins detects with
+    ``power`` at ``level`` from ``n`` samples, for mass moved between the two likeliest bins
+    (noncentrality n delta^2 (1/p1 + 1/p2)); None when no distortion that fits the bins would.
+    Mass spread over many bins needs far more (see CALIBRATION.md)."""
+    p = np.sort(np.asarray(bin_probabilities, dtype=float))[::-1]
+    if p.size < 2 or n <= 0:
+        return None
+    df = p.size - 1
+    crit = stats.chi2.ppf(1 - level, df)
+    scale = 1.0 / p[0] + 1.0 / p[1]
+    cap = float(min(p[0], 1.0 - p[1]))
+
+    def gap(delta: float) -> float:
+        return float(stats.ncx2.sf(crit, df, n * delta * delta * scale)) - power
+
+    if gap(cap) < 0:
+        return None
+    return float(optimize.brentq(gap, 1e-9, cap, xtol=1e-6))
 
 
 def homogeneity(

@@ -35,6 +35,21 @@ from ._common import ConfidenceInterval, check_level
 from .pairing import Pair, PairKey
 
 DEFAULT_EPS = 1e-3
+DTYPE_EPS = {"float32": 1e-3, "float64": 1e-3, "bfloat16": 1.0, "float16": 0.125}
+
+
+def near_tie_epsilon(dtype: str | None, measured_max: float | None = None) -> tuple[float, str]:
+    """(eps, how it was chosen) for logits computed in ``dtype`` ("float32", "torch.bfloat16",
+    ...), given the largest measured margin noise between batched and one-token forwards."""
+    name = str(dtype or "float32").replace("torch.", "")
+    eps = DTYPE_EPS.get(name)
+    source = f"dtype {name}" if eps is not None else f"dtype {name} unknown, fp32 default"
+    eps = DEFAULT_EPS if eps is None else eps
+    if measured_max is not None and np.isfinite(measured_max):
+        if 2.0 * measured_max > eps:
+            return float(2.0 * measured_max), f"measured: 2 x max margin noise {measured_max:.3g} (above the {source} default {eps:g})"
+        source += f", measured margin noise max {measured_max:.3g}"
+    return float(eps), source
 
 NEAR_TIE, REAL, UNKNOWN = "near-tie", "real", "unknown"
 

@@ -347,27 +347,120 @@ def non_inferiority(
     delta = float(cand.mean() - base.mean())
     if method == "tango-score":
         losses, wins, _ = discordant_counts(base, cand)
+        delta = (wins - losses) / n  # from counts: no rounding in the mean of each side
         pvalue = float(tango_ni_pvalue(wins, losses, n, margin=margin,
                                        continuity_correction=continuity_correction))
         lower = tango_interval(wins, losses, n, confidence_level=1 - alpha, alternative="greater",
                                continuity_correction=continuity_correction).low
+        passed = pvalue < alpha  # the test itself; the bound is its inversion, for display
     elif method == "paired-t":
         if n < 2:
             raise ValueError("the paired t-test needs at least 2 pairs")
         d = cand - base
         if np.all(d == d[0]):
             lower = float(d[0])
-            pvalue = 0.0 if lower > -margin else 1.0
+            # A constant difference at the margin (0.3 - 0.4 = -0.10000000000000003) is at it, not past it.
+            passed = not at_or_below(lower, -margin)
+            pvalue = 0.0 if passed else 1.0
         else:
             res = stats.ttest_1samp(d, -margin, alternative="greater")
             pvalue = float(res.pvalue)
             lower = float(res.confidence_interval(confidence_level=1 - alpha).low)
+            passed = pvalue < alpha
     else:
         raise ValueError(f"method must be 'auto', 'tango-score' or 'paired-t', not {method!r}")
     return NonInferiorityResult(
         statistic=delta, pvalue=pvalue, n=n, margin=float(margin), alpha=float(alpha),
-        lower_bound=lower, passed=bool(lower > -margin), method=method,
+        lower_bound=lower, passed=bool(passed), method=method,
     )
+
+
+# ------------------------------------------------------------- losses, margins and sample size
+
+# Two numbers closer than this (relative to the margin's scale) are equal: 4/10 -> 3/10 is a
+# change of exactly -0.10, though float arithmetic gives -0.10000000000000003.
+MARGIN_TOL = 1e-9
+
+
+def at_or_below(x: float, threshold: float, *, tol: float = MARGIN_TOL) -> bool:
+    """x <= threshold, with floating-point noise at the threshold counted as equality."""
+    return bool(x <= threshold + tol * max(1.0, abs(threshold)))
+
+
+def below(x: float, threshold: float, *, tol: float = MARGIN_TOL) -> bool:
+    """x < threshold beyond floating-point noise."""
+    return bool(x < threshold - tol * max(1.0, abs(threshold)))
+
+
+def tango_loss_pvalue(wins, losses, n, *, continuity_correction: float = NI_CONTINUITY_CORRECTION):
+    """One-sided p-value of H0: delta >= 0 against a loss, delta < 0 (Tango score test with the
+    same continuity correction as the non-inferiority test; vectorised over counts)."""
+    z = tango_z(wins, losses, n, 0.0, shift=continuity_correction)
+    return stats.norm.cdf(z)
+
+
+def loss_upper_bound(
+    *, method: str, level: float, n: int, wins: int | None = None, losses: int | None = None,
+    mean: float | None = None, sd: float | None = None,
+    continuity_correction: float = NI_CONTINUITY_CORRECTION,
+) -> float:
+    """The one-sided upper confidence bound of delta at ``level``: ``"tango-score"`` from the
+    discordant counts (inverting :func:`tango_loss_pvalue`'s test), ``"paired-t"`` from the mean
+    and standard deviation of the paired differences. A bound below 0 is a significant loss at
+    1 - level; below -margin, a loss larger than the margin allows."""
+    level = check_level(level, "level")
+    if method == "tango-score":
+        return tango_interval(int(wins), int(losses), int(n), confidence_level=level, alternative="less",
+                              continuity_correction=continuity_correction).high
+    if method == "paired-t":
+        if n < 2 or not sd:
+            return float(mean)
+        return float(mean + stats.t.ppf(level, n - 1) * sd / np.sqrt(n))
+    raise ValueError(f"method must be 'tango-score' or 'paired-t', not {method!r}")
+
+
+def ni_sample_size(
+    discordance: float, margin: float, *, alpha: float = 0.05, power: float = 0.8, true_delta: float = 0.0,
+    continuity_correction: float = NI_CONTINUITY_CORRECTION,
+) -> int | None:
+    """Pairs the Tango non-inferiority test needs to pass with probability ``power`` when the
+    true change is ``true_delta`` and a share ``discordance`` of pairs disagree (normal
+    approximation of the score test, continuity correction included). None when no n can
+    (true_delta at or below -margin, or discordance too small for true_delta)."""
+    m, d1 = float(margin), float(true_delta)
+    psi = max(float(discordance), abs(d1))
+    if not m > 0 or at_or_below(d1, -m) or psi > 1:
+        return None
+    d0 = -m
+    # Tango's restricted MLE of the loss probability under delta0 for the expected table.
+    b = -psi + (2.0 - d1) * d0
+    c = -((psi - d1) / 2.0) * d0 * (1.0 - d0)
+    p21 = (np.sqrt(max(b * b - 8.0 * c, 0.0)) - b) / 4.0
+    sigma0 = np.sqrt(max(2.0 * p21 + d0 * (1.0 - d0), 1e-12))
+    sigma1 = np.sqrt(max(psi - d1 * d1, 0.0))
+    za, zb = stats.norm.ppf(1 - alpha), stats.norm.ppf(power)
+    k = za * sigma0 + zb * sigma1
+    shift = d1 + m
+    root = (k + np.sqrt(k * k + 4.0 * shift * continuity_correction)) / (2.0 * shift)
+    return int(np.ceil(root * root))
+
+
+def t_sample_size(sd: float, margin: float, *, alpha: float = 0.05, power: float = 0.8,
+                  true_delta: float = 0.0) -> int | None:
+    """Units the paired-t non-inferiority test needs (t quantiles, iterated), for paired
+    differences of standard deviation ``sd``; None where true_delta is at or below -margin."""
+    shift = float(true_delta) + float(margin)
+    if not shift > 0 or at_or_below(true_delta, -margin):
+        return None
+    if not sd > 0:
+        return 2
+    n = 2.0
+    for _ in range(50):
+        nxt = ((stats.t.ppf(1 - alpha, n - 1) + stats.t.ppf(power, n - 1)) * sd / shift) ** 2
+        if abs(nxt - n) < 0.5:
+            break
+        n = max(nxt, 2.0)
+    return int(np.ceil(max(nxt, 2.0)))
 
 
 # ------------------------------------------------------------------------------------ Holm

@@ -3,15 +3,19 @@
 For each group of pairs it picks the metric (``passed`` where every record has one, else the
 continuous ``score``) and runs the matching paired analyses from :mod:`analysis.paired`:
 
-- pass/fail: McNemar (mid-p) for the two-sided difference, Tango's interval for the delta, and
-  the Tango non-inferiority test against ``margin``;
-- continuous scores: Wilcoxon signed-rank, a paired bootstrap interval for the mean delta, and
-  the paired-t non-inferiority test.
+- pass/fail, one pair per prompt: McNemar (mid-p) for the two-sided difference, Tango's interval
+  for the delta, the Tango non-inferiority test against ``margin``, and the one-sided Tango test
+  of a loss (H0: delta >= 0), all from the discordant counts;
+- continuous scores, or several pairs per prompt (seeds, temperatures): the pairs of one prompt
+  are correlated, so the unit is the prompt: each prompt's mean over its pairs, then Wilcoxon
+  signed-rank, a bootstrap interval over prompts, and paired-t tests (non-inferiority, loss).
 
-Each pair counts once. With several seeds per item the pairs of one item are correlated and
-the tests treat them as independent; gate on one seed per item, or on per-item means.
-
-The gate applies Holm across the returned non-inferiority p-values (``paired.holm``).
+``n_needed`` says how many units would show non-inferiority with 80% power if there were no true
+change, at the observed discordance (or spread); ``n_needed_observed`` the same if the observed
+delta were the truth (None where that delta is at or past the margin). The gate turns these into
+verdicts: non-inferior at alpha per suite (intersection-union, no multiplicity correction),
+"worse" only from the loss test (Bonferroni across the suites, so that any "worse" holds the
+family at alpha), inconclusive otherwise.
 """
 
 from __future__ import annotations
@@ -21,11 +25,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._common import ConfidenceInterval, as_rng, group_pairs
+from scipy import stats
+
+from ._common import ConfidenceInterval, as_rng, group_pairs, prompt_clusters
 from .paired import (
-    NonInferiorityResult, mcnemar, non_inferiority, wilcoxon_signed_rank,
+    NonInferiorityResult, loss_upper_bound, mcnemar, ni_sample_size, non_inferiority, t_sample_size,
+    tango_loss_pvalue, wilcoxon_signed_rank,
 )
 from .pairing import Pair
+
+POWER = 0.8
 
 
 @dataclass(frozen=True)
@@ -33,7 +42,10 @@ class QualityDelta:
     """candidate - baseline on one metric for one group of pairs.
 
     ``pvalue``: two-sided test of no difference (McNemar mid-p or Wilcoxon); the interval is
-    two-sided at ``confidence_level``; ``non_inferiority`` is the one-sided gate test.
+    two-sided at ``confidence_level``; ``non_inferiority`` is the one-sided gate test;
+    ``loss_pvalue`` the one-sided test of H0: delta >= 0. ``n`` counts the units tested (pairs, or
+    prompts when ``unit == "prompt"``), ``n_pairs`` the pairs; ``wins``/``losses`` (pass/fail per
+    pair) or ``sd`` (of the per-unit differences) are what :meth:`loss_upper_bound` needs.
     """
 
     group: str
@@ -48,9 +60,22 @@ class QualityDelta:
     ci_high: float
     confidence_level: float
     non_inferiority: NonInferiorityResult
+    loss_pvalue: float = float("nan")
+    unit: str = "pair"
+    n_pairs: int = 0
+    wins: int | None = None
+    losses: int | None = None
+    sd: float | None = None
+    n_needed: int | None = None
+    n_needed_observed: int | None = None
 
     def confidence_interval(self) -> ConfidenceInterval:
         return ConfidenceInterval(self.ci_low, self.ci_high)
+
+    def loss_upper_bound(self, level: float) -> float:
+        """One-sided upper bound of delta at ``level`` (below 0: a significant loss)."""
+        return loss_upper_bound(method=self.non_inferiority.method, level=level, n=self.n, wins=self.wins,
+                                losses=self.losses, mean=self.statistic, sd=self.sd)
 
 
 def _metric(group: str, pairs: Sequence[Pair], metric: str) -> str:
@@ -70,6 +95,15 @@ def _metric(group: str, pairs: Sequence[Pair], metric: str) -> str:
     return metric
 
 
+def _per_prompt_means(pairs: Sequence[Pair], metric: str) -> tuple[np.ndarray, np.ndarray]:
+    ids = prompt_clusters(pairs)
+    m = int(ids.max()) + 1
+    count = np.bincount(ids, minlength=m)
+    base = np.bincount(ids, weights=[float(p.baseline[metric]) for p in pairs], minlength=m) / count
+    cand = np.bincount(ids, weights=[float(p.candidate[metric]) for p in pairs], minlength=m) / count
+    return base, cand
+
+
 def quality_delta(
     pairs: Sequence[Pair], *, margin: float, metric: str = "auto", alpha: float = 0.05,
     confidence_level: float = 0.95, n_resamples: int = 9999,
@@ -79,23 +113,47 @@ def quality_delta(
     if not pairs:
         raise ValueError(f"group {group!r} has no pairs")
     metric = _metric(group, pairs, metric)
-    base = np.array([float(p.baseline[metric]) for p in pairs])
-    cand = np.array([float(p.candidate[metric]) for p in pairs])
-    if metric == "passed":
+    clustered = len(set(prompt_clusters(pairs))) < len(pairs)
+    if clustered:
+        base, cand = _per_prompt_means(pairs, metric)
+    else:
+        base = np.array([float(p.baseline[metric]) for p in pairs])
+        cand = np.array([float(p.candidate[metric]) for p in pairs])
+    binary = metric == "passed" and not clustered
+    wins = losses = sd = None
+    if binary:
         test = mcnemar(base, cand, confidence_level=confidence_level)
         name = f"mcnemar-{test.variant}"
-        ci = test.confidence_interval()
+        wins, losses = test.wins, test.losses
+        ni = non_inferiority(base, cand, margin=margin, alpha=alpha, method="tango-score")
+        loss_p = float(tango_loss_pvalue(wins, losses, len(base)))
+        discordance = (wins + losses) / len(base)
+        n_needed = ni_sample_size(discordance, margin, alpha=alpha, power=POWER)
+        observed = ni.statistic
+        n_needed_obs = ni_sample_size(discordance, margin, alpha=alpha, power=POWER, true_delta=observed) \
+            if observed < 0 else n_needed
     else:
+        if base.size < 2:
+            raise ValueError(f"group {group!r}: a continuous or per-prompt comparison needs at least 2 prompts")
         test = wilcoxon_signed_rank(base, cand, confidence_level=confidence_level,
                                     n_resamples=n_resamples, rng=as_rng(rng))
-        name = "wilcoxon"
-        ci = test.confidence_interval()
-    ni = non_inferiority(base, cand, margin=margin, alpha=alpha)
+        name = "wilcoxon" + (" on per-prompt means" if clustered else "")
+        ni = non_inferiority(base, cand, margin=margin, alpha=alpha, method="paired-t")
+        d = cand - base
+        sd = float(np.std(d, ddof=1))
+        loss_p = float(stats.ttest_1samp(d, 0.0, alternative="less").pvalue) if sd > 0 else \
+            (0.0 if d[0] < 0 else 1.0)
+        n_needed = t_sample_size(sd, margin, alpha=alpha, power=POWER)
+        n_needed_obs = t_sample_size(sd, margin, alpha=alpha, power=POWER, true_delta=float(d.mean())) \
+            if d.mean() < 0 else n_needed
+    ci = test.confidence_interval()
     return QualityDelta(
-        group=group, metric=metric, n=len(pairs), baseline_mean=float(base.mean()),
-        candidate_mean=float(cand.mean()), statistic=float(cand.mean() - base.mean()),
+        group=group, metric=metric, n=int(base.size), baseline_mean=float(base.mean()),
+        candidate_mean=float(cand.mean()), statistic=float(ni.statistic),
         pvalue=float(test.pvalue), test=name, ci_low=ci.low, ci_high=ci.high,
-        confidence_level=confidence_level, non_inferiority=ni,
+        confidence_level=confidence_level, non_inferiority=ni, loss_pvalue=loss_p,
+        unit="prompt" if clustered else "pair", n_pairs=len(pairs), wins=wins, losses=losses, sd=sd,
+        n_needed=n_needed, n_needed_observed=n_needed_obs,
     )
 
 

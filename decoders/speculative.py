@@ -105,16 +105,20 @@ class _Stats:
         self.rounds = 0
         self.proposed: list[int] = []
         self.accepted: list[int] = []
+        self.offsets: list[int] = []    # index in the new tokens of each round's first emitted token
+        self.rejected: list[int] = []   # per round: the draft token the verifier rejected, or -1
         self.by_position = [[0, 0] for _ in range(k_max)]  # [accepted, proposed] per draft index
         self.target_forwards = 0
         self.fallbacks = 0
         self.fallback_tokens = 0
         self.prefill_s = self.draft_s = self.verify_s = 0.0
 
-    def record(self, proposed: int, accepted: int) -> None:
+    def record(self, proposed: int, accepted: int, offset: int, rejected: int) -> None:
         self.rounds += 1
         self.proposed.append(proposed)
         self.accepted.append(accepted)
+        self.offsets.append(offset)
+        self.rejected.append(rejected)
         for i in range(proposed):
             self.by_position[i][1] += 1
             self.by_position[i][0] += int(i < accepted)
@@ -146,7 +150,9 @@ class SpeculativeDecoder(Decoder):
 
     Stats: rounds, proposed, accepted (the verifier's decisions, also past an EOS that ended the
     request), proposed_per_round, accepted_per_round, acceptance_by_position ([accepted,
-    proposed] per draft index), acceptance_rate, tau (new tokens per target forward), k, k_final,
+    proposed] per draft index), round_offsets (index in `tokens` of each round's first emitted
+    token), rejected_draft_tokens (per round, the draft token the verifier rejected, or -1),
+    acceptance_rate, tau (new tokens per target forward), k, k_final,
     target_forwards (prefill = 1; a self-draft verification is one, though it starts mid-model),
     draft_forwards, prefill_time_s, draft_time_s, verify_time_s (target scoring and verification
     after prefill, fallback steps included), other_time_s, fallbacks, fallback_tokens, drafter,
@@ -252,7 +258,9 @@ class _Run:
             verdict = self._verify(logits, draft, position)
             accepted, token = int(verdict.accepted[0]), int(verdict.token[0])
         self.st.verify_s += _clock(self.device) - t
-        self.st.record(n, accepted)
+        # Where the round's tokens land and which draft token was turned down: the exactness
+        # check needs both to test the tokens the verifier produced (analysis/pit.py).
+        self.st.record(n, accepted, len(self.out.tokens), draft.tokens[accepted] if accepted < n else -1)
         if self._emit(draft.tokens[:accepted] + [token], logits):
             return
         self.scorer.rollback(len(self.context) - 1)  # the target's cache holds context[:-1]
@@ -323,6 +331,8 @@ class _Run:
             "proposed_per_round": st.proposed,
             "accepted_per_round": st.accepted,
             "acceptance_by_position": st.by_position,
+            "round_offsets": st.offsets,
+            "rejected_draft_tokens": st.rejected,
             "acceptance_rate": accepted / proposed if proposed else None,
             "tau": len(out.tokens) / st.target_forwards,
             "k": self.dec.k,

@@ -53,10 +53,16 @@ class Profile:
 
 @dataclass(frozen=True)
 class Gates:
-    alpha: float = 0.05             # one-sided level of non-inferiority, two-sided for McNemar
-    near_tie_epsilon: float = 1e-3  # a divergence where the baseline's top-2 margin is below this is a tie
-    exactness_pvalue: float = 0.001 # rejection-sampling goodness of fit must not fall below this
-    inconclusive: str = "fail"      # underpowered quality comparison: "fail" or "warn"
+    alpha: float = 0.05             # level of each one-sided test (non-inferiority, loss, speed bound)
+    # A divergence where the baseline's top-2 margin is below this is a tie; None ("auto"): from
+    # the target's dtype and the measured margin noise (analysis.identity.near_tie_epsilon).
+    near_tie_epsilon: float | None = None
+    exactness_pvalue: float = 0.01  # family-wise level of a candidate's exactness checks (Bonferroni)
+    inconclusive: str = "fail"      # a comparison that shows neither pass nor failure: "fail" or "warn"
+
+
+class ConfigWarning(UserWarning):
+    """A config that runs, but whose checks cannot see something (e.g. one sampling seed)."""
 
 
 ENGINE_KEYS = {"base_url", "launch", "model", "health_timeout_s", "request_timeout_s", "retries", "concurrency",
@@ -158,6 +164,35 @@ def _decoder(table: dict, where: str, default_kind: str) -> DecoderSpec:
                        suites=tuple(table["suites"]) if "suites" in table else None)
 
 
+def _number(table: dict, key: str, low: float, high: float, where: str, what: str) -> None:
+    v = table.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not low < v < high):
+        raise ConfigError(f"{where}: {key} must be {what}, got {v!r}")
+
+
+def _gates(table: dict, where: str) -> Gates:
+    g = dict(_take(table, {"alpha", "near_tie_epsilon", "exactness_pvalue", "inconclusive"}, where))
+    _number(g, "alpha", 0.0, 0.5, where, "a level in (0, 0.5)")
+    _number(g, "exactness_pvalue", 0.0, 0.5, where, "a level in (0, 0.5)")
+    if g.get("near_tie_epsilon") == "auto":
+        g["near_tie_epsilon"] = None
+    _number(g, "near_tie_epsilon", -1e-300, float("inf"), where, '"auto" or a number >= 0')
+    gates = Gates(**g)
+    if gates.inconclusive not in ("fail", "warn"):
+        raise ConfigError(f"{where}: inconclusive must be 'fail' or 'warn'")
+    return gates
+
+
+def _check_seeds(prof: Profile, where: str) -> None:
+    """A sampled identity check at one seed cannot see a decoder that ignores the seed; at seed 0
+    alone it cannot see one that always uses 0."""
+    import warnings
+    sampled = any(t > 0 for t in prof.temperatures) and prof.sample_suites
+    if sampled and (len(prof.seeds) < 2 or all(s == 0 for s in prof.seeds)):
+        warnings.warn(f"{where}: seeds {list(prof.seeds)}: sampled checks need at least two seeds, one of them "
+                      f"not 0 (a decoder that ignores the request's seed passes at one)", ConfigWarning, stacklevel=3)
+
+
 def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     path = Path(path)
     if not path.is_file():
@@ -219,10 +254,8 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
                    exactness_samples=int(p.get("exactness_samples", 200)))
     if prof.subset not in ("smoke", "full"):
         raise ConfigError(f"{path} [profiles.{profile}]: subset must be 'smoke' or 'full'")
-    g = _take(raw.get("gates", {}), {"alpha", "near_tie_epsilon", "exactness_pvalue", "inconclusive"}, f"{path} [gates]")
-    gates = Gates(**g)
-    if gates.inconclusive not in ("fail", "warn"):
-        raise ConfigError(f"{path} [gates]: inconclusive must be 'fail' or 'warn'")
+    gates = _gates(raw.get("gates", {}), f"{path} [gates]")
+    _check_seeds(prof, where)
     top_p = raw.get("top_p", 1.0)
     if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         raise ConfigError(f"{path}: top_p must be in (0, 1], got {top_p!r}")

@@ -1,29 +1,184 @@
-"""Distribution checks for rejection-sampling candidates: many short samples from the candidate
-on a few prompts (those where the target is least certain, so the test has power), against the
-target's exact sequence probabilities (teacher forcing).
+"""Distribution checks for rejection-sampling candidates (speculative decoding, verify = "rejection"),
+against the target's exact shaped probabilities (a teacher-forced forward, shaped by the same
+`decoders.sampling` functions the decoders sample with).
 
-Results go to `exactness.jsonl` in the run folder (one row per prompt and temperature), so a
-resumed run does not redo them.
+1. The sequential PIT test (`analysis/pit.py`) over every token the candidate sampled (its sampled
+   records and the window samples below); restricted to the positions where the verifier tested a
+   draft token (still under p); and at the positions where it rejected one, under the residual
+   normalize(max(p - q, 0)) (q: a point mass at the rejected token for prompt lookup, the draft
+   model's shaped distribution by teacher forcing for a model draft; a self-draft's q is not
+   rebuilt, so that subset is not tested for it). The baseline's own sampled records go through
+   the same test as a control: if they fail, teacher forcing does not reproduce the sampler
+   (numerics) and a candidate's failure there means nothing.
+2. Goodness of fit of SEQ_LEN-token sequences in windows chosen where the verifier works: positions
+   in the baseline's sampled continuations where the target is uncertain, ranked by the drafts the
+   candidate rejects in a few trial runs (seeds apart from the test's), then `exactness_samples`
+   samples against an a-priori partition with exact probabilities. Each window counts the draft
+   tokens proposed and rejected inside it (without a rejection it cannot show a wrong correction)
+   and states the smallest top-two distortion it could detect at its n.
+
+`margin_noise` measures the baseline's own top-2 margin noise between its one-token decode steps
+and a batched forward (what a numerical near-tie is).
+
+Windows and their samples go to `exactness.jsonl` (one row per window), so a resumed run does not
+redraw them; the tests are recomputed from them.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import analysis
-from decoders import GenerationRequest
-from decoders.sampling import probs
+from analysis import pit
+from analysis.exactness import detectable_tv as gof_detectable_tv
+from decoders.drafters import align_vocab, output_size
+from decoders.sampling import probs, shape_logits, top2_margin
 from harness.runner import WorkItem, make_request
 
 FILE = "exactness.jsonl"
 # Three-token sequences: the first new token always comes from the prompt's prefill, so it takes
 # two more to exercise a draft's accept test, the resample after a rejection, and the bonus token.
 SEQ_LEN = 3
+TRIALS = 8            # trial samples per candidate window, to find where the verifier rejects drafts
+WINDOWS_PER_ITEM = 2
+TEST_SEED, TRIAL_SEED = 10_000, 20_000
+BOUNDARY_TOL = 1e-4   # a token this close to the top-p boundary may fall either side numerically
+RESIDUAL_TOL = 1e-5   # p(x) this close to q(x): the residual's support is numerically ambiguous
+CHUNK = 16            # sequences per teacher-forced forward
+STATS_KEPT = ("round_offsets", "proposed_per_round", "accepted_per_round", "rejected_draft_tokens")
+
+
+# ----------------------------------------------------------------------------- teacher forcing
 
 
 @torch.inference_mode()
-def categories(target, request: GenerationRequest, n: int, depth: int = 3, min_expected: float = 5.0):
+def logits_after(loaded, context, seqs: list[list[int]]) -> list[torch.Tensor]:
+    """For each sequence s continuing `context`, the model's logits (len(s), V) at the positions
+    of s's tokens: one batched forward per chunk of equal-length sequences."""
+    out: list[torch.Tensor | None] = [None] * len(seqs)
+    by_len: dict[int, list[int]] = {}
+    for i, s in enumerate(seqs):
+        by_len.setdefault(len(s), []).append(i)
+    context = list(context)
+    for length, idx in by_len.items():
+        if length == 0:
+            for i in idx:
+                out[i] = torch.empty(0, output_size(loaded.model))
+            continue
+        for start in range(0, len(idx), CHUNK):
+            part = idx[start:start + CHUNK]
+            ids = torch.tensor([context + list(seqs[i][:-1]) for i in part], device=loaded.device)
+            logits = loaded.model(input_ids=ids, logits_to_keep=length).logits.float().cpu()  # (B, T, V)
+            for j, i in enumerate(part):
+                out[i] = logits[j]
+    return out
+
+
+def _request_at(base, context, temperature=None):
+    """The request `base` continued after `context` (a window's prompt)."""
+    return dataclasses.replace(base, prompt_ids=tuple(context),
+                               temperature=base.temperature if temperature is None else temperature)
+
+
+def _ambiguous_at_boundary(logits_row: torch.Tensor, token: int, request) -> bool:
+    """A token of shaped probability 0 that sits at the top-p boundary within BOUNDARY_TOL."""
+    if request.top_p >= 1.0:
+        return False
+    pt = shape_logits(logits_row[None], request.temperature, request.top_k, 1.0).exp()[0].double()
+    before = float(pt[pt > pt[token]].sum())
+    return before < request.top_p + BOUNDARY_TOL
+
+
+class Sequence:
+    """One sampled continuation with what the PIT subsets need."""
+
+    def __init__(self, context, tokens, request, stats: dict | None):
+        self.context, self.tokens, self.request, self.stats = list(context), list(tokens), request, stats or {}
+
+
+def _draft_model(spec):
+    draft = spec.options.get("draft")
+    if not isinstance(draft, str) or draft == "prompt-lookup" or draft.startswith("self:"):
+        return None
+    from harness.build import get_model
+    return get_model(draft)
+
+
+def sequence_features(target, seqs: list[Sequence], draft=None, kind: str = "auto") -> dict:
+    """Per subset ("all", "drafted", "rejected"): PitFeatures pooled over seqs, with counts.
+    `kind`: how q at a rejection is rebuilt: "point" (prompt lookup), "model" (`draft`), None."""
+    parts: dict[str, list] = {"all": [], "drafted": [], "rejected": []}
+    counts = {"proposed": 0, "rejected": 0, "ambiguous": 0, "no_rounds": 0}
+    vocab = output_size(target.model)
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(seqs):
+        groups.setdefault((tuple(s.context), s.request.temperature, s.request.top_p, s.request.top_k), []).append(i)
+    for key, idx in groups.items():
+        req = seqs[idx[0]].request
+        logits = logits_after(target, key[0], [seqs[i].tokens for i in idx])
+        dlogits = None
+        for j, i in enumerate(idx):
+            s, lg = seqs[i], logits[j]
+            if not s.tokens:
+                continue
+            p = probs(lg, req).double()                                      # (T, V)
+            x = torch.tensor(s.tokens)
+            keep = torch.ones(len(s.tokens), dtype=torch.bool)
+            for t in torch.nonzero(p[torch.arange(len(x)), x] <= 0).flatten().tolist():
+                if _ambiguous_at_boundary(lg[t], int(x[t]), req):
+                    keep[t] = False
+                    counts["ambiguous"] += 1
+            feat = pit.features(p.numpy(), s.tokens)
+            parts["all"].append(feat.select(keep.numpy()))
+            n_prop, n_rej = pit.verifier_counts(s.stats)
+            counts["proposed"] += n_prop
+            counts["rejected"] += n_rej
+            try:
+                tested, rejected, drafted_tok = pit.verifier_positions(s.stats, len(s.tokens))
+            except KeyError:
+                counts["no_rounds"] += 1
+                continue
+            parts["drafted"].append(feat.select(tested & keep.numpy()))
+            at = np.flatnonzero(rejected & keep.numpy())
+            if not at.size or kind is None:
+                continue
+            if kind == "point":
+                q = torch.zeros(len(at), p.shape[1], dtype=torch.float64)
+                q[torch.arange(len(at)), torch.as_tensor(drafted_tok[at])] = 1.0
+            else:
+                if dlogits is None:
+                    dlogits = logits_after(draft, key[0], [seqs[i].tokens for i in idx])
+                q = probs(align_vocab(dlogits[j][at], vocab), req).double()
+            residual = (p[at] - q).clamp_min(0)                              # (R, V)
+            rx = residual[torch.arange(len(at)), x[at]]
+            # p(x) and q(x) equal within rounding: the residual's support there is a coin toss.
+            unsure = (rx <= 0) & ((q[torch.arange(len(at)), x[at]] - p[at][torch.arange(len(at)), x[at]]) < RESIDUAL_TOL)
+            counts["ambiguous"] += int(unsure.sum())
+            ok = ~unsure.numpy()
+            if residual.sum(dim=-1).min() <= 0:  # p == q on a row: a rejection is impossible there
+                residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p[at])
+            parts["rejected"].append(pit.features(residual[ok].numpy(), x[at][ok].numpy()) if ok.any()
+                                     else pit.empty_features())
+    return {"features": {k: pit.PitFeatures.concat(v) for k, v in parts.items()}, **counts}
+
+
+def _q_kind(spec) -> str | None:
+    draft = spec.options.get("draft")
+    if draft == "prompt-lookup":
+        return "point"
+    if isinstance(draft, str) and draft.startswith("self:"):
+        return None
+    return "model"
+
+
+# ----------------------------------------------------------------------------- window choice
+
+
+@torch.inference_mode()
+def categories(target, request, n: int, depth: int = 3, min_expected: float = 5.0):
     """An a-priori partition of `depth`-token sequences with exact probabilities under the target's
     shaped distribution (teacher forcing), fixed before looking at any sample. A prefix is split
     further while it is expected at least `min_expected` times in n samples; "a,b,*" holds the rest
@@ -70,71 +225,236 @@ def categories(target, request: GenerationRequest, n: int, depth: int = 3, min_e
     return table, assign
 
 
-@torch.inference_mode()
-def most_uncertain(config, lineup, items, temps, n: int) -> list:
-    """The n items whose first new token the target is least sure of (at the lowest sampled
-    temperature). A goodness-of-fit test has power only where the distribution is spread: on a
-    prompt whose next two tokens are near-certain every sample lands in one category."""
-    if not temps or len(items) <= n:
-        return items[:n]
-    target = lineup.baseline_target
+def _uncertain_windows(base_seqs: list[tuple], n: int) -> list[tuple]:
+    """(score, suite, item, offset, temperature) of the windows where the target is least sure of
+    the tokens a draft would be tested on (the window's 2nd and 3rd), at most WINDOWS_PER_ITEM an item."""
     scored = []
-    for suite, item in items:
-        req = make_request(config, target, WorkItem(suite, item, min(temps), 0))
-        logits = target.model(torch.tensor([list(req.prompt_ids)], device=target.device)).logits[0, -1]
-        scored.append((float(probs(logits, req).max()), suite, item))
-    scored.sort(key=lambda x: x[0])
-    return [(suite, item) for _, suite, item in scored[:n]]
+    for suite, item, tokens, top1, t in base_seqs:
+        per_item = []
+        for o in range(0, len(tokens) - SEQ_LEN + 1):
+            per_item.append((float(2.0 - top1[o + 1] - top1[o + 2]), suite, item, o, t))
+        per_item.sort(key=lambda w: -w[0])
+        chosen = []
+        for w in per_item:  # windows of one item that do not overlap
+            if all(abs(w[3] - c[3]) >= SEQ_LEN for c in chosen):
+                chosen.append(w)
+            if len(chosen) == WINDOWS_PER_ITEM:
+                break
+        scored += chosen
+    scored.sort(key=lambda w: -w[0])
+    return scored[:n]
 
 
-def _normalised(p: dict) -> dict:
-    total = sum(p.values())
-    return {k: v / total for k, v in p.items()} if total > 1 else p
+def _generate(decoder, request, seeds) -> list[dict]:
+    out = []
+    for seed in seeds:
+        res = decoder.generate(dataclasses.replace(request, seed=seed))
+        out.append({"tokens": list(res.tokens), "stats": {k: res.stats[k] for k in STATS_KEPT if k in res.stats}})
+    return out
+
+
+def choose_windows(config, lineup, spec, base_seqs: list[tuple], n: int, progress: bool) -> list[dict]:
+    """The n windows (context, temperature) where the candidate's verifier rejects most drafts."""
+    from tqdm import tqdm
+    target, decoder = lineup.targets[spec.name], lineup.decoders[spec.name]
+    pool = _uncertain_windows(base_seqs, 4 * n)
+    trials = []
+    for score, suite, item, offset, t in tqdm(pool, desc=f"exactness {spec.name}: choosing windows",
+                                              disable=not progress, leave=False):
+        base = make_request(config, target, WorkItem(suite, item, t, 0))
+        prefix = next(tok for s, i, tok, _, tt in base_seqs if s is suite and i is item and tt == t)[:offset]
+        req = dataclasses.replace(_request_at(base, list(base.prompt_ids) + prefix), max_new_tokens=SEQ_LEN)
+        runs = _generate(decoder, req, range(TRIAL_SEED, TRIAL_SEED + TRIALS))
+        rejected = sum(pit.verifier_counts(r["stats"])[1] for r in runs)
+        proposed = sum(pit.verifier_counts(r["stats"])[0] for r in runs)
+        trials.append(((rejected, proposed, score), suite, item, offset, t, prefix))
+    trials.sort(key=lambda w: w[0], reverse=True)
+    return [{"suite": s.name, "item_id": i.id, "offset": o, "temperature": t, "prefix": prefix,
+             "trial_rejected": key[0], "trial_proposed": key[1]} for key, s, i, o, t, prefix in trials[:n]]
+
+
+# --------------------------------------------------------------------------------- the checks
 
 
 def needs_check(spec) -> bool:
     return spec.decoder == "speculative" and spec.kind == "exact" and spec.options.get("verify") == "rejection"
 
 
-def run_checks(config, run_dir: Path, lineup, suites, progress: bool = True) -> dict:
-    from tqdm import tqdm
-    from harness.runner import RecordWriter, read_records
-    done = {(r["candidate"], r["suite"], r["item_id"], r["temperature"]): r for r in read_records(run_dir, FILE)}
-    prof = config.profile
-    temps = [t for t in prof.temperatures if t > 0]
-    items = [(s, it) for s in suites if s.name in prof.sample_suites for it in s.select(prof.subset)]
-    out: dict = {}
-    f = RecordWriter(run_dir, FILE)
-    try:
-        for spec in (s for s in lineup.specs if needs_check(s)):
-            tests = []
-            mine = [(su, it) for su, it in items if spec.suites is None or su.name in spec.suites]
-            for suite, item in most_uncertain(config, lineup, mine, temps, prof.exactness_prompts):
-                for t in temps:
-                    key = (spec.name, suite.name, item.id, t)
-                    if key not in done:
-                        target = lineup.targets[spec.name]
-                        base = make_request(config, target, WorkItem(suite, item, t, 0))
-                        samples = []
-                        for seed in tqdm(range(prof.exactness_samples), desc=f"exactness {spec.name} {item.id} T={t:g}",
-                                         disable=not progress, leave=False):
-                            req = GenerationRequest(base.prompt_ids, max_new_tokens=SEQ_LEN, temperature=t,
-                                                    top_p=base.top_p, seed=10_000 + seed)
-                            samples.append(tuple(lineup.decoders[spec.name].generate(req).tokens))
-                        full = [s for s in samples if len(s) == SEQ_LEN]  # no stop tokens: always SEQ_LEN
-                        p, assign = categories(lineup.baseline_target, base, len(full), depth=SEQ_LEN)
-                        row = {"candidate": spec.name, "suite": suite.name, "item_id": item.id, "temperature": t,
-                               "n": len(full)}
-                        try:
-                            gof = analysis.goodness_of_fit([assign(x) for x in full], _normalised(p))
-                            row.update(pvalue=gof.pvalue, statistic=gof.statistic, categories=gof.categories)
-                        except analysis.InsufficientDataError as e:
-                            # Not a pass: the gate reports it as inconclusive.
-                            row.update(pvalue=None, statistic=None, categories=None, note=str(e))
-                        f.write(row)
-                        done[key] = row
-                    tests.append(done[key])
-            out[spec.name] = {"tests": tests}
-    finally:
-        f.close()
+def _record_sequences(config, lineup, name: str, rows, items) -> tuple[list[Sequence], list[tuple]]:
+    target = lineup.targets[name]
+    seqs, meta = [], []
+    for r in rows:
+        found = items.get((r["suite"], r["item_id"]))
+        if found is None or not r.get("tokens") or r.get("error") or r.get("compare_on") == "text":
+            continue
+        suite, item = found
+        req = make_request(config, target, WorkItem(suite, item, r["temperature"], r["seed"]))
+        seqs.append(Sequence(req.prompt_ids, r["tokens"], req, r.get("stats")))
+        meta.append((suite, item, r["tokens"], r["temperature"], r["seed"]))
+    return seqs, meta
+
+
+def _top1(target, seqs: list[Sequence]) -> list[np.ndarray]:
+    out = []
+    for s in seqs:
+        lg = logits_after(target, s.context, [s.tokens])[0]
+        out.append(probs(lg, s.request).max(dim=-1).values.double().numpy())
     return out
+
+
+def _window_rows(config, run_dir: Path, lineup, spec, base_seqs, done: list[dict], progress: bool) -> list[dict]:
+    """The candidate's windows with their samples: from exactness.jsonl, or drawn now."""
+    from tqdm import tqdm
+    from harness.runner import RecordWriter
+    prof = config.profile
+    if done:
+        return done
+    rows = []
+    target, decoder = lineup.targets[spec.name], lineup.decoders[spec.name]
+    items = {(s.name, it.id): (s, it) for s, it, *_ in base_seqs}
+    writer = RecordWriter(run_dir, FILE)
+    try:
+        for w in choose_windows(config, lineup, spec, base_seqs, prof.exactness_prompts, progress):
+            suite, item = items[(w["suite"], w["item_id"])]
+            base = make_request(config, target, WorkItem(suite, item, w["temperature"], 0))
+            req = dataclasses.replace(_request_at(base, list(base.prompt_ids) + w["prefix"]), max_new_tokens=SEQ_LEN)
+            seeds = range(TEST_SEED, TEST_SEED + prof.exactness_samples)
+            samples = _generate(decoder, req, tqdm(seeds, desc=f"exactness {spec.name} {item.id}@{w['offset']} "
+                                                   f"T={w['temperature']:g}", disable=not progress, leave=False))
+            row = {"kind": "window", "candidate": spec.name, **w, "samples": samples}
+            writer.write(row)
+            rows.append(row)
+    finally:
+        writer.close()
+    return rows
+
+
+def _gof(target, window: dict, request) -> dict:
+    samples = [tuple(s["tokens"]) for s in window["samples"]]
+    full = [s for s in samples if len(s) == SEQ_LEN]
+    prop = sum(pit.verifier_counts(s["stats"])[0] for s in window["samples"])
+    rej = sum(pit.verifier_counts(s["stats"])[1] for s in window["samples"])
+    row = {"suite": window["suite"], "item_id": window["item_id"], "offset": window["offset"],
+           "temperature": window["temperature"], "n": len(full), "proposed": prop, "rejected": rej}
+    if not full:
+        return {**row, "pvalue": None, "note": "no sample reached the window's length"}
+    p, assign = categories(target, request, len(full), depth=SEQ_LEN)
+    total = sum(p.values())
+    p = {k: v / total for k, v in p.items()} if total > 1 else p
+    try:
+        gof = analysis.goodness_of_fit([assign(x) for x in full], p)
+        row.update(pvalue=gof.pvalue, statistic=gof.statistic, categories=gof.categories,
+                   bin_probabilities=list(gof.bin_probabilities))
+        if not prop:
+            row["note"] = "no draft token was proposed inside the window"
+    except analysis.InsufficientDataError as e:
+        row.update(pvalue=None, note=str(e))
+    return row
+
+
+def run_checks(config, run_dir: Path, lineup, suites, progress: bool = True) -> dict:
+    from harness.runner import read_records
+    prof = config.profile
+    specs = [s for s in lineup.specs if needs_check(s)]
+    if not specs or not any(t > 0 for t in prof.temperatures):
+        return {}
+    records = read_records(run_dir)
+    items = {}
+    for s in suites:
+        for it in s.select(prof.subset) if hasattr(s, "select") else []:
+            if hasattr(it, "id"):
+                items[(s.name, it.id)] = (s, it)
+    stored = [r for r in read_records(run_dir, FILE) if r.get("kind") == "window"]
+    base_name = config.baseline.name
+    target = lineup.baseline_target
+    out: dict = {}
+    for spec in specs:
+        mine = [r for r in records if r["candidate"] == spec.name and r["temperature"] > 0]
+        keys = {(r["suite"], r["item_id"], r["seed"], r["temperature"]) for r in mine}
+        base_rows = [r for r in records if r["candidate"] == base_name and r["temperature"] > 0
+                     and (r["suite"], r["item_id"], r["seed"], r["temperature"]) in keys]
+        cand_seqs, _ = _record_sequences(config, lineup, spec.name, mine, items)
+        base_seqs, base_meta = _record_sequences(config, lineup, base_name, base_rows, items)
+        # Window candidates: the baseline's continuations at its first seed and lowest temperature.
+        first = [i for i, m in enumerate(base_meta) if m[4] == min(x[4] for x in base_meta)
+                 and m[3] == min(x[3] for x in base_meta)]
+        top1 = _top1(target, [base_seqs[i] for i in first])
+        chosen = [(base_meta[i][0], base_meta[i][1], base_meta[i][2], p1, base_meta[i][3])
+                  for i, p1 in zip(first, top1)]
+        windows = _window_rows(config, run_dir, lineup, spec, chosen,
+                               [r for r in stored if r["candidate"] == spec.name], progress)
+        tests, win_seqs = [], []
+        for w in windows:
+            suite, item = items[(w["suite"], w["item_id"])]
+            base = make_request(config, target, WorkItem(suite, item, w["temperature"], 0))
+            req = dataclasses.replace(_request_at(base, list(base.prompt_ids) + w["prefix"]), max_new_tokens=SEQ_LEN)
+            tests.append(_gof(target, w, req))
+            win_seqs += [Sequence(req.prompt_ids, s["tokens"], req, s["stats"]) for s in w["samples"]]
+        kind = _q_kind(spec)
+        draft = _draft_model(spec) if kind == "model" else None
+        cand = sequence_features(target, cand_seqs + win_seqs, draft=draft, kind=kind)
+        control = sequence_features(target, base_seqs, kind=None)
+        feats = cand["features"]
+        runnable = [k for k in ("all", "drafted", "rejected") if len(feats[k]) >= pit.MIN_TOKENS]
+        n_checks = len(runnable) + sum(t.get("pvalue") is not None for t in tests)
+        level = config.gates.exactness_pvalue / max(n_checks, 1)
+        rng = np.random.default_rng(20_250_916)
+        subsets = {}
+        for k in ("all", "drafted", "rejected"):
+            if k == "rejected" and kind is None:
+                continue
+            res = analysis.pit_test(feats[k], level=level, rng=rng)
+            prop, rej = (cand["proposed"], cand["rejected"]) if k != "rejected" else (cand["rejected"], cand["rejected"])
+            subsets[k] = {**dataclasses.asdict(res), "proposed": prop, "rejected": rej}
+            if res.pvalue is None:
+                subsets[k]["note"] = res.note or "too few tokens"
+        for t in tests:
+            if t.get("pvalue") is not None:
+                t["detectable_tv"] = gof_detectable_tv(t.pop("bin_probabilities"), t["n"], level=level)
+        ctrl = analysis.pit_test(control["features"]["all"], level=level, rng=rng)
+        out[spec.name] = {
+            "tests": tests,
+            "pit": {"subsets": subsets, "control": dataclasses.asdict(ctrl), "level": level,
+                    "sources": f"{len(cand_seqs)} sampled records and {len(win_seqs)} window samples "
+                               f"({len(feats['all'])} tokens); control: the baseline's {len(base_seqs)} records",
+                    "ambiguous": cand["ambiguous"], "records_without_rounds": cand["no_rounds"],
+                    "residual_q": {"point": "point mass at the rejected draft token", "model":
+                                   f"draft model {spec.options.get('draft')!r}, teacher-forced",
+                                   None: "not rebuilt (self-draft): the rejected subset is not tested"}[kind]},
+        }
+    return out
+
+
+# ------------------------------------------------------------------------------ numerics
+
+
+@torch.inference_mode()
+def margin_noise(config, lineup, suites, records, limit: int = 16) -> dict:
+    """The baseline's top-2 margin noise: its recorded one-token decode margins against a
+    teacher-forced batched forward over the same tokens (greedy records, up to `limit`)."""
+    target = lineup.baseline_target
+    dtype = str(getattr(target, "dtype", None) or next(target.model.parameters()).dtype).replace("torch.", "")
+    if config.baseline.decoder not in ("standard", "hf"):  # an engine's margins are not this model's decode steps
+        return {"dtype": dtype, "margin_noise_max": None, "margin_noise_median": None, "steps": 0, "records": 0}
+    items = {(s.name, it.id): (s, it) for s in suites if hasattr(s, "select")
+             for it in s.select(config.profile.subset) if hasattr(it, "id")}
+    diffs = []
+    used = 0
+    for r in records:
+        if used >= limit:
+            break
+        if r["candidate"] != config.baseline.name or r["temperature"] != 0 or not r.get("tokens") \
+                or not r.get("margins") or (r["suite"], r["item_id"]) not in items:
+            continue
+        suite, item = items[(r["suite"], r["item_id"])]
+        req = make_request(config, target, WorkItem(suite, item, 0.0, r["seed"]))
+        lg = logits_after(target, req.prompt_ids, [r["tokens"]])[0]
+        m = top2_margin(lg).double().numpy()
+        rec = np.asarray([np.nan if v is None else v for v in r["margins"]], dtype=float)[: m.size]
+        ok = np.isfinite(rec)
+        diffs.append(np.abs(m[: rec.size][ok] - rec[ok]))
+        used += 1
+    d = np.concatenate(diffs) if diffs else np.empty(0)
+    return {"dtype": dtype, "margin_noise_max": float(d.max()) if d.size else None,
+            "margin_noise_median": float(np.median(d)) if d.size else None, "steps": int(d.size),
+            "records": used}

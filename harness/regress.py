@@ -96,18 +96,20 @@ def run(args) -> int:
             records = runner.read_records(run_dir)
         from harness import exactness_run
         exactness = exactness_run.run_checks(config, run_dir, lineup, suites, progress=not args.no_progress)
+        numerics = exactness_run.margin_noise(config, lineup, suites, records)
         from harness.models import lm_head_cost_in_layers
         head_cost = {s.name: lm_head_cost_in_layers(lineup.targets[s.name].model) for s in lineup.specs
                      if s.decoder == "early-exit"}
         meta = {**meta, "engines": {name: server.info for name, server in servers.items()}}
-    return finish(config, run_dir, meta, records, suites, exactness, args, head_cost)
+    return finish(config, run_dir, meta, records, suites, exactness, args, head_cost, numerics)
 
 
-def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, head_cost=None) -> int:
+def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, head_cost=None,
+           numerics=None) -> int:
     from harness import report
     from harness.gate import decide
     from harness.summary import summarize
-    summary = summarize(config, records, suites, exactness, lm_head_cost=head_cost)
+    summary = summarize(config, records, suites, exactness, lm_head_cost=head_cost, numerics=numerics)
     summary.update(run_uid=meta["run_uid"], created=meta["created"], code_version=meta["code_version"],
                    config=meta["config"])
     if meta.get("engines"):

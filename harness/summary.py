@@ -40,10 +40,24 @@ def _identity(pairs, eps) -> dict:
     return {"rate": ident.statistic, "n": ident.n, "identical": ident.identical,
             "ci": [ident.ci_low, ident.ci_high], "mean_common_prefix": ident.mean_common_prefix,
             "near_ties": near, "real_divergences": len(ident.divergences) - near,
-            "divergences": _divergences(ident)}
+            "seeds": sorted({p.key.seed for p in pairs}), "divergences": _divergences(ident)}
 
 
-def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng, head_cost: float = 0.0) -> dict:
+def near_tie_epsilon(config: RegressConfig, numerics: dict | None) -> dict:
+    """The near-tie threshold and how it was chosen: the config's number, else from the target's
+    dtype, raised to twice the measured margin noise where that is larger."""
+    numerics = numerics or {}
+    if config.gates.near_tie_epsilon is not None:
+        return {"value": float(config.gates.near_tie_epsilon), "source": "config [gates] near_tie_epsilon",
+                **{k: numerics.get(k) for k in ("dtype", "margin_noise_max")}}
+    value, source = analysis.identity.near_tie_epsilon(numerics.get("dtype"), numerics.get("margin_noise_max"))
+    return {"value": value, "source": source, **{k: numerics.get(k) for k in ("dtype", "margin_noise_max")}}
+
+
+def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng, head_cost: float = 0.0,
+                            eps: float | None = None) -> dict:
+    eps = eps if eps is not None else (config.gates.near_tie_epsilon if config.gates.near_tie_epsilon is not None
+                                       else analysis.DEFAULT_EPS)
     out: dict = {"n_pairs": len(pairs)}
     for side, key in (("candidate", "errors"), ("baseline", "baseline_errors")):
         errors = [f"{p.key.item_id}: {getattr(p, side)['error']}" for p in pairs if getattr(p, side).get("error")]
@@ -52,7 +66,7 @@ def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng,
     by_temp: dict[float, list] = {}
     for p in pairs:
         by_temp.setdefault(p.key.temperature, []).append(p)
-    out["identity"] = {f"T={t:g}": _identity(ps, config.gates.near_tie_epsilon) for t, ps in sorted(by_temp.items())}
+    out["identity"] = {f"T={t:g}": _identity(ps, eps) for t, ps in sorted(by_temp.items())}
     greedy = by_temp.get(0.0, [])
     if suite_spec.margin is not None:
         graded = [p for p in greedy if p.baseline.get("passed") is not None and p.candidate.get("passed") is not None]
@@ -80,19 +94,21 @@ def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng,
     timed = [p for p in pairs if p.candidate.get("tokens") and p.baseline.get("tokens")]
     if timed:
         out["latency"] = _plain(analysis.latency_summary([p.candidate for p in timed]))
-        out["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng))
+        out["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng, alpha=config.gates.alpha))
     return out
 
 
 def summarize(config: RegressConfig, records: list[dict], suites: list, exactness: dict | None = None,
-              rng_seed: int = 0, lm_head_cost: dict | None = None) -> dict:
-    """`lm_head_cost`: per candidate, one LM-head evaluation in decoder-layer units (early exit)."""
+              rng_seed: int = 0, lm_head_cost: dict | None = None, numerics: dict | None = None) -> dict:
+    """`lm_head_cost`: per candidate, one LM-head evaluation in decoder-layer units (early exit);
+    `numerics`: the target's dtype and measured margin noise (`exactness_run.margin_noise`)."""
     import numpy as np
     rng = np.random.default_rng(rng_seed)
     by_cand = analysis.split_by_candidate(records)
     base_rows = by_cand.get(config.baseline.name, [])
     summary = {"target": config.target, "profile": config.profile.name, "baseline": config.baseline.name,
                "seeds": list(config.profile.seeds), "temperatures": list(config.profile.temperatures),
+               "near_tie_epsilon": near_tie_epsilon(config, numerics),
                "labels": config.labels,
                "suites": {s.name: {"version": s.version, "hash": s.hash, "n_items": len(s.select(config.profile.subset))}
                           for s in suites},
@@ -108,13 +124,14 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
         for suite in suites:
             ps = [p for p in pairs if p.key.suite == suite.name]
             if ps:
-                per_suite[suite.name] = candidate_suite_summary(ps, spec, config.suites[suite.name], config, rng, head)
+                per_suite[suite.name] = candidate_suite_summary(ps, spec, config.suites[suite.name], config, rng, head,
+                                                                eps=summary["near_tie_epsilon"]["value"])
         cand = {"decoder": spec.decoder, "kind": spec.kind, "options": spec.options,
                 "target": spec.target or config.target, "labels": spec.labels, "min_speedup": spec.min_speedup,
                 "suites": per_suite}
         timed = [p for p in pairs if p.candidate.get("tokens") and p.baseline.get("tokens")]
         if timed:
-            cand["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng))
+            cand["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng, alpha=config.gates.alpha))
             cand["latency"] = _plain(analysis.latency_summary([p.candidate for p in timed]))
         if spec.decoder == "speculative" or any(p.candidate.get("stats", {}).get("proposed") for p in pairs):
             greedy = [p for p in pairs if p.key.temperature == 0 and p.candidate.get("stats", {}).get("proposed")
@@ -145,12 +162,19 @@ def headline_metrics(cand: dict) -> dict:
     """The numbers worth a dashboard: what MLflow gets as metrics."""
     m: dict = {}
     if "speedup" in cand:
-        m["speedup"] = cand["speedup"]["statistic"]
-        m["speedup_ci_low"], m["speedup_ci_high"] = cand["speedup"]["ci_low"], cand["speedup"]["ci_high"]
+        sp = cand["speedup"]
+        m["speedup"] = sp["statistic"]
+        m["speedup_ci_low"], m["speedup_ci_high"] = sp["ci_low"], sp["ci_high"]
+        m["speedup_lower_bound"] = sp.get("lower_bound")
+        m["speedup_prompt_median"] = sp.get("median_prompt_speedup")
+        m["share_prompts_slower"] = sp.get("share_prompts_slower")
     if "latency" in cand:
         lat = cand["latency"]
         m["latency_p50_s_per_token"] = lat["per_token"]["p50"]
         m["latency_p95_s_per_token"] = lat["per_token"]["p95"]
+        m["latency_p95_ci_low_s_per_token"] = lat["per_token"].get("p95_ci_low")
+        m["latency_p95_ci_high_s_per_token"] = lat["per_token"].get("p95_ci_high")
+        m["latency_n"] = lat["per_token"]["n"]
         m["ttft_p50_s"], m["ttft_p95_s"] = lat["ttft"]["p50"], lat["ttft"]["p95"]
         m["tokens_per_s"] = lat["tokens_per_s"]
     if "acceptance" in cand:
@@ -174,6 +198,11 @@ def headline_metrics(cand: dict) -> dict:
         if "speedup" in s:
             m[f"{suite}.speedup"] = s["speedup"]["statistic"]
     if "exactness" in cand:
-        m["exactness_min_pvalue"] = min((e["pvalue"] for e in cand["exactness"]["tests"] if e.get("pvalue") is not None),
+        ex = cand["exactness"]
+        m["exactness_min_pvalue"] = min((e["pvalue"] for e in ex.get("tests", []) if e.get("pvalue") is not None),
                                         default=None)
+        for subset, res in ((ex.get("pit") or {}).get("subsets") or {}).items():
+            m[f"exactness_pit_{subset}_pvalue"] = res.get("pvalue")
+            m[f"exactness_pit_{subset}_tokens"] = res.get("n")
+            m[f"exactness_pit_{subset}_detectable_tv"] = res.get("detectable_tv")
     return {k: v for k, v in m.items() if isinstance(v, (int, float))}

@@ -1,4 +1,4 @@
-"""The gate is a pure function: each rule on hand-made summaries, and config validation."""
+"""The gate is a pure function: each rule on summaries as the analysis writes them, and config validation."""
 from __future__ import annotations
 
 import pytest
@@ -13,10 +13,21 @@ def identity(divergences=(), n=10):
             "real_divergences": len(divergences) - near, "divergences": list(divergences)}
 
 
-def quality(delta, lo, hi, ni_p, margin=0.1, pvalue=1.0, n=100):
-    return {"statistic": delta, "ci_low": lo, "ci_high": hi, "pvalue": pvalue, "n": n,
-            "baseline_mean": 0.8, "candidate_mean": 0.8 + delta,
-            "non_inferiority": {"pvalue": ni_p, "margin": margin, "passed": ni_p < 0.05}}
+def quality(n=100, wins=0, losses=0, margin=0.1, base_pass=None, seeds=1):
+    """A suite's quality summary, as the analysis writes it, from discordant counts."""
+    from analysis import pair_records, quality_delta
+    from analysis.synthetic import make_record
+    from harness.summary import _plain
+    base_pass = n - losses - 1 if base_pass is None else base_pass
+    base, cand_ = [], []
+    for i in range(n):
+        b = i < base_pass
+        c = (not b) if (i < losses or n - wins <= i) else b  # the first items lose, the last win
+        for seed in range(seeds):
+            base.append(make_record(item_id=f"i{i}", seed=seed, temperature=0.7 if seeds > 1 else 0.0, passed=b))
+            cand_.append(make_record(candidate="c", item_id=f"i{i}", seed=seed,
+                                     temperature=0.7 if seeds > 1 else 0.0, passed=c))
+    return _plain(quality_delta(pair_records(base, cand_), margin=margin, rng=0, n_resamples=500))
 
 
 def cand(kind="exact", decoder="speculative", verify="coupled", suites=None, **extra):
@@ -45,32 +56,125 @@ def test_sampled_identity_is_gated_only_where_outputs_can_match():
     assert decide(cand(decoder="hf", verify=None, suites=suites), Gates()).passed  # torch's own generator
 
 
+def lossy(**suites):
+    return cand(kind="lossy", decoder="early-exit", suites={k: {"quality": v} for k, v in suites.items()})
+
+
 def test_non_inferiority_pass_inconclusive_and_worse():
-    good = decide(cand(kind="lossy", decoder="early-exit", suites={"f": {"quality": quality(0.0, -0.04, 0.04, 0.001)}}), Gates())
-    assert good.passed
-    unsure = cand(kind="lossy", decoder="early-exit", suites={"f": {"quality": quality(0.0, -0.3, 0.3, 0.4, n=8)}})
-    assert not decide(unsure, Gates()).passed
+    good = decide(lossy(f=quality(n=400, wins=4, losses=4)), Gates())
+    assert good.passed and "non-inferior: one-sided 95% lower bound" in good.results[0].detail
+    unsure = lossy(f=quality(n=10, wins=0, losses=1))
+    d = decide(unsure, Gates())
+    assert not d.passed and d.results[0].detail.startswith("inconclusive")
+    assert "would show non-inferiority with 80% power" in d.results[0].detail
     assert decide(unsure, Gates(inconclusive="warn")).passed  # a policy choice, made explicit
-    worse = decide(cand(kind="lossy", decoder="early-exit", suites={"f": {"quality": quality(-0.3, -0.4, -0.2, 0.99)}}),
+    worse = decide(lossy(f=quality(n=100, wins=0, losses=30)), Gates(inconclusive="warn"))
+    assert not worse.passed and "loss larger than the margin" in worse.failures[0].detail
+
+
+def test_worse_needs_a_test_not_a_point_estimate():
+    # 4/10 -> 3/10: the point estimate is at -margin (-0.10000000000000003 in floats), but one
+    # loss in ten pairs shows nothing: inconclusive, never "worse"
+    r = decide(lossy(f=quality(n=10, wins=0, losses=1, base_pass=4)), Gates()).results[0]
+    assert r.detail.startswith("inconclusive") and "worse" not in r.detail.split(";")[0].replace("nor worse", "")
+    # 6/10 -> 5/10 reads the same way: both are exactly at the margin
+    r2 = decide(lossy(f=quality(n=10, wins=0, losses=1, base_pass=6)), Gates()).results[0]
+    assert r2.status == r.status and r2.detail.split(";")[0] == r.detail.split(";")[0]
+
+
+def test_the_printed_bound_is_the_one_decided_on():
+    import re
+    for n, w, l in [(400, 4, 4), (60, 0, 3), (100, 0, 30), (30, 2, 6), (200, 0, 12)]:
+        res = decide(lossy(a=quality(n=n, wins=w, losses=l)), Gates(inconclusive="warn")).results[0]
+        lower = float(re.search(r"95% lower bound ([-+.\d]+)", res.detail).group(1))
+        upper = re.search(r"upper bound ([-+.\d]+)", res.detail)
+        if res.status == "pass":
+            assert lower > -0.1
+        elif res.detail.startswith("worse"):
+            assert float(upper.group(1)) < 0 and lower <= -0.1
+        else:
+            assert lower <= -0.1 + 1e-3 and float(upper.group(1)) >= -1e-3
+
+
+def test_intersection_union_needs_no_holm():
+    # Each suite alone passes at 0.05: with every suite required, the candidate passes (Holm
+    # across three would have failed some).
+    q = quality(n=200, wins=10, losses=10, margin=0.05)
+    assert 0.01 < q["non_inferiority"]["pvalue"] < 0.05
+    assert decide(lossy(a=q, b=q, c=q), Gates()).passed
+
+
+def test_worse_is_bonferroni_across_suites():
+    q = quality(n=200, wins=2, losses=9, margin=0.02)  # a loss significant at 0.05 one-sided, not at 0.05/3
+    assert q["loss_pvalue"] < 0.05 / 1 and q["loss_pvalue"] > 0.05 / 3
+    one = decide(lossy(a=q), Gates(inconclusive="warn"))
+    three = decide(lossy(a=q, b=quality(n=200, margin=0.02), c=quality(n=200, margin=0.02)),
                    Gates(inconclusive="warn"))
-    assert not worse.passed and "worse" in worse.failures[0].detail
+    assert not one.passed and "significant loss" in one.failures[0].detail
+    assert "98.3% upper bound" in three.results[0].detail and three.results[0].status == "warn"
 
 
-def test_holm_adjusts_across_suites():
-    # Each suite alone passes at 0.05; Holm over three needs the smallest below 0.05/3.
-    suites = {s: {"quality": quality(0.0, -0.05, 0.05, 0.04)} for s in ("a", "b", "c")}
-    d = decide(cand(kind="lossy", decoder="early-exit", suites=suites), Gates(inconclusive="fail"))
-    assert not d.passed
+def test_several_seeds_per_prompt_test_prompts():
+    q = quality(n=40, wins=0, losses=2, seeds=3)
+    assert q["unit"] == "prompt" and q["n"] == 40 and q["n_pairs"] == 120
+    assert q["non_inferiority"]["method"] == "paired-t"
+    assert "n=40 prompts" in decide(lossy(a=q), Gates(inconclusive="warn")).results[0].detail
 
 
-def test_exactness_needs_a_real_pvalue():
-    ok = cand(verify="rejection", exactness={"tests": [{"item_id": "x", "temperature": 0.7, "pvalue": 0.3, "n": 500}]})
-    assert decide(ok, Gates()).passed
-    low = cand(verify="rejection", exactness={"tests": [{"item_id": "x", "temperature": 0.7, "pvalue": 1e-6, "n": 500}]})
-    assert not decide(low, Gates()).passed
-    none = cand(verify="rejection", exactness={"tests": [{"item_id": "x", "temperature": 0.7, "pvalue": None, "n": 20,
-                                                           "note": "too few"}]})
-    assert not decide(none, Gates()).passed
+def test_seed_warning_for_sampled_identity():
+    one = cand(suites={"s": {"identity": {"T=0": identity(), "T=0.7": {**identity(), "seeds": [0]}}}})
+    d = decide(one, Gates())
+    assert d.passed and "seeds" in names(d, "warn")
+    two = cand(suites={"s": {"identity": {"T=0": identity(), "T=0.7": {**identity(), "seeds": [0, 1]}}}})
+    assert "seeds" not in names(decide(two, Gates()), "warn")
+
+
+def pit(pvalue, n=1000, rejected=50, impossible=0, detectable=0.04):
+    return {"pvalue": pvalue, "n": n, "proposed": 200, "rejected": rejected, "impossible": impossible,
+            "detectable_tv": detectable}
+
+
+def window(pvalue, rejected=10, proposed=30):
+    return {"item_id": "x", "offset": 4, "temperature": 0.7, "pvalue": pvalue, "n": 200, "proposed": proposed,
+            "rejected": rejected, "detectable_tv": 0.1}
+
+
+def rej(subsets=None, tests=(), control=None):
+    ex = {"tests": list(tests), "pit": {"subsets": subsets or {}, "control": control}}
+    return cand(verify="rejection", exactness=ex, suites={"s": {"identity": {"T=0": identity()}}})
+
+
+def test_exactness_gates():
+    ok = decide(rej({"all": pit(0.3), "drafted": pit(0.5)}, [window(0.2)]), Gates())
+    assert ok.passed and {"exactness PIT all", "exactness PIT drafted", "exactness x@4 T=0.7"} <= names(ok, "pass")
+    # Bonferroni at exactness_pvalue over the three checks: 0.003 < 0.01/3 < 0.004
+    low = decide(rej({"all": pit(0.003), "drafted": pit(0.5)}, [window(0.2)]), Gates())
+    assert names(low, "fail") == {"exactness PIT all"} and "0.00333" in low.failures[0].detail
+    assert decide(rej({"all": pit(0.004), "drafted": pit(0.5)}, [window(0.2)]), Gates()).passed
+    zero = decide(rej({"rejected": pit(0.0, impossible=3)}), Gates())
+    assert not zero.passed and "probability 0" in zero.failures[0].detail
+
+
+def test_exactness_without_rejections_shows_nothing():
+    none = rej({"all": pit(0.6, rejected=0)}, [window(0.4, rejected=0, proposed=0)])
+    d = decide(none, Gates())
+    assert not d.passed and "exactness" in names(d, "fail")
+    assert decide(none, Gates(inconclusive="warn")).passed
+    # a window without drafts is only a warning where the PIT tests did exercise the verifier
+    mixed = decide(rej({"all": pit(0.6)}, [window(None, rejected=0, proposed=0)]), Gates())
+    assert mixed.passed and "exactness x@4 T=0.7" in names(mixed, "warn")
+
+
+def test_exactness_control_failure_is_not_the_candidate():
+    d = decide(rej({"all": pit(1e-6)}, control=pit(1e-7)), Gates())
+    assert not d.passed and "baseline's own samples fail" in d.failures[0].detail
+    assert decide(rej({"all": pit(1e-6)}, control=pit(1e-7)), Gates(inconclusive="warn")).passed
+    assert "not the target's distribution" in decide(rej({"all": pit(1e-6)}, control=pit(0.4)), Gates()).failures[0].detail
+
+
+def test_exactness_not_run_warns():
+    d = decide(cand(verify="rejection", suites={"s": {"identity": {"T=0": identity()}}}, exactness_expected=True), Gates())
+    assert d.passed and "exactness" in names(d, "warn")
 
 
 def test_errors_and_empty_coverage_fail():
@@ -80,10 +184,14 @@ def test_errors_and_empty_coverage_fail():
     assert not nothing.passed and names(nothing, "fail") == {"coverage"}
 
 
-def test_speed_gate():
-    c = cand(suites={"s": {"identity": {"T=0": identity()}}}, min_speedup=1.2,
-             speedup={"statistic": 1.05, "ci_low": 0.9, "ci_high": 1.2})
-    assert names(decide(c, Gates()), "fail") == {"speed"}
+def test_speed_gate_uses_the_lower_bound():
+    sp = {"statistic": 1.25, "ci_low": 1.1, "ci_high": 1.4, "lower_bound": 1.15, "lower_bound_level": 0.95,
+          "median_prompt_speedup": 0.9, "share_prompts_slower": 0.6, "n_prompts": 20}
+    ok = cand(suites={"s": {"identity": {"T=0": identity()}}}, min_speedup=1.1, speedup=sp)
+    r = next(g for g in decide(ok, Gates()).results if g.name == "speed")
+    assert r.status == "pass" and "95% lower bound 1.15x" in r.detail and "60% of 20 prompts slower" in r.detail
+    at = cand(suites={"s": {"identity": {"T=0": identity()}}}, min_speedup=1.2, speedup=sp)
+    assert names(decide(at, Gates()), "fail") == {"speed"}  # point estimate above, bound below
 
 
 @pytest.mark.parametrize("body,needle", [
@@ -94,12 +202,35 @@ def test_speed_gate():
     ("[[candidates]]\ndecoder = 'standard'\nkind = 'fast'\n[profiles.smoke]", "kind"),
     ("[[candidates]]\ndecoder = 'standard'\n[profiles.smoke]\ntemprature = [0]", "did you mean 'temperatures'"),
     ("[profiles.smoke]", "no [[candidates]]"),
+    ("[[candidates]]\ndecoder = 'standard'\n[profiles.smoke]\n[gates]\nalpha = 0.7", "alpha"),
+    ("[[candidates]]\ndecoder = 'standard'\n[profiles.smoke]\n[gates]\nnear_tie_epsilon = 'big'", "near_tie_epsilon"),
+    ("[[candidates]]\ndecoder = 'standard'\n[profiles.smoke]\n[gates]\nexactness_pvalue = 0", "exactness_pvalue"),
 ])
 def test_config_errors_name_the_problem(tmp_path, body, needle):
     cfg = tmp_path / "c.toml"
     cfg.write_text("target = 'tiny-llama'\n" + body + "\n")
     with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
         load_config(cfg, "smoke")
+
+
+def test_one_sampling_seed_warns(tmp_path):
+    from harness.config import ConfigWarning
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("target = 'tiny-llama'\n[[candidates]]\ndecoder = 'standard'\n[profiles.smoke]\n"
+                   "suites = ['factual']\ntemperatures = [0.0, 0.7]\nseeds = [0]\n[gates]\nnear_tie_epsilon = 'auto'\n")
+    with pytest.warns(ConfigWarning, match="two seeds"):
+        c = load_config(cfg, "smoke")
+    assert c.gates.near_tie_epsilon is None
+
+
+def test_shipped_profiles_sample_two_seeds():
+    import warnings
+    from pathlib import Path
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for profile in ("smoke", "full"):
+            seeds = load_config(Path(__file__).parent.parent / "regress.toml", profile).profile.seeds
+            assert len(seeds) >= 2 and any(s != 0 for s in seeds)
 
 
 def test_speculative_verifier_default_is_made_explicit(tmp_path):
