@@ -10,13 +10,16 @@ def _fmt(x, spec=".2f", none="–"):
 
 
 def table(summary: dict) -> str:
-    rows = [("candidate", "suite", "identity T=0", "quality delta [95% CI]", "speedup", "α / τ / layers", "verdict")]
+    rows = [("candidate", "suite", "identity T=0", "quality delta (lower bound)", "speedup", "α / τ / layers",
+             "verdict")]
     for name, cand in summary["candidates"].items():
         for suite, s in cand["suites"].items():
             ident = s.get("identity", {}).get("T=0")
             ident_s = f"{ident['identical']}/{ident['n']}" + (f" ({ident['near_ties']} tie)" if ident and ident["near_ties"] else "") if ident else "–"
             q = s.get("quality")
-            q_s = f"{q['statistic']:+.3f} [{q['ci_low']:+.3f}, {q['ci_high']:+.3f}]" if q else "–"
+            # The bound the gate decides on: one-sided, at the level of the non-inferiority test.
+            q_s = (f"{q['statistic']:+.3f} (>= {q['non_inferiority']['lower_bound']:+.3f}, "
+                   f"{1 - q['non_inferiority']['alpha']:.0%})") if q else "–"
             sp = s.get("speedup")
             sp_s = f"{sp['statistic']:.2f}x" if sp else "–"
             extra = "–"
@@ -30,8 +33,7 @@ def table(summary: dict) -> str:
             verdict = next((g["status"] for g in mine if g["status"] == "fail"),
                            next((g["status"] for g in mine if g["status"] != "pass"), "pass" if mine else "–"))
             rows.append((name, suite, ident_s, q_s, sp_s, extra, verdict))
-        rows.append((name, "ALL", "", "", f"{cand['speedup']['statistic']:.2f}x" if "speedup" in cand else "–",
-                     "", cand["verdict"].upper()))
+        rows.append((name, "ALL", "", "", _speedup(cand.get("speedup")), "", cand["verdict"].upper()))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -39,9 +41,51 @@ def table(summary: dict) -> str:
     fails = [(n, g) for n, c in summary["candidates"].items() for g in c["gates"] if g["status"] != "pass"]
     if fails:
         out += "\n\n" + "\n".join(f"{g['status'].upper():5} {n}: {g['name']}: {g['detail']}" for n, g in fails)
+    out += statistics_lines(summary)
     out += engine_lines(summary)
     out += f"\n\nverdict: {summary['verdict'].upper()}"
     return out
+
+
+def _speedup(sp: dict | None) -> str:
+    if not sp:
+        return "–"
+    bound = sp.get("lower_bound")
+    return f"{sp['statistic']:.2f}x" + (f" (>= {bound:.2f})" if bound is not None else "")
+
+
+def _p95(per: dict) -> str:
+    lo, hi = per.get("p95_ci_low"), per.get("p95_ci_high")
+    ci = f"[{_fmt(lo, '.4f', '?')}, {_fmt(hi, '.4f', 'unknown: too few for an upper bound')}]"
+    return f"p95 {per['p95']:.4f} s/token {ci} over n={per['n']}"
+
+
+def statistics_lines(summary: dict) -> str:
+    """What the verdicts rest on: the near-tie threshold, latency percentiles with their
+    intervals, the speedup beside its per-prompt spread, the exactness test's reach."""
+    lines = []
+    eps = summary.get("near_tie_epsilon")
+    if eps:
+        lines.append(f"near-tie epsilon {eps['value']:g} ({eps['source']})")
+    base = summary.get("baseline_latency")
+    if base:
+        lines.append(f"latency {summary['baseline']}: {_p95(base['per_token'])}")
+    for name, cand in summary["candidates"].items():
+        if "latency" in cand:
+            lines.append(f"latency {name}: {_p95(cand['latency']['per_token'])}")
+        sp = cand.get("speedup")
+        if sp and sp.get("median_prompt_speedup") is not None:
+            lines.append(f"speedup {name}: {sp['statistic']:.2f}x (ratio of totals), one-sided "
+                         f"{_fmt(sp.get('lower_bound_level'), '.0%')} lower bound {_fmt(sp.get('lower_bound'))}x "
+                         f"(bootstrap over {sp.get('n_prompts')} prompts, {sp['n']} pairs); per-prompt median "
+                         f"{sp['median_prompt_speedup']:.2f}x, {sp['share_prompts_slower']:.0%} of prompts slower")
+        pit = ((cand.get("exactness") or {}).get("pit") or {})
+        for subset, res in (pit.get("subsets") or {}).items():
+            det = res.get("detectable_tv")
+            lines.append(f"exactness {name} PIT {subset}: {res.get('n', 0)} tokens, p={_fmt(res.get('pvalue'), '.3g')}"
+                         f", {res.get('rejected', 0)} rejected drafts; detects a top-two distortion of TV >= "
+                         f"{_fmt(det, '.3f', 'none')} with 80% power")
+    return "\n\n" + "\n".join(lines) if lines else ""
 
 
 def engine_lines(summary: dict) -> str:
