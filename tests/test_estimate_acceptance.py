@@ -69,3 +69,21 @@ def test_cli_json(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["suite"] == "s" and set(out["groups"]) == {"all", "category:x", "category:y"}
     assert main(["estimate-acceptance", "--target", "tiny-llama", "--draft", "self:9", "--suite", str(suite)]) == 2
+
+
+def test_dynamic_int8_draft_is_teacher_forced_incrementally(tiny_llama, items):
+    """Dynamic quantization scales activations over the whole forward: the estimate must run
+    such a draft one token at a time, as the decoder does, or α̂ misses the measured α."""
+    from analysis.acceptance_estimate import PromptEstimate, summarize_estimates
+    from harness.estimate import Draft, batch_dependent, estimate_item
+    from harness.models import build_tiny, quantize_int8
+    int8 = quantize_int8(build_tiny("llama"))
+    assert batch_dependent(int8.model) and not batch_dependent(tiny_llama.model)
+    draft = Draft("tiny-llama", tiny_llama, None)
+    draft.model, draft.incremental = int8, True
+    outputs = baseline_outputs(tiny_llama, items, run_dir=None, suite_name="t", cap=None)
+    rows = [PromptEstimate(it.id, (), *estimate_item(tiny_llama, draft, *outputs[it.id], k=3, temperature=0.0))
+            for it in items]
+    alpha_hat = \
+        summarize_estimates(rows, k=3, c=None, rng=0)["all"].alpha
+    assert abs(alpha_hat - measured_alpha(tiny_llama, int8, items, 3)) < 0.03
