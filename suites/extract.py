@@ -5,8 +5,8 @@ emit only the function body. `extract_code` handles these in order:
 1. fenced blocks (```python, ```py, or a bare ```): the first block that defines the entry
    point, else the first block. An unclosed fence (generation hit its token limit) runs to the end.
 2. no fence: the text itself if it compiles; else from the first line that starts code (`def`,
-   `class`, `import`, `from`, `@`) with trailing prose lines dropped until it compiles; else the
-   text unchanged (so a body-only continuation keeps its indentation).
+   `class`, `import`, `from`, `@`) with trailing prose lines (up to 100) dropped until it
+   compiles; else the text unchanged (so a body-only continuation keeps its indentation).
 `build_program` then puts the task's `prefix` (HumanEval: the prompt, with its imports and
 helpers) in front: before a completion that defines the entry point (which overrides the
 prompt's stub), or as the head of a body-only continuation (re-indented if that is what makes it
@@ -20,6 +20,7 @@ import textwrap
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
 _PY_LANGS = {"", "python", "py", "python3", "py3"}
+MAX_PROSE_LINES = 100
 _CODE_START = re.compile(r"^(?:async\s+def|def|class|import|from|@)\b", re.MULTILINE)
 
 
@@ -27,8 +28,8 @@ def compiles(source: str) -> bool:
     """Whether `source` compiles (stricter than ast.parse: catches a `return` outside def)."""
     try:
         compile(source, "<candidate>", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError):
-        return False
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return False  # RecursionError: nesting deeper than the compiler's stack
     return True
 
 
@@ -52,8 +53,10 @@ def extract_code(text: str, entry_point: str | None = None) -> str:
     if start is None:
         return text
     lines = text[start.start():].splitlines()
-    # Drop trailing prose one line at a time; stop at the longest prefix that compiles.
-    for end in range(len(lines), 0, -1):
+    # Drop trailing prose one line at a time; stop at the longest prefix that compiles. Each try
+    # compiles the whole prefix, so only the last MAX_PROSE_LINES lines may go (else a long
+    # text that never compiles would cost quadratic time).
+    for end in range(len(lines), max(len(lines) - MAX_PROSE_LINES, 0), -1):
         candidate = "\n".join(lines[:end])
         if compiles(candidate):
             return candidate + "\n"

@@ -11,9 +11,12 @@
   (default false). With `all`, the score is the fraction found.
 - `regex`: option `pattern` (`flags`: letters from "imsx"; `fullmatch`: default false) is searched
   for in the stripped completion.
-- `code`: the Python in the completion (see `suites.extract`) runs, then option `tests`, in the
-  sandbox (`suites.sandbox`); `entry_point` names the function, `prefix` is put in front
-  (HumanEval's prompt), `timeout_s` (default 10) bounds the run.
+- `code`: the Python in the completion (see `suites.extract`) runs in the sandbox
+  (`suites.sandbox`), and option `tests` run in a second sandboxed process that calls the
+  candidate's `entry_point` (and any other name the tests use but do not define) over a
+  plain-data channel, so the completion can neither read the tests nor forge their verdict;
+  `prefix` (HumanEval's prompt) goes in front of the completion and of the tests, `timeout_s`
+  (default 10) bounds the run.
 - `refusal`: `suites.refusal.detect_refusal` says refuse or comply; passed when that equals
   option `expected`.
 - `none`: nothing to compare with (longform); passed is None and score 0.0 (ignore it).
@@ -33,7 +36,7 @@ from typing import Callable
 from suites.extract import build_program
 from suites.format import SuiteError
 from suites.refusal import detect_refusal
-from suites.sandbox import SandboxLimits, run_code
+from suites.sandbox import SandboxLimits, free_names, run_code
 
 
 @dataclass(frozen=True)
@@ -130,9 +133,13 @@ def _regex(item, text: str, options: dict) -> Grade:
 
 
 def _code(item, text: str, options: dict) -> Grade:
-    program = build_program(text, options["entry_point"], options["prefix"])
+    entry, prefix = options["entry_point"], options["prefix"]
+    program = build_program(text, entry, prefix)
     limits = SandboxLimits(timeout_s=float(options["timeout_s"]))
-    result = run_code(program, options["tests"], limits=limits)
+    # The candidate's process runs the program; the tests' process runs the prefix (trusted)
+    # and the tests, with the entry point (and any other name the tests take) from the candidate.
+    result = run_code(program, options["tests"], prefix=prefix, limits=limits,
+                      names=tuple(sorted({entry, *free_names(options["tests"], prefix)})))
     if result.passed:
         return Grade(1.0, True, "passed")
     # "forbidden: ..." already carries its detail; otherwise add the exception line.
@@ -221,10 +228,18 @@ def check_options(grader: str, options: dict, references) -> list[tuple[str, str
 
 
 def grade(item, completion: str) -> Grade:
-    """Grade `completion` (the generated text only, without the prompt) for `item`."""
+    """Grade `completion` (the generated text only, without the prompt) for `item`.
+
+    Never raises because of the completion: whatever goes wrong while grading it (a program
+    that breaks the sandbox's machinery, text that breaks a parser) is a failed grade whose
+    detail says why, so one bad completion cannot stop a run. An unknown grader (a suite
+    error, caught when suites load) still raises."""
     spec = GRADERS.get(item.grader)
     if spec is None:
         raise SuiteError(unknown_grader_message(item.grader), field="grader")
     options = {key: opt.default for key, opt in spec.options.items()}
     options.update(item.grader_options)
-    return spec.fn(item, completion, options)
+    try:
+        return spec.fn(item, completion, options)
+    except Exception as exc:  # RecursionError, MemoryError, OSError...: a fail, with the reason
+        return Grade(0.0, False, f"grader error: {type(exc).__name__}: {exc}"[:500])

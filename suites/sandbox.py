@@ -1,27 +1,47 @@
-"""Run untrusted Python (model output) against tests in a confined child process.
+"""Run untrusted Python (model output) against tests: two confined processes, one verdict.
 
-`run_code(code, tests)` starts a fresh `python -I -S -B` whose trusted preamble
-(`suites/sandbox_child.py`) confines itself before it executes `code` and then `tests` in one
-namespace. This module is the parent side: a fresh temporary working directory, a wall-clock
-timeout that kills the whole process group, capped stdout/stderr, and the translation of what
-happened into a `SandboxResult` with a short `reason`.
+`run_code(code, tests, prefix=..., names=...)` starts two fresh `python -I -S -B` processes
+whose trusted preamble (`sandbox_child.py`) confines itself before anything else runs:
+- the candidate's process executes `code`, then answers requests about the objects it defined;
+- the tests' process executes `prefix` (trusted: HumanEval's prompt with its helpers), binds
+  each of `names` (default: the names the tests use but do not define) to a proxy of the
+  candidate's object, and executes `tests`. Only plain data crosses between them, as JSON
+  (`sandbox_wire.py`). The verdict is the tests' process's alone, sent on a status pipe the
+  candidate's process never holds; the tests never enter the candidate's process.
+This module is the host side: a cgroup per process, wall-clock timeout (each process group is
+killed), capped output, and the translation of what happened into a `SandboxResult`. It never
+raises for what the code does, and a failure of its own machinery is a failed result too.
 
-Layers (see sandbox_child.py for details): network + read-only mount namespaces where permitted,
-all capabilities dropped, rlimits (CPU, memory, file size, files, processes), a seccomp filter
-(no fork/exec/sockets/signals to others), and an audit hook that names what was refused. The audit
-hook is not a security boundary against native code; the kernel layers are the backstop. What
-was applied is listed in `SandboxResult.isolation`. Linux only (namespaces, seccomp, waitid).
-Threads work as root (seccomp allows clone with CLONE_THREAD and the kernel exempts uid 0 from
-RLIMIT_NPROC); for an unprivileged user RLIMIT_NPROC=1 refuses threads as well as processes.
+Layers (sandbox_child.py and sandbox_filter.py say how), each listed in `SandboxResult.isolation`
+with why where it is missing: user (root inside is an unprivileged uid of its own outside),
+PID, mount, network, IPC, UTS and cgroup namespaces; a minimal read-only root (the interpreter's
+prefix and the library folders, Python package folders masked, a few devices, its own /proc)
+with a private tmpfs /tmp capped in size; Landlock (read the view, write /tmp, no TCP, no signals
+out); a memory + pids cgroup (cgroup v1, or v2 where delegated); no capabilities, no_new_privs,
+not dumpable; rlimits; seccomp (no processes, exec, sockets, io_uring, signals or limits aimed
+at other processes, SysV IPC, POSIX queues, keyrings, memfd, mknod, mounts); an audit hook for
+readable reasons (not a boundary). Linux only.
+
+What stays possible inside: any computation within the CPU, memory, disk, thread and time caps;
+reading the view (the interpreter, the system's shared libraries, kernel facts such as
+/proc/cpuinfo); writing /tmp; printing (capped). Where the kernel refuses namespaces (an
+unprivileged container), the filesystem view, the PID and network isolation are gone, and
+Landlock (if present) is what keeps the host's files out of reach; without Landlock either, the
+code can read what the user can read. The verdict stays in the tests' process in every case.
 
 Reasons: "passed", "failed" (an assertion failed), "error" (any other exception, a syntax error,
-an early exit), "timeout" (wall clock), "cpu" (RLIMIT_CPU), "memory" (the address-space cap),
-"file_size" (RLIMIT_FSIZE), "forbidden: <what>" (a refused operation), "killed: <signal>".
+an early exit, a broken protocol), "timeout" (wall clock), "cpu" (RLIMIT_CPU), "memory"
+(address-space cap, or the cgroup's), "file_size" (RLIMIT_FSIZE), "forbidden: <what>" (a refused
+operation), "killed: <signal>", "sandbox error: <what>" (the machinery failed, not the code).
 """
 
 from __future__ import annotations
 
+import builtins
+import functools
+import glob
 import json
+import marshal
 import math
 import os
 import secrets
@@ -29,30 +49,49 @@ import selectors
 import shutil
 import signal
 import subprocess
+import symtable
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_CHILD_SOURCE = (Path(__file__).with_name("sandbox_child.py")).read_text(encoding="utf-8")
+_HERE = Path(__file__).resolve().parent
+# The preamble and its modules, compiled once here and sent as marshal data (trusted: from us):
+# the child imports what they need while we write, then reads them whole.
+_CODE = {name: compile((_HERE / f"{name}.py").read_text(encoding="utf-8"), f"<{name}>", "exec")
+         for name in ("sandbox_child", "sandbox_wire", "sandbox_filter")}
+_BOOTSTRAP = ("import marshal, sys, ctypes, json, resource, signal\n"
+              "code, config = marshal.loads(sys.stdin.buffer.read())\n"
+              "namespace = {'__name__': 'sandbox_child'}\n"
+              "exec(code, namespace)\n"
+              "namespace['main'](config)\n")
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+NAME_PREFIX = "decodegate-sandbox-"  # + our pid: the host folder and the cgroup of one run
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
     """Resource limits for one run. Defaults suit one small function and its unit tests."""
 
-    timeout_s: float = 10.0          # wall clock, from process start to the last byte of output
+    timeout_s: float = 10.0          # wall clock, from process start to the verdict
     cpu_s: float | None = None       # RLIMIT_CPU; None: timeout_s + 1 (the wall clock fires first)
-    memory_mb: int = 512             # RLIMIT_AS of the child, after the interpreter has started
+    memory_mb: int = 512             # RLIMIT_AS of each process, after the interpreter has started
     file_size_mb: int = 16           # RLIMIT_FSIZE: the largest file the code may write
+    disk_mb: int = 64                # the private /tmp: all files together
     open_files: int = 64             # RLIMIT_NOFILE
+    threads: int = 16                # threads of the code (RLIMIT_NPROC in its user namespace, pids.max)
     max_output_bytes: int = 64 * 1024  # per stream; the rest is read and discarded
 
     def child_config(self) -> dict:
         cpu = self.cpu_s if self.cpu_s is not None else self.timeout_s + 1
         return {"cpu_s": max(1, math.ceil(cpu)), "memory_bytes": self.memory_mb << 20,
-                "file_size_bytes": self.file_size_mb << 20, "open_files": self.open_files}
+                "file_size_bytes": self.file_size_mb << 20, "open_files": self.open_files,
+                "tmp_mb": self.disk_mb, "threads": self.threads}
+
+    def cgroup_memory_mb(self) -> int:
+        """The cgroup's cap: the address space, the tmpfs, and ~64 MiB for the interpreters."""
+        return self.memory_mb + self.disk_mb + 64
 
 
 @dataclass(frozen=True)
@@ -60,187 +99,444 @@ class SandboxResult:
     passed: bool            # the code and the tests ran to the end without an exception
     reason: str             # see the module docstring
     detail: str             # the exception line, the refused operation, or the signal
-    returncode: int | None
-    stdout: str
+    returncode: int | None  # of the candidate's process
+    stdout: str             # the candidate's
     stderr: str
     duration_s: float
     truncated: bool         # stdout or stderr went past max_output_bytes
-    isolation: tuple[str, ...] = field(default_factory=tuple)  # layers the child applied
+    isolation: tuple[str, ...] = field(default_factory=tuple)  # layers the candidate's process got
     traceback: str = ""
 
 
-def run_code(code: str, tests: str = "", *, limits: SandboxLimits = SandboxLimits(),
-             isolate: bool = True, audit_hook: bool = True) -> SandboxResult:
-    """Execute `code`, then `tests`, in a confined child; never raises for what the code does.
+def run_code(code: str, tests: str = "", *, prefix: str = "", names=None,
+             limits: SandboxLimits = SandboxLimits(), isolate: bool = True,
+             audit_hook: bool = True) -> SandboxResult:
+    """Execute `code` in one confined process and `prefix` + `tests` in another; never raises.
 
-    `isolate=False` skips the namespaces, capability drop and seccomp (rlimits stay);
+    `names`: the candidate's names the tests use (default: those the tests read but neither
+    they, `prefix` nor the builtins define). `isolate=False` skips namespaces, Landlock, the
+    cgroup, the capability drop and seccomp (rlimits and the split into two processes stay);
     `audit_hook=False` leaves the kernel layers alone to stop the code (used by the tests to
     show that the backstop holds). Both default to the safe setting.
     """
-    tmpdir = tempfile.mkdtemp(prefix="decodegate-sandbox-")
-    try:
-        return _run(code, tests, limits, isolate, audit_hook, tmpdir)
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-
-
-def _run(code, tests, limits, isolate, audit_hook, tmpdir) -> SandboxResult:
-    nonce = secrets.token_hex(16)
-    status_r, status_w = os.pipe()
-    config = {"code": code, "tests": tests, "tmpdir": tmpdir, "nonce": nonce,
-              "status_fd": status_w, "limits": limits.child_config(), "isolate": isolate,
-              "audit_hook": audit_hook}
-    env = {"PATH": "/usr/bin:/bin", "HOME": tmpdir, "TMPDIR": tmpdir, "LC_ALL": "C.UTF-8"}
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", "-c", _CHILD_SOURCE],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(status_w,), cwd=tmpdir, env=env,
-            start_new_session=True,  # its own process group, so a timeout can kill it all
-        )
-    except BaseException:
-        os.close(status_r)
-        raise
-    finally:
-        os.close(status_w)  # the child holds the only write end: EOF means it is gone
+        if names is None:
+            names = free_names(tests, prefix)
+        return _run(code, tests, prefix, tuple(names), limits, isolate, audit_hook, start)
+    except Exception as exc:  # the machinery, not the code: still a failed result
+        detail = f"{type(exc).__name__}: {exc}"[:2000]
+        return SandboxResult(False, f"sandbox error: {detail}", detail, None, "", "",
+                             time.monotonic() - start, False)
+
+
+def free_names(tests: str, prefix: str = "") -> tuple[str, ...]:
+    """Names `tests` read that neither they, `prefix` nor the builtins bind (sorted)."""
     try:
-        try:
-            proc.stdin.write(json.dumps(config).encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass  # the child died at start; the exit status says why
-        streams, timed_out = _collect(proc, status_r, limits, start + limits.timeout_s)
-    finally:
-        if proc.returncode is None:  # only on an unexpected exception in the parent
-            _kill_group(proc)
-            proc.wait()
-        os.close(status_r)
-    duration = time.monotonic() - start
-    return _interpret(proc.returncode, streams, nonce, timed_out, duration, limits)
+        top = symtable.symtable(tests, "<tests>", "exec")
+        bound = _module_bindings(top) | _module_bindings(symtable.symtable(prefix, "<prefix>", "exec"))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ()  # the tests' process reports the syntax error
+    used, tables = set(), [top]
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        for sym in table.get_symbols():
+            if sym.is_referenced() and (table is top or sym.is_global()):
+                used.add(sym.get_name())
+    return tuple(sorted(used - bound - set(dir(builtins))))
 
 
-def _collect(proc, status_r, limits, deadline):
-    """Read stdout, stderr and the status pipe until all close or the deadline passes."""
-    cap = limits.max_output_bytes
-    buffers = {"stdout": bytearray(), "stderr": bytearray(), "status": bytearray()}
-    caps = {"stdout": cap, "stderr": cap, "status": 1 << 20}
-    dropped = {name: 0 for name in buffers}
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
-    sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
-    sel.register(status_r, selectors.EVENT_READ, "status")
-    timed_out = False
-    try:
-        while sel.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(timeout=remaining):
-                fd = key.fd
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                name = key.data
-                room = caps[name] - len(buffers[name])
-                buffers[name] += chunk[:max(room, 0)]
-                dropped[name] += max(len(chunk) - max(room, 0), 0)
-    finally:
-        sel.close()
-    if not timed_out:
-        # Every pipe is closed, but the code may have closed them itself and kept running.
-        timed_out = not _wait_exit(proc, deadline)
-    # Kill the group before reaping the leader: while it is unreaped its id cannot be reused,
-    # so the signal cannot reach an unrelated process group.
-    _kill_group(proc)
-    proc.wait()
-    for pipe in (proc.stdout, proc.stderr):
-        pipe.close()
-    buffers["truncated"] = dropped["stdout"] > 0 or dropped["stderr"] > 0
-    return buffers, timed_out
-
-
-def _wait_exit(proc, deadline) -> bool:
-    """Wait, without reaping it, for the child to exit; False if the deadline passes first."""
-    while True:
-        try:
-            info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return True
-        if info is not None:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.002)
-
-
-def _kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # already gone
-
-
-def _last_message(status: bytes, nonce: str, event: str) -> dict | None:
-    """The last status line carrying our nonce for `event` (forged lines lack the nonce)."""
-    found = None
-    for line in status.decode("utf-8", "replace").splitlines():
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(msg, dict) and msg.get("nonce") == nonce and msg.get("event") == event:
-            found = msg
-    return found
-
-
-def _interpret(returncode, streams, nonce, timed_out, duration, limits) -> SandboxResult:
-    stdout = streams["stdout"].decode("utf-8", "replace")
-    stderr = streams["stderr"].decode("utf-8", "replace")
-    ready = _last_message(streams["status"], nonce, "ready") or {}
-    done = _last_message(streams["status"], nonce, "done")
-    isolation = tuple(ready.get("isolation", ()))
-    tb = (done or {}).get("traceback", "")
-
-    def result(passed, reason, detail):
-        return SandboxResult(passed=passed, reason=reason, detail=detail, returncode=returncode,
-                             stdout=stdout, stderr=stderr, duration_s=duration,
-                             truncated=streams["truncated"], isolation=isolation, traceback=tb)
-
-    if timed_out:
-        return result(False, "timeout", f"no result within {limits.timeout_s:g} s")
-    if done is not None:
-        outcome, detail = done.get("outcome", "error"), done.get("detail", "")
-        if outcome == "ok":
-            return result(True, "passed", "")
-        if outcome == "forbidden":
-            return result(False, f"forbidden: {detail}", detail)
-        if outcome == "memory":
-            detail = f"{detail} (address-space cap {limits.memory_mb} MiB)"
-        return result(False, outcome, detail)
-    # No final message: the process died or exited before its preamble could report.
-    if returncode is not None and returncode < 0:
-        sig = signal.Signals(-returncode)
-        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and _cpu_exhausted(duration, limits)):
-            return result(False, "cpu", f"CPU time limit ({limits.child_config()['cpu_s']} s)")
-        if sig == signal.SIGXFSZ:
-            return result(False, "file_size", f"file size limit ({limits.file_size_mb} MiB)")
-        if sig == signal.SIGSYS:
-            return result(False, "forbidden: system call", "killed by the seccomp filter")
-        if "MemoryError" in stderr or "Cannot allocate memory" in stderr:
-            return result(False, "memory", f"address space limit ({limits.memory_mb} MiB)")
-        return result(False, f"killed: {sig.name}", stderr[-2000:])
-    if "MemoryError" in stderr:
-        return result(False, "memory", f"address space limit ({limits.memory_mb} MiB)")
-    return result(False, "error", f"exited with status {returncode} before the tests finished")
-
-
-def _cpu_exhausted(duration, limits):
-    return duration >= limits.child_config()["cpu_s"]
+def _module_bindings(table) -> set[str]:
+    return {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()
+            or s.is_namespace()}
 
 
 def isolation_available() -> tuple[str, ...]:
     """The layers a sandbox run gets on this machine (runs a trivial program once)."""
     return run_code("pass").isolation
+
+
+# --- what the confined interpreter sees ------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _interpreter() -> str:
+    """The base interpreter (not a virtual environment's link to it): it needs no site-packages."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+@functools.lru_cache(maxsize=1)
+def _view() -> tuple:
+    """[(kind, path, extra)], parents first: "dir"/"file"/"dev" bound read-only, "symlink" to
+    extra, "mask" an empty folder over one inside a bound folder."""
+    dirs, links = [os.path.realpath(sys.base_prefix)], []
+    for lib in ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "/lib64", "/lib32"):
+        if os.path.islink(lib):
+            links.append(("symlink", lib, os.readlink(lib)))
+        elif os.path.isdir(lib):
+            dirs.append(lib)
+    dirs = [d for d in sorted(set(dirs)) if not any(_inside(d, o) for o in dirs if o != d)]
+    entries = [("dir", d, None) for d in dirs] + links
+    files = [_interpreter()] + [p for p in ("/etc/ld.so.cache",) if os.path.isfile(p)]
+    entries += [("file", f, None) for f in files if not any(_inside(f, d) for d in dirs)]
+    patterns = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages",
+                "local/lib/python3*/site-packages", "local/lib/python3*/dist-packages")
+    for root in (dirs[0] if dirs else "", "/usr"):
+        for pattern in patterns:
+            for path in sorted(glob.glob(os.path.join(root, pattern))):
+                if any(_inside(path, d) for d in dirs) and ("mask", path, None) not in entries:
+                    entries.append(("mask", path, None))
+    entries += [("dev", f"/dev/{name}", None) for name in _DEVICES if os.path.exists(f"/dev/{name}")]
+    return tuple(entries)
+
+
+def _inside(path, folder) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+# --- a cgroup per confined process -----------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _cgroup_parents() -> tuple:
+    """((version, controllers, folder), ...) under which this process may create a cgroup."""
+    mounts, own = [], {}
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields, rest = left.split(), right.split()
+                if len(fields) > 4 and len(rest) > 2 and rest[0] in ("cgroup", "cgroup2"):
+                    mounts.append((rest[0], fields[4], fields[3], set(rest[2].split(","))))
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                for c in (controllers.split(",") if controllers else [""]):
+                    own[c] = path
+    except (OSError, ValueError):
+        return ()
+
+    def folder(point, root, path):
+        if root != "/" and not _inside(path, root):
+            return None
+        folder = point + path[len(root.rstrip("/")):]
+        return folder if os.access(folder, os.W_OK) else None
+
+    found = []
+    for controller in ("memory", "pids"):
+        for fstype, point, root, options in mounts:
+            if fstype == "cgroup" and controller in options and controller in own:
+                path = folder(point, root, own[controller])
+                if path:
+                    found.append(("v1", (controller,), path))
+                    break
+    if not found and "" in own:
+        for fstype, point, root, _ in mounts:
+            path = folder(point, root, own[""]) if fstype == "cgroup2" else None
+            try:
+                delegated = path and {"memory", "pids"} <= set(Path(path, "cgroup.subtree_control").read_text().split())
+            except OSError:
+                delegated = False
+            if delegated:
+                found.append(("v2", ("memory", "pids"), path))
+                break
+    return tuple(found)
+
+
+class _Cgroup:
+    """Memory and pids caps for one process tree; every failure is a note, never an exception."""
+
+    def __init__(self, limits: SandboxLimits):
+        self.dirs, self.notes = [], []
+        memory, pids = str(limits.cgroup_memory_mb() << 20), str(limits.threads + 4)
+        settings = {"v1": {"memory": [("memory.limit_in_bytes", memory), ("memory.memsw.limit_in_bytes", memory)],
+                           "pids": [("pids.max", pids)]},
+                    "v2": {"memory": [("memory.max", memory), ("memory.swap.max", "0")],
+                           "pids": [("pids.max", pids)]}}
+        name = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+        for version, controllers, parent in _cgroup_parents():
+            path = os.path.join(parent, name)
+            try:
+                os.mkdir(path)
+            except OSError as exc:
+                self.notes.append(f"no-cgroup-{'+'.join(controllers)} ({exc.strerror})")
+                continue
+            self.dirs.append((version, controllers, path))
+            for controller in controllers:
+                for file, value in settings[version][controller]:
+                    if os.path.exists(os.path.join(path, file)):  # memsw: only with swap accounting
+                        Path(path, file).write_text(value)
+        if not self.dirs and not self.notes:
+            self.notes.append("no-cgroup (no writable memory or pids controller)")
+
+    def add(self, pid: int):
+        for _, controllers, path in self.dirs:
+            try:
+                Path(path, "cgroup.procs").write_text(str(pid))
+            except OSError as exc:
+                self.notes.append(f"no-cgroup-{'+'.join(controllers)} ({exc.strerror})")
+        joined = sorted(c for _, controllers, path in self.dirs for c in controllers)
+        if joined and not any(n.startswith("no-cgroup") for n in self.notes):
+            self.notes.append(f"cgroup ({', '.join(joined)})")
+
+    def oom_killed(self) -> bool:
+        for version, controllers, path in self.dirs:
+            if "memory" in controllers:
+                name = "memory.oom_control" if version == "v1" else "memory.events"
+                try:
+                    for line in Path(path, name).read_text().splitlines():
+                        key, _, value = line.partition(" ")
+                        if key == "oom_kill" and value.strip() not in ("", "0"):
+                            return True
+                except OSError:
+                    pass
+        return False
+
+    def remove(self):
+        for _, _, path in self.dirs:
+            for _ in range(50):  # the last task may take a moment to leave
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.005)
+
+
+# --- one run, host side ----------------------------------------------------------------------
+
+class _Run:
+    """One sandbox tree: the preamble process, which forks the tests' process and the
+    candidate's; their pipes, what they wrote, the cgroup and the folder."""
+
+    STREAMS = ("stdout", "stderr", "candidate", "tests", "tests_out")  # stdout/stderr: the candidate's
+
+    def __init__(self, config: dict, secret: dict, limits: SandboxLimits, isolate: bool):
+        self.limits, self.nonce = limits, config["nonce"]
+        self.buffers = {name: bytearray() for name in self.STREAMS}
+        self.dropped = {name: 0 for name in self.STREAMS}
+        self.proc, self.pipes, self.cgroup = None, {}, None
+        self.tmpdir = tempfile.mkdtemp(prefix=f"{NAME_PREFIX}{os.getpid()}-")
+        child_ends = {}
+        try:
+            for name in ("candidate", "tests", "tests_out"):  # the child writes, we read
+                self.pipes[name], child_ends[name] = os.pipe()
+            child_ends["tests_in"], self.pipes["tests_in"] = os.pipe()  # we write, the tests read
+            self.cgroup = _Cgroup(limits) if isolate else None
+            config = dict(config, tmpdir=self.tmpdir, fds=child_ends,
+                          outer_uid=(1 << 30) + secrets.randbelow(1 << 24))
+            env = {"PATH": "/usr/bin:/bin", "HOME": self.tmpdir, "TMPDIR": self.tmpdir,
+                   "LC_ALL": "C.UTF-8"}
+            self.proc = subprocess.Popen(
+                [_interpreter(), "-I", "-S", "-B", "-c", _BOOTSTRAP],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=tuple(child_ends.values()), cwd=self.tmpdir, env=env,
+                start_new_session=True)  # its own process group, so a timeout can kill it all
+        finally:
+            for fd in child_ends.values():
+                os.close(fd)  # the children hold the only other ends: EOF means they are gone
+        self._writes = [(self.proc.stdin, marshal.dumps((_CODE["sandbox_child"], config))),
+                        (os.fdopen(self.pipes.pop("tests_in"), "wb"), json.dumps(secret).encode())]
+
+    def start(self):
+        """Send the config, join the cgroup (while the interpreter starts), send the tests. The
+        preamble reads its stdin to the end before it forks: it forks inside the cgroup."""
+        stdin, tests_in = self._writes
+        self._send(*stdin, close=False)
+        if self.cgroup:
+            self.cgroup.add(self.proc.pid)
+        self._send(stdin[0], b"")
+        self._send(*tests_in)
+
+    @staticmethod
+    def _send(pipe, data, close=True):
+        try:
+            pipe.write(data)
+            if close:
+                pipe.close()
+        except BrokenPipeError:
+            pass  # it died at start; the status says why
+
+    def streams(self):
+        return [(self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")] + \
+            [(fd, name) for name, fd in self.pipes.items()]
+
+    def keep(self, name, chunk):
+        cap = self.limits.max_output_bytes if name in ("stdout", "stderr", "tests_out") else 1 << 20
+        room = max(cap - len(self.buffers[name]), 0)
+        self.buffers[name] += chunk[:room]
+        self.dropped[name] += len(chunk) - min(room, len(chunk))
+
+    def kill(self):
+        # While the leader is unreaped its id cannot be reused, so this reaches no one else.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def text(self, name) -> str:
+        return self.buffers[name].decode("utf-8", "replace")
+
+    def message(self, stream, event) -> dict | None:
+        """The first line on a status pipe for `event` carrying our nonce."""
+        for line in self.text(stream).splitlines():
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(msg, dict) and msg.get("nonce") == self.nonce and msg.get("event") == event:
+                return msg
+        return None
+
+    def close(self):
+        if self.proc is not None:
+            if self.proc.returncode is None:
+                self.kill()
+                self.proc.wait()
+            for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                pipe.close()
+        for fd in self.pipes.values():
+            os.close(fd)
+        for pipe, _ in getattr(self, "_writes", ()):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        if self.cgroup:
+            self.cgroup.remove()
+        _remove_tree(self.tmpdir)
+
+
+def _remove_tree(path):
+    """Remove a folder the code may have filled with anything, deeper than Python recurses."""
+    try:
+        os.rmdir(path)  # the usual case: the code wrote into its own tmpfs, not here
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    try:
+        shutil.rmtree(path)
+    except (OSError, RecursionError):
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", path], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=120, check=False)
+
+
+def _run(code, tests, prefix, names, limits, isolate, audit_hook, start) -> SandboxResult:
+    config = {"nonce": secrets.token_hex(16), "limits": limits.child_config(), "isolate": isolate,
+              "view": _view(), "code": code, "audit_hook": audit_hook,
+              "modules": {name: _CODE[name] for name in ("sandbox_wire", "sandbox_filter")}}
+    secret = {"prefix": prefix, "tests": tests, "names": list(names)}  # for the tests' process only
+    run = None
+    try:
+        run = _Run(config, secret, limits, isolate)
+        run.start()
+        timed_out = _collect(run, start + limits.timeout_s)
+        return _interpret(run, timed_out, time.monotonic() - start, limits)
+    finally:
+        if run is not None:
+            run.close()
+
+
+def _collect(run, deadline) -> bool:
+    """Read every pipe until the tests' process is done (or the deadline); then, without a
+    verdict, until the candidate's end is known; kill the tree; reap. True if timed out."""
+    sel = selectors.DefaultSelector()
+    for stream, name in run.streams():
+        sel.register(stream, selectors.EVENT_READ, name)
+    try:
+        def pump(until, limit):
+            while not until():
+                remaining = limit - time.monotonic()
+                if remaining <= 0:
+                    return False
+                for key, _ in sel.select(timeout=remaining):
+                    chunk = os.read(key.fd, 65536)
+                    if chunk:
+                        run.keep(key.data, chunk)
+                    else:
+                        sel.unregister(key.fileobj)
+            return True
+
+        def closed(*names):
+            return lambda: not any(key.data in names for key in sel.get_map().values())
+
+        timed_out = not pump(closed("tests", "tests_out"), deadline)
+        if not timed_out:
+            # The candidate's process ends once the tests' has closed the channel; without a
+            # verdict its end says what happened, so give it a moment to finish dying.
+            done = run.message("tests", "done") or {}
+            wait = 2.0 if done.get("outcome") in (None, "gone") else 0.25
+            pump(closed("candidate"), min(deadline, time.monotonic() + wait))
+        run.kill()
+        pump(lambda: not sel.get_map(), time.monotonic() + 1.0)  # what was still in the pipes
+        run.proc.wait()
+        return timed_out
+    finally:
+        sel.close()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # real-time signals have no names of their own
+        if signal.SIGRTMIN < number <= signal.SIGRTMAX:
+            return f"SIGRTMIN+{number - signal.SIGRTMIN}"
+        return f"signal {number}"
+
+
+def _interpret(run, timed_out, duration, limits) -> SandboxResult:
+    ready = run.message("candidate", "ready")
+    done = run.message("tests", "done") or {}
+    ended = run.message("candidate", "exit") or {}
+    layers = ready.get("isolation") if ready else None
+    isolation = tuple(str(x)[:200] for x in layers) if isinstance(layers, list) else ()
+    if run.cgroup:
+        isolation += tuple(run.cgroup.notes)
+    returncode = ended.get("returncode") if type(ended.get("returncode")) is int else None
+    stderr = run.text("stderr")
+
+    def result(passed, reason, detail):
+        return SandboxResult(passed=passed, reason=reason, detail=str(detail)[:2000],
+                             returncode=returncode, stdout=run.text("stdout"), stderr=stderr,
+                             duration_s=duration,
+                             truncated=run.dropped["stdout"] > 0 or run.dropped["stderr"] > 0,
+                             isolation=isolation, traceback=str(done.get("traceback", ""))[-8000:])
+
+    outcome, detail = done.get("outcome"), str(done.get("detail", ""))
+    if outcome == "ok":
+        return result(True, "passed", "")
+    if timed_out:
+        return result(False, "timeout", f"no result within {limits.timeout_s:g} s")
+    if outcome == "forbidden":
+        return result(False, f"forbidden: {detail}"[:500], detail)
+    if outcome == "memory":
+        return result(False, "memory", f"{detail} (address-space cap {limits.memory_mb} MiB)")
+    if outcome in ("failed", "error", "file_size"):
+        return result(False, outcome, detail)
+    # No verdict from the tests: the candidate's process ended, or the tests' process did.
+    if ready is None or run.message("tests", "ready") is None:
+        last = (stderr + run.text("tests_out")).strip().splitlines()[-1:] or ["no output"]
+        return result(False, "sandbox error: the sandbox did not start", last[0])
+    if returncode is not None and returncode < 0:
+        sig = -returncode
+        cpu = limits.child_config()["cpu_s"]
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and duration >= cpu):
+            return result(False, "cpu", f"CPU time limit ({cpu} s)")
+        if sig == signal.SIGXFSZ:
+            return result(False, "file_size", f"file size limit ({limits.file_size_mb} MiB)")
+        if sig == signal.SIGSYS:
+            return result(False, "forbidden: system call", "killed by the seccomp filter")
+        if sig == signal.SIGKILL and run.cgroup and run.cgroup.oom_killed():
+            return result(False, "memory", f"cgroup memory cap ({limits.cgroup_memory_mb()} MiB)")
+        if "MemoryError" in stderr or "Cannot allocate memory" in stderr:
+            return result(False, "memory", f"address space limit ({limits.memory_mb} MiB)")
+        return result(False, f"killed: {_signal_name(sig)}", stderr[-2000:])
+    if "MemoryError" in stderr:
+        return result(False, "memory", f"address space limit ({limits.memory_mb} MiB)")
+    if outcome == "gone":
+        status = "unknown status" if returncode is None else f"status {returncode}"
+        return result(False, "error", f"exited with {status} before the tests finished")
+    tail = run.text("tests_out").strip().splitlines()[-1:] or ["no output"]
+    return result(False, "error", f"the tests' process ended without a verdict: {tail[0]}")

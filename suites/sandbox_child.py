@@ -1,82 +1,57 @@
-"""The trusted preamble that confines a sandboxed Python process, then runs the untrusted code.
+"""The trusted preamble of a sandboxed process: it confines itself, then plays its role.
 
-This file is not imported by the harness: `suites.sandbox` reads its source and runs it with
-`python -I -S -B -c`, so it must stay self-contained (standard library only, no package imports).
-The parent writes one JSON object to our stdin (the code, the tests, the limits, a nonce and the
-number of a status pipe) and reads two JSON lines back from the status pipe: `ready` (which
-confinement layers were applied) and `done` (the outcome). Output of the untrusted code goes to
-stdout/stderr as usual.
+Not imported by the harness: `suites.sandbox` starts `python -I -S -B -c BOOTSTRAP`, which
+reads from stdin this module's code, compiled, and the config (the code, limits, the filesystem
+view, the numbers of its pipes, and the compiled `sandbox_wire` and `sandbox_filter`, loaded here
+as modules), then calls `main(config)`. It must stay self-contained: standard library only.
 
-Layers, applied in this order, each best effort and each reported in `isolation`:
-1. namespaces: a new network namespace (no interfaces but a downed loopback: nothing is
-   reachable) and a new mount namespace in which every mount is read-only except the temporary
-   directory. As root this needs no user namespace; otherwise one is tried.
-2. capabilities: all are dropped (bounding set included) so the code cannot undo the mounts,
-   and `no_new_privs` is set.
-3. rlimits: CPU seconds, address space, file size, open files, no core files, and processes
-   (the kernel exempts uid 0 from RLIMIT_NPROC, hence layer 4).
-4. seccomp: a BPF filter that denies creating processes (fork, vfork, clone without
-   CLONE_THREAD, clone3), exec, sockets, signalling other processes, ptrace and reading or
-   writing other processes' memory, mounts and namespace changes, and io_uring.
-5. an audit hook (PEP 578) that refuses, with a readable reason, writes outside the temporary
-   directory, process creation, sockets, ctypes and rlimit changes. The hook is what produces
-   "forbidden: ..." reasons; it is NOT a security boundary (native code can bypass it), layers
-   1-4 are the backstop.
+Two such processes grade one program: the candidate's (role "candidate": executes the code,
+then answers requests over the channel) and the tests' (role "tests": executes the tests, every
+use of a candidate's name being a request; it alone reports the verdict). See sandbox_wire.py.
 
-None of this keeps the code from cheating its own tests (it runs in the same interpreter as them):
-the sandbox protects the host, not the score.
+Layers, in the order applied, each reported by name in `isolation` (or why it is missing):
+1. namespaces: the process forks; the child unshares user (where allowed: root inside is an
+   unprivileged uid of its own outside), PID, mount, network, IPC, UTS and cgroup namespaces,
+   and forks again into pid 1 of the new PID namespace. The processes left behind only wait and
+   pass the exit status up (dying of the same signal); they hold no pipe.
+2. a filesystem view: a fresh tmpfs root holding, read-only, the interpreter's prefix, the
+   system's library directories and ld.so.cache, with Python package folders masked; /dev with
+   null, zero, full, random and urandom; a /proc of the new PID namespace; a private tmpfs /tmp
+   capped in size and inodes (the working directory, gone with the namespace). pivot_root, and
+   the host's tree is detached: no home, no /tmp, no other run, no /proc of the host is visible.
+3. Landlock (where the kernel has it): reading only the view, writing only /tmp and the
+   devices; no TCP; no signals and no abstract Unix sockets outside the process (ABI 6). Without
+   namespaces this is what keeps the host's files out of reach.
+4. capabilities: all dropped (bounding set included); no_new_privs; not dumpable (no core
+   files, and no other process of the same uid may read our memory or descriptors).
+5. rlimits: CPU seconds, address space, file size, open files, no core files, and (in a user
+   namespace, where it counts only our own uid) processes, which caps threads.
+6. seccomp: see sandbox_filter.py.
+7. for the candidate, an audit hook (PEP 578) that refuses, with a readable reason, writes
+   outside /tmp, process creation, sockets, ctypes and rlimit changes. It produces the
+   "forbidden: ..." reasons; it is NOT a boundary (Python code can disable it), 1-6 are.
+The candidate's process writes its `ready` line (the layers) and closes its status pipe before
+it runs any untrusted code, so nothing it writes can reach the host as a status.
 """
 
 import ctypes
 import json
-import linecache
 import os
 import resource
+import signal
 import sys
-import threading
-import traceback
 
-# --- Linux constants (x86_64 and aarch64 share these) ---------------------------------------
-CLONE_NEWNS = 0x00020000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNET = 0x40000000
-CLONE_THREAD = 0x00010000
-MS_BIND = 4096
-MS_REC = 16384
-MS_PRIVATE = 1 << 18
-AT_FDCWD = -100
-AT_RECURSIVE = 0x8000
-MOUNT_ATTR_RDONLY = 0x1
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
+CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MNT_DETACH = 2
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 SYS_MOUNT_SETATTR = 442  # the same number on every architecture (new syscall table)
-PR_SET_NO_NEW_PRIVS = 38
-PR_CAPBSET_DROP = 24
-PR_SET_SECCOMP = 22
-SECCOMP_MODE_FILTER = 2
-SECCOMP_RET_ALLOW = 0x7FFF0000
-SECCOMP_RET_ERRNO = 0x00050000
-SECCOMP_RET_KILL_PROCESS = 0x80000000
-EPERM = 1
-ENOSYS = 38
-
-# Syscall numbers per architecture: (audit arch, {name: nr}).
-SYSCALLS = {
-    "x86_64": (0xC000003E, {
-        "fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "execve": 59, "execveat": 322,
-        "socket": 41, "socketpair": 53, "kill": 62, "tkill": 200, "tgkill": 234,
-        "pidfd_send_signal": 424, "pidfd_open": 434, "pidfd_getfd": 438, "ptrace": 101,
-        "process_vm_readv": 310, "process_vm_writev": 311, "unshare": 272, "setns": 308,
-        "mount": 165, "umount2": 166, "mount_setattr": 442, "io_uring_setup": 425,
-        "io_uring_enter": 426, "io_uring_register": 427,
-    }),
-    "aarch64": (0xC00000B7, {
-        "clone": 220, "clone3": 435, "execve": 221, "execveat": 281, "socket": 198,
-        "socketpair": 199, "kill": 129, "tkill": 130, "tgkill": 131, "pidfd_send_signal": 424,
-        "pidfd_open": 434, "pidfd_getfd": 438, "ptrace": 117, "process_vm_readv": 270,
-        "process_vm_writev": 271, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39,
-        "mount_setattr": 442, "io_uring_setup": 425, "io_uring_enter": 426,
-        "io_uring_register": 427,
-    }),
-}
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+SYS_LANDLOCK_CREATE, SYS_LANDLOCK_ADD, SYS_LANDLOCK_RESTRICT = 444, 445, 446
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 4, 24, 38
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -87,58 +62,214 @@ def _check(ret, what):
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+def _why(exc):
+    return getattr(exc, "strerror", None) or str(exc)
+
+
+def _mount(source, target, fstype, flags, data=None):
+    enc = (lambda s: None if s is None else os.fsencode(s))
+    _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+
+
 class _MountAttr(ctypes.Structure):
     _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
                 ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
 
-def _mount_setattr(path, recursive, set_flags, clear_flags):
-    attr = _MountAttr(set_flags, clear_flags, 0, 0)
-    flags = AT_RECURSIVE if recursive else 0
-    ret = libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, os.fsencode(path), flags,
-                       ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
-    _check(ret, f"mount_setattr({path})")
+def _mount_setattr(path, set_flags, recursive=True):
+    attr = _MountAttr(set_flags, 0, 0, 0)
+    ret = libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, os.fsencode(path),
+                       AT_RECURSIVE if recursive else 0, ctypes.byref(attr),
+                       ctypes.c_size_t(ctypes.sizeof(attr)))
+    _check(ret, f"mount_setattr {path}")
 
 
-def enter_namespaces(tmpdir, isolation):
-    """New network + mount namespaces; everything read-only except `tmpdir`."""
-    uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWNS | CLONE_NEWNET
-    try:
-        if uid == 0:
-            _check(libc.unshare(flags), "unshare")
+# --- 1. namespaces ---------------------------------------------------------------------------
+
+def _pass_status_up(pid):
+    """Hold nothing, wait for `pid`, and end as it ended (the same exit code or signal)."""
+    os.closerange(0, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except ChildProcessError:
+            os._exit(1)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError, RuntimeError):
+            pass  # SIGKILL and SIGSTOP cannot be caught anyway
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)  # a signal whose default is to be ignored
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def enter_namespaces(outer_uid, paths, isolation):
+    """Fork into new namespaces. Returns, in pid 1 of the new PID namespace, O_PATH descriptors
+    of `paths` opened in the new mount namespace while we still had the host uid's right to look
+    them up; None (in a plain child) where the kernel refused every namespace."""
+    up_r, up_w = os.pipe()
+    down_r, down_w = os.pipe()
+    pid = os.fork()
+    if pid:  # the parent: map the child's root to an unprivileged uid of its own, then wait
+        os.close(up_w)
+        os.close(down_r)
+        kind = os.read(up_r, 16)
+        answer = b"ok"
+        if kind == b"user":
+            try:
+                uid = gid = outer_uid
+                if os.geteuid() != 0:  # without CAP_SETUID only our own ids, setgroups denied
+                    uid, gid = os.geteuid(), os.getegid()
+                    with open(f"/proc/{pid}/setgroups", "w") as f:
+                        f.write("deny")
+                for name, outside in (("uid_map", uid), ("gid_map", gid)):
+                    with open(f"/proc/{pid}/{name}", "w") as f:
+                        f.write(f"0 {outside} 1\n")
+            except OSError as exc:
+                answer = f"unmapped {_why(exc)}".encode()
+        os.write(down_w, answer)
+        _pass_status_up(pid)
+    os.close(up_r)
+    os.close(down_w)
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+    kind, why = b"user", ""
+    if libc.unshare(flags | CLONE_NEWUSER) != 0:
+        why = os.strerror(ctypes.get_errno())
+        kind = b"plain" if libc.unshare(flags) == 0 else b"none"
+    os.write(up_w, kind)
+    answer = os.read(down_r, 256)
+    os.close(up_w)
+    os.close(down_r)
+    if kind == b"none":
+        isolation.append(f"no-namespaces ({os.strerror(ctypes.get_errno())})")
+        return None
+    sources = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in paths}
+    if kind == b"user":
+        if answer != b"ok":
+            raise OSError(1, f"user namespace without an id map ({answer.decode()})")
+        os.setresgid(0, 0, 0)
+        try:
+            os.setgroups([])
+        except OSError:
+            pass  # setgroups denied (an unprivileged user): we have no supplementary groups
+        os.setresuid(0, 0, 0)
+        isolation.append("userns")
+    else:
+        isolation.append(f"no-userns ({why})")
+    isolation += ["pidns", "mountns", "netns", "ipcns", "utsns", "cgroupns"]
+    pid = os.fork()
+    if pid:
+        _pass_status_up(pid)
+    return sources
+
+
+# --- 2. the filesystem view ------------------------------------------------------------------
+
+def build_root(view, sources, mountpoint, tmp_mb, isolation):
+    """Mount the view on a fresh tmpfs at `mountpoint` and make it the root. `sources` maps each
+    host path to an O_PATH descriptor opened before we lost the right to look it up."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the host
+    root = mountpoint
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    for kind, path, extra in view:
+        dest = root + path
+        if kind == "symlink":
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            os.symlink(extra, dest)
+            continue
+        if kind == "mask":  # an empty read-only folder over one inside the view
+            if os.path.isdir(dest):
+                _mount("tmpfs", dest, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
+            continue
+        if kind == "dir":
+            os.makedirs(dest, exist_ok=True)
         else:
-            # An unprivileged user needs a user namespace to own the new ones.
-            _check(libc.unshare(flags | CLONE_NEWUSER), "unshare")
-            with open("/proc/self/setgroups", "w") as f:
-                f.write("deny")
-            with open("/proc/self/uid_map", "w") as f:
-                f.write(f"{uid} {uid} 1")
-            with open("/proc/self/gid_map", "w") as f:
-                f.write(f"{gid} {gid} 1")
-    except (OSError, AttributeError) as exc:  # AttributeError: a libc without unshare()
-        isolation.append(f"no-namespaces ({getattr(exc, 'strerror', None) or exc})")
-        return
-    isolation.append("netns")
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            os.close(os.open(dest, os.O_CREAT | os.O_WRONLY, 0o644))
+        _mount(f"/proc/self/fd/{sources[path]}", dest, None, MS_BIND | MS_REC)
+        # Devices keep their dev flag (nodev would make them unusable); ro does not stop them.
+        _mount_setattr(dest, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | (MOUNT_ATTR_NODEV if kind != "dev" else 0))
+    for name in ("dev/fd", "dev/stdin", "dev/stdout", "dev/stderr"):
+        target = "/proc/self/fd" + ("" if name == "dev/fd" else f"/{('stdin', 'stdout', 'stderr').index(name[4:])}")
+        os.symlink(target, f"{root}/{name}")
+    os.makedirs(root + "/proc")
     try:
-        # Private propagation first, so nothing done here leaks back to the host's mounts.
-        _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make-private")
-        # A bind mount makes tmpdir its own mount, whose read-only flag can then be cleared.
-        btmp = os.fsencode(tmpdir)
-        _check(libc.mount(btmp, btmp, None, MS_BIND, None), "bind tmpdir")
-        _mount_setattr("/", True, MOUNT_ATTR_RDONLY, 0)
-        _mount_setattr(tmpdir, False, 0, MOUNT_ATTR_RDONLY)
-        isolation.append("readonly-fs")
-    except (OSError, AttributeError) as exc:
-        isolation.append(f"writable-fs ({getattr(exc, 'strerror', None) or exc})")
+        _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        proc = True
+    except OSError as exc:  # e.g. a container whose /proc has masked parts
+        isolation.append(f"no-proc ({_why(exc)})")
+        proc = False
+    os.makedirs(root + "/tmp")
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={tmp_mb}m,nr_inodes={max(1024, tmp_mb * 256)},mode=1777")
+    os.mkdir(root + "/.old")
+    _check(libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], os.fsencode(root),
+                        os.fsencode(root + "/.old")), "pivot_root")
+    os.chdir("/")
+    _check(libc.umount2(b"/.old", MNT_DETACH), "detach the host's tree")
+    os.rmdir("/.old")
+    _mount_setattr("/", MOUNT_ATTR_RDONLY, recursive=False)  # the skeleton; /tmp stays writable
+    isolation.append(f"minimal-root (tmp {tmp_mb} MiB)")
+    return proc
 
+
+# --- 3. Landlock -----------------------------------------------------------------------------
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock(readable, writable, devices, isolation):
+    """Allow reading under `readable`, everything but devices and exec under `writable`,
+    reading and writing `devices`; nothing else of the filesystem, no TCP, no signals out."""
+    abi = libc.syscall(SYS_LANDLOCK_CREATE, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
+    if abi < 1:
+        isolation.append(f"no-landlock ({os.strerror(ctypes.get_errno())})")
+        return
+    read_file, read_dir, write_file, execute, truncate = 1 << 2, 1 << 3, 1 << 1, 1 << 0, 1 << 14
+    make_char, make_block = 1 << 6, 1 << 11
+    handled = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (truncate if abi >= 3 else 0)
+    attr = _RulesetAttr(handled, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    ruleset = libc.syscall(SYS_LANDLOCK_CREATE, ctypes.byref(attr), ctypes.c_size_t(size), 0)
+    if ruleset < 0:
+        isolation.append(f"no-landlock ({os.strerror(ctypes.get_errno())})")
+        return
+    rules = [(p, read_file | read_dir) for p in readable]
+    rules += [(p, handled & ~(make_char | make_block | execute)) for p in writable]
+    rules += [(p, (read_file | write_file | truncate) & handled) for p in devices]
+    try:
+        for path, allowed in rules:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                if not os.path.isdir(path):
+                    allowed &= read_file | write_file | execute | truncate  # file rights only
+                rule = _PathBeneath(allowed, fd)
+                _check(libc.syscall(SYS_LANDLOCK_ADD, ruleset, 1, ctypes.byref(rule), 0),
+                       f"landlock rule {path}")
+            finally:
+                os.close(fd)
+        _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        _check(libc.syscall(SYS_LANDLOCK_RESTRICT, ruleset, 0), "landlock_restrict_self")
+        isolation.append(f"landlock (abi {abi})")
+    except OSError as exc:
+        isolation.append(f"no-landlock ({_why(exc)})")
+    finally:
+        os.close(ruleset)
+
+
+# --- 4. capabilities, 5. rlimits -------------------------------------------------------------
 
 def drop_privileges(isolation):
-    """Empty the bounding set and every capability set, then set no_new_privs.
-
-    As root this stops the code from undoing the mounts; an unprivileged user who entered a user
-    namespace holds full capabilities inside it, and loses them here too.
-    """
+    """Empty the bounding set and every capability set; no_new_privs; not dumpable."""
 
     class Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -153,12 +284,14 @@ def drop_privileges(isolation):
         header = Header(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
         _check(libc.capset(ctypes.byref(header), ctypes.byref((Data * 2)())), "capset")
         isolation.append("no-capabilities")
-        _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     except (OSError, AttributeError) as exc:
-        isolation.append(f"capabilities-kept ({getattr(exc, 'strerror', None) or exc})")
+        isolation.append(f"capabilities-kept ({_why(exc)})")
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0:
+        isolation.append("not-dumpable")
 
 
-def set_rlimits(limits, isolation):
+def set_rlimits(limits, own_uid, isolation):
     cpu = int(limits["cpu_s"])
     pairs = [
         (resource.RLIMIT_CPU, (cpu, cpu + 1)),  # SIGXCPU at the soft limit, SIGKILL at the hard
@@ -166,8 +299,9 @@ def set_rlimits(limits, isolation):
         (resource.RLIMIT_FSIZE, (limits["file_size_bytes"],) * 2),
         (resource.RLIMIT_NOFILE, (limits["open_files"],) * 2),
         (resource.RLIMIT_CORE, (0, 0)),
-        (resource.RLIMIT_NPROC, (1, 1)),  # one task per uid: no forks (uid 0 is exempt)
     ]
+    if own_uid:  # counted per uid: meaningful only where the uid is ours alone (two waiters + us)
+        pairs.append((resource.RLIMIT_NPROC, (limits["threads"] + 2,) * 2))
     for which, (soft, hard) in pairs:
         _, inherited = resource.getrlimit(which)
         if inherited != resource.RLIM_INFINITY:  # a limit may only be lowered, never raised
@@ -176,86 +310,7 @@ def set_rlimits(limits, isolation):
     isolation.append("rlimits")
 
 
-def _seccomp_program(pid):
-    """A BPF program (list of (code, jt, jf, k)) denying process creation, exec, sockets..."""
-    arch = os.uname().machine
-    if arch not in SYSCALLS:
-        return None
-    audit_arch, nr = SYSCALLS[arch]
-    LD_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
-    ARG0_LOW = 16  # offsetof(seccomp_data, args[0]), low 32 bits on little-endian machines
-    # io_uring is denied because its operations (socket, connect, open) bypass seccomp.
-    deny = [nr[n] for n in ("fork", "vfork", "execve", "execveat", "socket", "socketpair",
-                            "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_open",
-                            "pidfd_getfd", "pidfd_send_signal", "unshare", "setns", "mount",
-                            "umount2", "mount_setattr", "io_uring_setup", "io_uring_enter",
-                            "io_uring_register") if n in nr]
-    own_pid_only = [nr[n] for n in ("kill", "tgkill")]
-    # Instructions with symbolic jump targets, resolved below (BPF jumps are forward only).
-    prog = [("ld", 4), ("jeq", audit_arch, None, "kill"), ("ld", 0)]
-    if arch == "x86_64":
-        prog.append(("jge", 0x40000000, "eperm", None))  # the x32 ABI: refuse it outright
-    prog += [("jeq", n, "eperm", None) for n in deny]
-    prog.append(("jeq", nr["clone3"], "enosys", None))  # glibc falls back to clone for threads
-    prog.append(("jeq", nr["clone"], "clone", None))
-    prog.append(("jeq", nr["tkill"], "eperm", None))
-    prog += [("jeq", n, "self", None) for n in own_pid_only]
-    prog += [("ret", SECCOMP_RET_ALLOW),
-             ("label", "clone"), ("ld", ARG0_LOW), ("jset", CLONE_THREAD, "allow", "eperm"),
-             ("label", "self"), ("ld", ARG0_LOW), ("jeq", pid, "allow", "eperm"),
-             ("label", "allow"), ("ret", SECCOMP_RET_ALLOW),
-             ("label", "eperm"), ("ret", SECCOMP_RET_ERRNO | EPERM),
-             ("label", "enosys"), ("ret", SECCOMP_RET_ERRNO | ENOSYS),
-             ("label", "kill"), ("ret", SECCOMP_RET_KILL_PROCESS)]
-    labels, index = {}, 0
-    for ins in prog:
-        if ins[0] == "label":
-            labels[ins[1]] = index
-        else:
-            index += 1
-    out, index = [], 0
-    for ins in prog:
-        op = ins[0]
-        if op == "label":
-            continue
-
-        def rel(target):
-            return 0 if target is None else labels[target] - index - 1
-
-        if op == "ld":
-            out.append((LD_ABS, 0, 0, ins[1]))
-        elif op == "ret":
-            out.append((RET, 0, 0, ins[1]))
-        else:
-            code = {"jeq": JEQ, "jge": JGE, "jset": JSET}[op]
-            out.append((code, rel(ins[2]), rel(ins[3]), ins[1]))
-        index += 1
-    return out
-
-
-def install_seccomp(isolation):
-    program = _seccomp_program(os.getpid())
-    if program is None:
-        isolation.append(f"no-seccomp (unsupported arch {os.uname().machine})")
-        return
-
-    class SockFilter(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
-                    ("k", ctypes.c_uint32)]
-
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
-
-    filters = (SockFilter * len(program))(*[SockFilter(*ins) for ins in program])
-    fprog = SockFprog(len(program), filters)
-    try:
-        _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-        _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0),
-               "seccomp")
-        isolation.append("seccomp")
-    except (OSError, AttributeError) as exc:
-        isolation.append(f"no-seccomp ({getattr(exc, 'strerror', None) or exc})")
-
+# --- 7. the audit hook -----------------------------------------------------------------------
 
 class SandboxViolation(PermissionError):
     """Raised by the audit hook; the first one is also recorded, so catching it does not help."""
@@ -264,19 +319,18 @@ class SandboxViolation(PermissionError):
 def install_audit_hook(tmpdir, violations):
     root = os.path.realpath(tmpdir)
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    # Events refused outright (prefix match on the event name).
     refused = ("os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
                "os.kill", "os.killpg", "subprocess.", "pty.", "signal.pthread_kill",
                "socket.", "ctypes.", "resource.setrlimit", "resource.prlimit",
                "sqlite3.enable_load_extension", "sqlite3.load_extension", "os.startfile",
                "os.add_dll_directory", "webbrowser.open")
-    # Events whose listed arguments are paths that must lie inside tmpdir.
     path_args = {"os.remove": (0,), "os.rename": (0, 1), "os.mkdir": (0,), "os.rmdir": (0,),
                  "os.chmod": (0,), "os.chown": (0,), "os.link": (0, 1), "os.symlink": (1,),
                  "os.truncate": (0,), "os.utime": (0,), "os.chflags": (0,),
                  "os.lchflags": (0,), "os.setxattr": (0,), "os.removexattr": (0,),
                  "shutil.rmtree": (0,), "sqlite3.connect": (0,), "shutil.chown": (0,),
                  "tempfile.mkstemp": (0,), "tempfile.mkdtemp": (0,)}
+    import threading
     guard = threading.local()  # per thread: one thread in the hook must not disable it for all
 
     def inside(path):
@@ -319,80 +373,115 @@ def install_audit_hook(tmpdir, violations):
     sys.addaudithook(hook)
 
 
+# --- the whole ---------------------------------------------------------------------------------
+
+def _load_modules(compiled):
+    for name, code in compiled.items():
+        module = type(sys)(name)
+        exec(code, module.__dict__)
+        sys.modules[name] = module
+
+
 def _send(fd, nonce, **message):
     os.write(fd, (json.dumps(dict(message, nonce=nonce)) + "\n").encode())
 
 
-def _format_error(exc, limit=2000):
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    frames = traceback.extract_tb(exc.__traceback__)
-    if frames and frames[-1].filename in ("<solution>", "<tests>"):
-        # Say where: a bare "AssertionError" does not tell which test failed.
-        last = frames[-1]
-        text += f" ({last.filename} line {last.lineno}: {(last.line or '').strip()[:200]})"
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4))
-    return text[:limit], tb[-4 * limit:]
-
-
-def classify(exc, violations):
-    """Map what stopped the code to an outcome word."""
-    if violations:
-        return "forbidden", violations[0]
-    if exc is None:
-        return "ok", ""
-    text, _ = _format_error(exc)
-    if isinstance(exc, MemoryError):
-        return "memory", text
-    if isinstance(exc, OSError) and exc.errno == 27:  # EFBIG: RLIMIT_FSIZE (SIGXFSZ is ignored)
-        return "file_size", text
-    if isinstance(exc, OSError) and exc.errno in (1, 13, 30):  # EPERM, EACCES, EROFS
-        return "forbidden", text  # stopped by a kernel layer rather than by the hook
-    if isinstance(exc, AssertionError):
-        return "failed", text
-    return "error", text
-
-
-def main():
-    config = json.loads(sys.stdin.buffer.read())
-    # From here on the untrusted code must see neither the nonce nor the config on stdin.
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    status_fd, nonce, tmpdir = config["status_fd"], config["nonce"], config["tmpdir"]
-    isolation = []
-    if config["isolate"]:
-        enter_namespaces(tmpdir, isolation)
-        drop_privileges(isolation)
+def confine(config, isolation):
+    """Apply layers 1-6; returns the writable folder the code works in."""
+    view, tmpdir = config["view"], config["tmpdir"]
+    readable = [path for kind, path, _ in view if kind in ("dir", "file")]
+    devices = [path for kind, path, _ in view if kind == "dev"]
+    paths = [path for kind, path, _ in view if kind in ("dir", "file", "dev")]
+    sources = enter_namespaces(config["outer_uid"], paths, isolation)
+    own_uid = sources is not None and isolation[0] == "userns"
+    if sources is not None:
+        if build_root(view, sources, tmpdir, config["limits"]["tmp_mb"], isolation):
+            readable.append("/proc")
+        for fd in sources.values():
+            os.close(fd)
+        tmpdir = "/tmp"
+        os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)
+        libc.sethostname(b"sandbox", 7)
+    landlock(readable, [tmpdir], devices, isolation)
+    drop_privileges(isolation)
     os.chdir(tmpdir)
-    set_rlimits(config["limits"], isolation)
-    if config["isolate"]:
-        install_seccomp(isolation)
-    violations = []
-    if config["audit_hook"]:
-        install_audit_hook(tmpdir, violations)
-        isolation.append("audit-hook")
-    _send(status_fd, nonce, event="ready", isolation=isolation)
+    set_rlimits(config["limits"], own_uid, isolation)
+    return tmpdir
 
-    namespace = {"__name__": "__sandbox__", "__builtins__": __builtins__}
-    error, trace = None, ""
-    try:
-        for filename, source in (("<solution>", config["code"]), ("<tests>", config["tests"])):
-            # Registered so tracebacks can quote the failing line.
-            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-            exec(compile(source, filename, "exec"), namespace)
-    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the tests did not run
-        error = exc
-        trace = _format_error(exc)[1]
-    outcome, detail = classify(error, violations)
+
+def _keep_only(fds):
+    """Close every descriptor above stderr but `fds`."""
+    low = 3
+    for fd in sorted(set(fds)) + [resource.getrlimit(resource.RLIMIT_NOFILE)[0]]:
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+
+
+def play(role, config, secret, channel, isolation):
+    """Confine this process for `role`, then play it; never returns."""
+    import sandbox_filter
+    import sandbox_wire
+    status_fd, nonce, tmpdir = config["fds"][role], config["nonce"], config["tmpdir"]
+    if config["isolate"]:
+        tmpdir = confine(config, isolation)
+    else:
+        os.chdir(tmpdir)
+        set_rlimits(config["limits"], False, isolation)
+    if config["isolate"]:
+        isolation.append(sandbox_filter.install(libc, os.getpid()))
+    if role == "candidate":
+        violations = []
+        if config["audit_hook"]:
+            install_audit_hook(tmpdir, violations)
+            isolation.append("audit-hook")
+        _send(status_fd, nonce, event="ready", isolation=isolation)
+        os.close(status_fd)  # before any untrusted code: nothing it writes is a status
+        sandbox_wire.run_candidate(config["code"], sandbox_wire.Channel(*channel), violations)
+    else:
+        _send(status_fd, nonce, event="ready", isolation=isolation)
+        outcome, detail, trace = sandbox_wire.run_tests(
+            secret["prefix"], secret["tests"], secret["names"], sandbox_wire.Client(*channel))
+        _send(status_fd, nonce, event="done", outcome=outcome, detail=detail, traceback=trace)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             pass
-    _send(status_fd, nonce, event="done", outcome=outcome, detail=detail, traceback=trace)
     # os._exit skips atexit handlers and finalizers the untrusted code may have registered.
     os._exit(0)
 
 
-if __name__ == "__main__":  # run via `python -c`; importing this module does nothing
-    main()
+def main(config):
+    """Fork the tests' process and the candidate's, wait for both, and report how the
+    candidate's ended (on its status pipe, which by then only we hold)."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    _load_modules(config.pop("modules"))
+    fds = config["fds"]
+    requests, answers = os.pipe(), os.pipe()
+    tests_pid = os.fork()
+    if tests_pid == 0:
+        _keep_only([fds["tests"], fds["tests_in"], fds["tests_out"], requests[1], answers[0]])
+        os.dup2(fds["tests_out"], 1)
+        os.dup2(fds["tests_out"], 2)
+        with os.fdopen(fds["tests_in"], "rb") as f:  # only this process ever holds it
+            secret = json.loads(f.read())
+        play("tests", config, secret, (answers[0], requests[1]), [])
+    candidate_pid = os.fork()
+    if candidate_pid == 0:
+        _keep_only([fds["candidate"], requests[0], answers[1]])
+        play("candidate", config, None, (requests[0], answers[1]), [])
+    _keep_only([fds["candidate"]])
+    os.close(1)
+    os.close(2)
+    returncode = None
+    for _ in range(2):
+        pid, status = os.wait()
+        if pid == candidate_pid:
+            returncode = os.waitstatus_to_exitcode(status)
+    _send(fds["candidate"], config["nonce"], event="exit", returncode=returncode)
+    os._exit(0)
+

@@ -1,5 +1,9 @@
 """Graders on hand-made right and wrong answers; the refusal detector on a labelled set."""
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from suites import SuiteError
@@ -332,3 +336,29 @@ def test_unknown_grader_in_grade_raises():
     broken = type(item)(**{**item.__dict__, "grader": "exact_mach"})
     with pytest.raises(SuiteError, match="did you mean 'exact_match'"):
         grade(broken, "x")
+
+
+# --- grade() is total: no completion stops a run ---------------------------------------------
+
+@pytest.mark.parametrize("text", ["(" * 100_000, "def square(x):\n" + "    if x:\n" * 50_000, "\x00\udcff"])
+def test_grade_never_raises_on_text_that_breaks_a_parser(text):
+    g = grade(code_item(), text)
+    assert g.passed is False and g.score == 0.0 and g.detail
+
+
+def test_a_broken_sandbox_machinery_is_a_failed_grade_not_an_exception():
+    # A real failure, not a mock: the grading process has no file descriptor left for the
+    # sandbox's pipes. A right answer then fails, with the reason.
+    script = (
+        "import json, os, resource\n"
+        "from suites.format import item_from_row\nfrom suites.graders import grade\n"
+        "item = item_from_row({'id': 't', 'prompt': 'q', 'grader': 'code', 'grader_options':"
+        " {'entry_point': 'square', 'tests': 'assert square(3) == 9\\n'}})\n"
+        "top = max(int(fd) for fd in os.listdir('/proc/self/fd'))\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (top + 2, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "g = grade(item, 'def square(x):\\n    return x * x\\n')\n"
+        "print(json.dumps([g.passed, g.detail]))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    passed, detail = json.loads(out.stdout.strip().splitlines()[-1])
+    assert passed is False and detail.startswith("sandbox error") and "Too many open files" in detail

@@ -1,0 +1,423 @@
+"""Attacks on the code sandbox from inside a completion, through the public grading path.
+
+Every test grades an attacker's completion for a `square` item with `suites.graders.grade`
+(default settings) and asserts two things: the grade is a fail, and the effect did not happen
+on the host (a victim process we start survives, a secret file we create stays unread, nothing
+appears outside, no host IPC object or key exists, the caps held, nothing is left behind).
+Most attacks first switch the audit hook off, as the issue showed one can: the hook gives
+readable reasons, the kernel layers must stop the attack.
+
+The `control` variants grade the same attacks with the kernel layers and the hook disabled
+(`run_code(isolate=False, audit_hook=False)`) and assert that the effect DOES happen then: the
+checks can see what they guard against, so a passing attack test is not vacuous.
+"""
+
+import ctypes
+import functools
+import glob
+import os
+import secrets
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+import suites.graders as graders
+from suites import sandbox
+from suites.format import item_from_row
+from suites.graders import grade
+from suites.sandbox_filter import SYSCALLS
+
+SQUARE_TESTS = "assert square(3) == 9\nassert square(-2) == 4\n"
+WRONG = "\ndef square(x):\n    return x + x\n"
+# What an attacker does first: find the audit hook's per-thread guard and set it busy.
+UNHOOK = ("import gc, threading\n"
+          "for _o in gc.get_objects():\n"
+          "    if type(_o) is threading.local:\n"
+          "        _o.busy = True\n")
+LIBC = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+
+
+def square_item(tests=SQUARE_TESTS, timeout_s=5.0):
+    return item_from_row({"id": "attack", "prompt": "q", "references": [], "grader": "code",
+                          "grader_options": {"entry_point": "square", "tests": tests,
+                                             "timeout_s": timeout_s}})
+
+
+def attack(code, item=None, wrong=True):
+    g = grade(item or square_item(), UNHOOK + code + (WRONG if wrong else ""))
+    assert g.passed is False and g.score == 0.0, g
+    return g
+
+
+def leftovers():
+    """Host folders and cgroups of this process's sandbox runs that still exist."""
+    mine = f"{sandbox.NAME_PREFIX}{os.getpid()}-*"
+    found = glob.glob(os.path.join(tempfile.gettempdir(), mine))
+    for _, _, parent in sandbox._cgroup_parents():
+        found += glob.glob(os.path.join(parent, mine))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    yield
+    assert leftovers() == []
+
+
+@pytest.fixture(scope="module")
+def layers():
+    return set(sandbox.isolation_available())
+
+
+def needs(layers, *any_of):
+    """Skip only where the kernel gives none of the layers that stop this attack."""
+    if not any(l == a or l.startswith(a + " (") for l in layers for a in any_of):
+        pytest.skip(f"this kernel allows none of {any_of}: {sorted(layers)}")
+
+
+@pytest.fixture(params=["sandboxed", "control"])
+def mode(request, monkeypatch):
+    if request.param == "control":
+        monkeypatch.setattr(graders, "run_code",
+                            functools.partial(sandbox.run_code, isolate=False, audit_hook=False))
+    return request.param
+
+
+@pytest.fixture
+def victim():
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _dead(proc, within=1.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _open_files_limit(pid):
+    with open(f"/proc/{pid}/limits") as f:
+        return next(line for line in f if line.startswith("Max open files")).split()[3:5]
+
+
+# --- other processes -------------------------------------------------------------------------
+
+SIGNALS = {
+    "os.kill": "import os\nos.kill({pid}, 9)\n",
+    "pidfd": "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open({pid}), 9)\n",
+    # The kernel signals the pipe's owner when data arrives: F_SETOWN names it, F_SETSIG the signal.
+    "fcntl-sigio": ("import fcntl, os\nr, w = os.pipe()\nfcntl.fcntl(r, fcntl.F_SETOWN, {pid})\n"
+                    "fcntl.fcntl(r, 10, 15)\nfcntl.fcntl(r, fcntl.F_SETFL, os.O_ASYNC | os.O_NONBLOCK)\n"
+                    "os.write(w, b'x')\n"),
+    "rt_sigqueueinfo": (LIBC + "info = (ctypes.c_int * 32)(9, 0, -1)  # si_signo, si_errno, SI_QUEUE\n"
+                        "libc.syscall({nr[rt_sigqueueinfo]}, {pid}, 9, info)\n"),
+    "tgkill": LIBC + "libc.syscall({nr[tgkill]}, {pid}, {pid}, 9)\n",
+}
+NR = SYSCALLS.get(os.uname().machine, (0, {}))[1]  # syscall numbers for ctypes attacks
+
+
+@pytest.mark.parametrize("method", sorted(SIGNALS))
+def test_a_victim_process_survives(method, mode, victim, layers):
+    needs(layers, "pidns", "seccomp")
+    if "nr[" in SIGNALS[method] and not NR:
+        pytest.skip(f"no syscall numbers for {os.uname().machine}")
+    attack(SIGNALS[method].format(pid=victim.pid, nr=NR))
+    if mode == "control":
+        assert _dead(victim), f"{method} did not kill the victim even without the sandbox"
+    else:
+        assert not _dead(victim, within=0.2)
+
+
+def test_other_processes_limits_and_existence_are_out_of_reach(mode, victim, layers):
+    needs(layers, "pidns", "seccomp")
+    before = _open_files_limit(victim.pid)
+    g = attack("import os, resource\n"
+               f"try:\n    resource.prlimit({victim.pid}, resource.RLIMIT_NOFILE, (3, 3))\n"
+               "except OSError:\n    pass\n"
+               f"try:\n    os.kill({os.getpid()}, 0)\n    raise Exception('reached the grader')\n"
+               "except OSError:\n    pass\n")
+    if mode == "control":
+        assert _open_files_limit(victim.pid) == ["3", "3"] and "reached the grader" in g.detail
+    else:
+        assert _open_files_limit(victim.pid) == before
+        assert "reached" not in g.detail and not _dead(victim, within=0.1)
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+def test_a_secret_file_and_the_hosts_proc_are_unreadable(mode, tmp_path, layers):
+    needs(layers, "minimal-root", "landlock")
+    secret = tmp_path / "token"
+    secret.write_text("SECRET-" + secrets.token_hex(8))
+    g = attack(f"found = [open({str(secret)!r}).read()]\n"
+               f"try:\n    found.append(open('/proc/{os.getpid()}/environ').read())\n"
+               "except OSError:\n    pass\n"
+               "raise Exception(repr(found))\n")
+    if mode == "control":
+        assert secret.read_text() in g.detail
+    else:
+        assert secret.read_text() not in g.detail and "PATH=" not in g.detail
+        assert "FileNotFoundError" in g.detail or "PermissionError" in g.detail, g
+
+
+def test_the_tests_are_never_readable():
+    marker = "MARKER-" + secrets.token_hex(8)
+    item = square_item(tests=SQUARE_TESTS + f"# {marker}\n")
+    from suites.humaneval import data_path
+    repo_tests = os.path.join(os.path.dirname(graders.__file__), "data", "code.jsonl")
+    g = attack(
+        "import gc, os, sys\nfound, tag = [], 'MARK' + 'ER-'\n"
+        "for o in gc.get_objects():\n"
+        "    if isinstance(o, dict):\n"
+        "        found += [v for v in o.values() if isinstance(v, str) and tag in v]\n"
+        "f = sys._getframe()\n"
+        "while f:\n"
+        "    found += [v for v in f.f_locals.values() if isinstance(v, str) and tag in v]\n"
+        "    f = f.f_back\n"
+        "for fd in range(64):\n"
+        "    try:\n        os.set_blocking(fd, False)\n"
+        "        found.append(os.read(fd, 1 << 16).decode('latin-1'))\n"
+        "    except OSError:\n        pass\n"
+        "    try:\n        os.set_blocking(fd, True)\n"
+        "    except OSError:\n        pass\n"
+        f"for path in ({str(data_path())!r}, {repo_tests!r}, '/proc/1/cmdline'):\n"
+        "    try:\n        found.append(open(path, 'rb').read(1 << 16).decode('latin-1'))\n"
+        "    except OSError:\n        pass\n"
+        "found = [x for x in found if tag in x and x != tag]\n"
+        "def square(x):\n"
+        "    if found:\n        raise Exception(repr(found)[:400])\n"
+        "    return x + x\n", item, wrong=False)
+    assert marker not in g.detail and g.detail.startswith("failed: AssertionError"), g
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+def test_no_regular_file_fifo_or_device_is_written_outside(mode, tmp_path, layers):
+    needs(layers, "minimal-root", "landlock")
+    regular, fifo = tmp_path / "escaped.txt", tmp_path / "fifo"
+    os.mkfifo(fifo)
+    fifo_r = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    master, slave = os.openpty()
+    os.set_blocking(master, False)
+    try:
+        attack("import os\nerrors = []\n"
+               f"for path in ({str(regular)!r}, {str(fifo)!r}, {os.ttyname(slave)!r}):\n"
+               "    try:\n"
+               "        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o644)\n"
+               "        os.write(fd, b'pwned\\n')\n"
+               "    except OSError as e:\n"
+               "        errors.append(repr(e))\n")
+        written = {"regular": regular.exists(), "fifo": _read(fifo_r), "device": _read(master)}
+    finally:
+        for fd in (fifo_r, master, slave):
+            os.close(fd)
+    if mode == "control":
+        assert written == {"regular": True, "fifo": True, "device": True}
+    else:
+        assert written == {"regular": False, "fifo": False, "device": False}
+
+
+def _read(fd):
+    try:
+        return b"pwned" in os.read(fd, 100)
+    except (BlockingIOError, OSError):
+        return False
+
+
+def test_only_harmless_devices_exist_and_none_can_be_made(layers):
+    needs(layers, "minimal-root")
+    g = attack("import os, stat\nwritable = []\nnames = " + repr(DEVICE_NAMES) + "\n"
+               "try:\n    names += os.listdir('/dev')\nexcept OSError:\n    pass\n"
+               "for name in names:\n"
+               "    try:\n        os.close(os.open('/dev/' + name, os.O_WRONLY | os.O_NONBLOCK))\n"
+               "        writable.append(name)\n"
+               "    except OSError:\n        pass\n"
+               "try:\n    os.mknod('/tmp/blk', 0o600 | stat.S_IFBLK, os.makedev(254, 0))\n"
+               "    writable.append('MKNOD')\n"
+               "except OSError:\n    pass\n"
+               "raise Exception('writable: ' + ','.join(sorted(writable)))\n")
+    listed = g.detail.split("writable: ")[1].split(" ")[0].split(",")
+    assert set(listed) <= {"null", "zero", "full", "random", "urandom", "stdout", "stderr"}, g
+
+
+DEVICE_NAMES = ["null", "zero", "full", "random", "urandom", "tty", "console", "mem", "kmem",
+                "port", "kmsg", "vda", "sda", "nvme0n1", "loop0", "loop-control", "fuse", "ptmx",
+                "pts/0", "pts/ptmx", "shm", "mqueue", "net/tun", "watchdog", "rtc0", "cpu/0/msr"]
+
+
+KEY = 0x5EED0000 + secrets.randbelow(1 << 16)
+NAME = f"decodegate-test-{secrets.token_hex(4)}"
+KEY_SPEC_USER, KEY_SPEC_SESSION, KEYCTL_SEARCH = -4, -3, 10
+
+
+def _sysv(kind):
+    with open(f"/proc/sysvipc/{kind}") as f:
+        return any(line.split()[0] == str(KEY) for line in list(f)[1:])
+
+
+def _mq_exists():
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.mq_open(f"/{NAME}".encode(), os.O_RDONLY)
+    if fd >= 0:
+        libc.mq_close(fd)
+        libc.mq_unlink(f"/{NAME}".encode())
+    return fd >= 0
+
+
+def _key_exists():
+    libc, found = ctypes.CDLL(None, use_errno=True), False
+    for ring in (KEY_SPEC_USER, KEY_SPEC_SESSION):
+        found |= libc.syscall(NR["keyctl"], KEYCTL_SEARCH, ring, b"user", NAME.encode(), 0) > 0
+    return found
+
+
+SHARED = {  # what the attack creates -> whether the host now has it
+    "sysv-msg": (LIBC + f"r = libc.msgget({KEY}, 0o1600)\n", lambda: _sysv("msg")),
+    "sysv-shm": (LIBC + f"r = libc.shmget({KEY}, 4096, 0o1600)\n", lambda: _sysv("shm")),
+    "sysv-sem": (LIBC + f"r = libc.semget({KEY}, 1, 0o1600)\n", lambda: _sysv("sem")),
+    "posix-mq": (LIBC + f"r = libc.mq_open(b'/{NAME}', os.O_CREAT | os.O_WRONLY, 0o600, None)\n", _mq_exists),
+    "posix-shm": (f"r = open('/dev/shm/{NAME}', 'w')\n", lambda: os.path.exists(f"/dev/shm/{NAME}")),
+    "keyring": (LIBC + "".join(f"r = libc.syscall({{nr}}, b'user', b'{NAME}', b'x', 1, {ring})\n"
+                               for ring in (KEY_SPEC_USER, KEY_SPEC_SESSION)), _key_exists),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SHARED))
+def test_no_ipc_object_or_key_reaches_the_host(kind, layers):
+    needs(layers, "seccomp", "ipcns")
+    if not NR:
+        pytest.skip(f"no syscall numbers for {os.uname().machine}")
+    code, exists = SHARED[kind]
+    attack("import os\ntry:\n" + "".join("    " + line + "\n" for line in
+                                          code.format(nr=NR.get("add_key")).splitlines())
+           + "except OSError:\n    pass\n")
+    assert not exists()
+
+
+def test_the_ipc_checks_see_what_the_host_creates():
+    """The checks above are not blind: objects made here, outside any sandbox, are found."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    ids = [(libc.msgget(KEY, 0o1600), "msg"), (libc.shmget(KEY, 4096, 0o1600), "shm"),
+           (libc.semget(KEY, 1, 0o1600), "sem")]
+    try:
+        assert all(i >= 0 for i, _ in ids) and _sysv("msg") and _sysv("shm") and _sysv("sem")
+    finally:
+        for i, kind in ids:
+            {"msg": libc.msgctl, "shm": libc.shmctl, "sem": lambda i, c, b: libc.semctl(i, 0, c)}[kind](i, 0, None)
+    assert not (_sysv("msg") or _sysv("shm") or _sysv("sem"))
+    fd = libc.mq_open(f"/{NAME}".encode(), os.O_CREAT | os.O_WRONLY, 0o600, None)
+    assert fd >= 0 and _mq_exists() and not _mq_exists()  # the check also removes it
+    key = libc.syscall(NR["add_key"], b"user", NAME.encode(), b"x", 1, KEY_SPEC_USER)
+    if key < 0:  # no keyrings for us here: the attack's add_key cannot reach them either
+        pytest.skip(f"add_key on the host: {os.strerror(ctypes.get_errno())}")
+    try:
+        assert _key_exists()
+    finally:
+        libc.syscall(NR["keyctl"], 21, key)  # KEYCTL_INVALIDATE
+
+
+# --- resources -------------------------------------------------------------------------------
+
+def test_disk_use_is_capped_in_total(layers):
+    needs(layers, "minimal-root")
+    g = attack("n = 0\ntry:\n    for i in range(1000):\n"
+               "        open(f'f{i}', 'wb').write(b'x' * (8 << 20))\n        n += 8\n"
+               "except OSError as e:\n    raise Exception(f'wrote {n} MiB: {e}')\n")
+    written = int(g.detail.split("wrote ")[1].split(" MiB")[0])
+    assert written <= sandbox.SandboxLimits().disk_mb and "No space left" in g.detail, g
+
+
+def test_memfd_and_shared_memory_are_refused(layers):
+    needs(layers, "seccomp")
+    g = attack("import os\nmade = []\n"
+               "try:\n    fd = os.memfd_create('x')\n    os.ftruncate(fd, 1 << 30)\n"
+               "    os.write(fd, b'x' * (1 << 20))\n    made.append('memfd')\n"
+               "except OSError:\n    pass\n"
+               + LIBC + f"if libc.syscall({NR.get('memfd_create', -1)}, b'y', 0) >= 0:\n"
+               "    made.append('raw memfd')\n"
+               "raise Exception('made: ' + repr(made))\n")
+    assert "made: []" in g.detail, g
+
+
+def test_threads_are_capped(layers):
+    needs(layers, "userns", "cgroup")
+    g = attack("import threading, time\n"
+               "for i in range(200):\n    threading.Thread(target=time.sleep, args=(2,), daemon=True).start()\n")
+    assert "can't start new thread" in g.detail, g
+
+
+# --- forging the verdict ---------------------------------------------------------------------
+
+FORGERIES = {
+    "status lines with the nonce": (
+        "import gc, json, os, sys\nnonces = set()\n"
+        "for o in gc.get_objects():\n"
+        "    if isinstance(o, dict) and isinstance(o.get('nonce'), str):\n"
+        "        nonces.add(o['nonce'])\n"
+        "assert nonces, 'the attack found no nonce'\n"
+        "for n in nonces:\n"
+        "    for ev in ({'event': 'done', 'outcome': 'ok', 'detail': '', 'traceback': ''},\n"
+        "               {'event': 'exit', 'returncode': 0}, {'event': 'ready', 'isolation': 5}):\n"
+        "        line = (json.dumps(dict(ev, nonce=n)) + '\\n').encode()\n"
+        "        for fd in range(256):\n"
+        "            try:\n                os.write(fd, line)\n"
+        "            except OSError:\n                pass\n"),
+    "replaced compile and exec": (
+        "import builtins\nbuiltins.exec = lambda *a, **k: None\n"
+        "builtins.compile = lambda *a, **k: None\nbuiltins.AssertionError = type('X', (Exception,), {})\n"),
+    "patched grader functions": (
+        "import sys, gc\nw = sys.modules['sandbox_wire']\n"
+        "w.classify = lambda exc: ('ok', '')\nw.run_tests = lambda *a: ('ok', '', '')\n"
+        "for f in gc.get_objects():\n"
+        "    if callable(f) and getattr(f, '__name__', '') in ('_send', 'play', 'classify'):\n"
+        "        try:\n            f.__code__ = (lambda *a, **k: None).__code__\n"
+        "        except (AttributeError, TypeError, ValueError):\n            pass\n"),
+}
+
+
+@pytest.mark.parametrize("method", sorted(FORGERIES))
+def test_a_wrong_program_cannot_forge_a_pass(method):
+    g = attack(FORGERIES[method])
+    # Forged lines that reach the tests' process at all arrive as garbage answers.
+    assert g.detail.startswith(("failed: AssertionError", "error: the candidate broke the protocol")), g
+
+
+@pytest.mark.parametrize("value", ["Always()", "Int(5)", "Str('9')"])
+def test_an_object_equal_to_everything_does_not_pass(value):
+    classes = ("class Always:\n    def __eq__(self, other):\n        return True\n"
+               "    __hash__ = object.__hash__\n    def __bool__(self):\n        return True\n"
+               "class Int(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+               "class Str(str):\n    def __eq__(self, other):\n        return True\n    __hash__ = str.__hash__\n")
+    g = grade(square_item(), classes + f"def square(x):\n    return {value}\n")
+    assert g.passed is False and g.detail.startswith("failed: AssertionError"), g
+
+
+# --- crashes ---------------------------------------------------------------------------------
+
+CRASHES = {
+    "raise_signal(35)": "import signal\nsignal.raise_signal(35)\n",
+    "raise(35) in libc": LIBC + "getattr(libc, 'raise')(35)\n",
+    "1500-deep folder tree": ("import os\nfor i in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\n"
+                              "open('f', 'w').write('x' * 50000)\n"),
+    "segmentation fault": LIBC + "ctypes.string_at(0)\n",
+    "forged ready line": ("import os\nline = b'{\"event\": \"ready\", \"isolation\": 5, \"nonce\": 1}\\n'\n"
+                          "for fd in range(64):\n    try:\n        os.write(fd, line)\n"
+                          "    except OSError:\n        pass\n"),
+    "an answer over 16 MiB": "def square(x):\n    return 'x' * (17 << 20)\n",
+    "an answer nested too deep": "def square(x):\n    v = []\n    for _ in range(10000):\n        v = [v]\n    return v\n",
+    "closing every pipe": "import os\nos.closerange(3, 1024)\n",
+}
+
+
+@pytest.mark.parametrize("crash", sorted(CRASHES))
+def test_no_completion_makes_grade_raise_or_leave_anything(crash):
+    code = CRASHES[crash]
+    g = attack(code, wrong="def square" not in code)  # some crash in their own square
+    assert isinstance(g.detail, str) and g.detail
