@@ -1,4 +1,5 @@
-"""Calibration of the paired tests: false-alarm rates, type I error and power.
+"""Calibration of the paired tests: false-alarm rates, type I error and power (and, through
+:mod:`.calibrate_gates`, of the gate's verdicts, the speedup interval and the exactness checks).
 
 Every case is computed two ways: by simulation (vectorised, ``studies`` simulated studies) and,
 where the data are discrete and small enough, exactly, by enumerating every possible table
@@ -277,6 +278,8 @@ def report(*, studies: int = 10_000, seed: int = 20240601) -> str:
     for delta in (-0.05, 0.0):
         cells = [_fmt(ni_t_pass_rate(n, delta, 0.05, studies=studies, rng=rng)) for n in (100, 200, 400)]
         out.append(f"| 0.05 | {delta:+.2f} | " + " | ".join(cells) + " |")
+    from .calibrate_gates import report_lines
+    out += report_lines(studies=studies, rng=rng)
     return "\n".join(out) + "\n"
 
 

@@ -184,8 +184,6 @@ def paired_speedup(
     :func:`analysis._common.prompt_clusters`); pass ``np.arange(len(pairs))`` to treat every pair
     as independent. ``alpha``: level of the one-sided ``lower_bound``.
     """
-    level = check_level(confidence_level)
-    bound_level = 1.0 - check_level(alpha, "alpha")
     if not pairs:
         raise ValueError("paired_speedup needs at least one pair")
     rows = []
@@ -197,6 +195,21 @@ def paired_speedup(
         rows.append((bw, bn, cw, cn))
     bw, bn, cw, cn = (np.asarray(col, dtype=float) for col in zip(*rows))
     ids = prompt_clusters(pairs) if clusters is None else np.asarray(clusters, dtype=np.int64)
+    return speedup_from_arrays(bw, bn, cw, cn, ids, confidence_level=confidence_level, n_resamples=n_resamples,
+                               method=method, rng=rng, alpha=alpha,
+                               resampled="prompts" if clusters is None else "given clusters")
+
+
+def speedup_from_arrays(
+    bw, bn, cw, cn, clusters, *, confidence_level: float = 0.95, n_resamples: int = 9999,
+    method: str = "BCa", rng=None, alpha: float = 0.05, resampled: str = "given clusters",
+) -> SpeedupResult:
+    """:func:`paired_speedup` on arrays of wall seconds and token counts per pair (baseline,
+    candidate) and a cluster id per pair (the calibration simulates through this)."""
+    level = check_level(confidence_level)
+    bound_level = 1.0 - check_level(alpha, "alpha")
+    bw, bn, cw, cn = (np.asarray(a, dtype=float) for a in (bw, bn, cw, cn))
+    ids = np.asarray(clusters, dtype=np.int64)
     if ids.shape != bw.shape:
         raise ValueError(f"clusters must give one id per pair ({bw.size}), got shape {ids.shape}")
     # The ratio of totals is a ratio of sums: resampling prompts is resampling their sums.
@@ -211,12 +224,11 @@ def paired_speedup(
     else:
         ci, bound = ConfidenceInterval(float("nan"), float("nan")), float("nan")
     return SpeedupResult(
-        statistic=speedup, pvalue=pvalue, n=len(pairs),
+        statistic=speedup, pvalue=pvalue, n=int(bw.size),
         baseline_s_per_token=float(bw.sum() / bn.sum()), candidate_s_per_token=float(cw.sum() / cn.sum()),
         ci_low=ci.low, ci_high=ci.high, confidence_level=level, n_prompts=int(per_prompt.size),
         lower_bound=bound, lower_bound_level=bound_level, median_prompt_speedup=float(np.median(per_prompt)),
-        share_prompts_slower=float(np.mean(per_prompt < 1.0)),
-        resampled="prompts" if clusters is None else "given clusters",
+        share_prompts_slower=float(np.mean(per_prompt < 1.0)), resampled=resampled,
     )
 
 

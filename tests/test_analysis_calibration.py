@@ -153,3 +153,52 @@ def test_calibrate_script_writes_report(tmp_path):
         assert heading in text
     with pytest.raises(SystemExit):
         cal.main(["--studies", "10", "--out", str(out)])
+
+
+# --------------------------------------------------------------- the gate's verdicts (issue 16)
+
+from analysis import calibrate_gates as cg  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [10, 100, 200])
+def test_aa_any_suite_worse_holds_the_level(n):
+    for disc in (0.05, 0.1, 0.3, 0.5):
+        rate = cg.aa_any_worse(n, disc, studies=2000, rng=n)
+        assert rate.exact <= 0.05, (n, disc, rate)
+        assert abs(rate.simulated - rate.exact) <= 4 * rate.mc_se + 1e-3
+    if n == 10:  # the old rule (point estimate below -margin) called a suite worse most of the time
+        assert cg.aa_any_worse(n, 0.3, rule="old", studies=2000, rng=0).exact > 0.4
+
+
+def test_aa_any_worse_through_the_gate():
+    """The counts-level rule of the calibration is the gate's own decision."""
+    from harness.config import Gates
+    from harness.gate import decide
+    try:
+        from test_gate import lossy, quality
+    except ImportError:  # tests/ imported as a package
+        from tests.test_gate import lossy, quality
+    for w, l in [(0, 0), (0, 3), (1, 6), (0, 7), (2, 9)]:
+        q = quality(n=40, wins=w, losses=l)
+        worse = any(r.detail.startswith("worse") for r in decide(lossy(a=q, b=quality(n=40), c=quality(n=40)),
+                                                                  Gates(inconclusive="warn")).results)
+        assert worse == bool(cg._loss_rejects(40, 3, 0.05)(w, l)), (w, l)
+
+
+def test_intersection_union_passes_more_than_holm():
+    iut = cg.aa_pass_all((217, 72, 84), 0.1, studies=3000, rng=1)
+    holm = cg.aa_pass_all((217, 72, 84), 0.1, holm=True, studies=3000, rng=1)
+    assert iut.simulated > holm.simulated and abs(iut.simulated - iut.exact) < 4 * iut.mc_se
+
+
+def test_speedup_interval_covers_with_clustered_pairs():
+    truth = cg.speedup_truth(0, prompts=100_000)
+    clustered, _ = cg.speedup_coverage(studies=150, n_resamples=500, rng=5, truth=truth)
+    pairs, _ = cg.speedup_coverage(clustered=False, studies=150, n_resamples=500, rng=5, truth=truth)
+    assert clustered.simulated >= 0.88 and pairs.simulated < 0.75
+
+
+def test_p95_bias_at_small_n():
+    assert cg.p95_below_truth(10, method="linear", studies=4000, rng=0).simulated > 0.7
+    cov, upper = cg.p95_coverage(10, studies=300, rng=0)
+    assert cov.simulated >= 0.95 and upper == 0.0  # a lower bound only, and said so

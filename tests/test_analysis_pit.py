@@ -1,0 +1,72 @@
+"""The sequential randomized PIT test: features by hand, size and power (seeded, small), the
+verifier's positions from speculative stats, and the goodness-of-fit window's reach."""
+
+import numpy as np
+import pytest
+
+from analysis import calibrate_gates as cg
+from analysis import pit
+from analysis.exactness import detectable_tv
+
+
+def test_features_by_hand():
+    p = np.array([[0.1, 0.5, 0.4, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    f = pit.features(p, [2, 1])
+    # row 0: order 1 (0.5), 2 (0.4), 0 (0.1): token 2 has 0.5 before it; in id order 0.1
+    assert f.mass_before.tolist() == pytest.approx([0.5, 0.25])  # ties broken by id: token 0 before 1
+    assert f.mass_before_id.tolist() == pytest.approx([0.6, 0.25])
+    assert f.p_token.tolist() == pytest.approx([0.4, 0.25])
+    assert f.token_class.tolist() == [1, 1]                      # rank 2 both times
+    assert f.class_probs[0].tolist() == pytest.approx([0.5, 0.4, 0.1, 0.0])
+    assert pit.features(np.array([[2.0, 2.0]]), [0]).p_token[0] == pytest.approx(0.5)  # residual rows normalised
+    with pytest.raises(ValueError):
+        pit.features(p, [4, 0])
+
+
+def test_pit_values_are_uniform_under_exact_sampling():
+    rng = np.random.default_rng(0)
+    p = cg.lm_rows(20_000, 50, rng)
+    u = pit.pit_values(pit.features(p, cg._draw(p, rng)), rng=rng)
+    assert abs(u.mean() - 0.5) < 0.01 and abs(np.mean(u < 0.1) - 0.1) < 0.01
+
+
+def test_size_holds_and_power_is_there():
+    size = cg.pit_rejection(300, level=0.05, studies=300, rng=1)
+    assert size.simulated <= 0.05 + 2.576 * np.sqrt(0.05 * 0.95 / 300)
+    for shape in ("top-two", "spread", "sharpen", "id-shift"):
+        power = cg.pit_rejection(1200, 0.1, shape, level=0.0025, studies=40, rng=2)
+        assert power.simulated >= 0.8, (shape, power)
+    weak = cg.pit_rejection(300, 0.01, "top-two", level=0.0025, studies=40, rng=3)
+    assert weak.simulated < 0.5  # TV 0.01 at 300 tokens is out of reach, and the report says so
+
+
+def test_impossible_tokens_and_small_samples():
+    p = np.tile([0.5, 0.5, 0.0], (20, 1))
+    res = pit.pit_test(pit.features(p, [2] + [0] * 19), rng=0)
+    assert res.pvalue == 0.0 and res.impossible == 1
+    few = pit.pit_test(pit.features(p[:5], [0] * 5), rng=0)
+    assert few.pvalue is None and "too few" in few.note
+
+
+def test_detectable_distortion_shrinks_with_n():
+    rng = np.random.default_rng(4)
+    tv = []
+    for n in (200, 800, 3200):
+        p = cg.lm_rows(n, 64, rng)
+        tv.append(pit.detectable_tv(pit.features(p, cg._draw(p, rng)), level=0.0025))
+    assert tv[0] > tv[1] > tv[2] and tv[2] < 0.05
+    assert detectable_tv([0.5, 0.3, 0.2], 200, level=0.0025) > detectable_tv([0.5, 0.3, 0.2], 1000, level=0.0025)
+    assert detectable_tv([1.0], 200, level=0.01) is None
+
+
+def test_verifier_positions_from_round_stats():
+    # rounds: 4 proposed, 2 accepted at offset 1 (tokens 1, 2 accepted, 3 the correction);
+    # 4 proposed, 4 accepted at offset 4 (bonus at 8, untested); no proposal at offset 9
+    stats = {"round_offsets": [1, 4, 9], "proposed_per_round": [4, 4, 0], "accepted_per_round": [2, 4, 0],
+             "rejected_draft_tokens": [77, -1, -1]}
+    tested, rejected, drafted = pit.verifier_positions(stats, 10)
+    assert np.flatnonzero(tested).tolist() == [1, 2, 3, 4, 5, 6, 7]
+    assert np.flatnonzero(rejected).tolist() == [3] and drafted[3] == 77
+    assert pit.verifier_counts(stats) == (8, 1)
+    with pytest.raises(KeyError):
+        pit.verifier_positions({"proposed": 3}, 10)
