@@ -38,6 +38,7 @@ operation), "killed: <signal>", "sandbox error: <what>" (the machinery failed, n
 from __future__ import annotations
 
 import builtins
+import fcntl
 import functools
 import glob
 import json
@@ -67,6 +68,7 @@ _BOOTSTRAP = ("import marshal, sys, ctypes, json, resource, signal\n"
               "exec(code, namespace)\n"
               "namespace['main'](config)\n")
 _DEVICES = ("null", "zero", "full", "random", "urandom")
+F_SETPIPE_SZ = 1031
 NAME_PREFIX = "decodegate-sandbox-"  # + our pid: the host folder and the cgroup of one run
 
 
@@ -342,7 +344,12 @@ class _Run:
         """Send the config, join the cgroup (while the interpreter starts), send the tests. The
         preamble reads its stdin to the end before it forks: it forks inside the cgroup."""
         stdin, tests_in = self._writes
+        try:  # room for the whole config, so we join the cgroup while the interpreter starts
+            fcntl.fcntl(stdin[0].fileno(), F_SETPIPE_SZ, max(len(stdin[1]), 1 << 16))
+        except OSError:
+            pass  # larger than /proc/sys/fs/pipe-max-size: we wait for the child to read
         self._send(*stdin, close=False)
+        stdin[0].flush()
         if self.cgroup:
             self.cgroup.add(self.proc.pid)
         self._send(stdin[0], b"")

@@ -232,3 +232,41 @@ def test_timeout_kills_the_whole_process_group():
         time.sleep(0.05)
     else:
         pytest.fail(f"grandchild {grandchild} still alive after the timeout")
+
+
+NO_NAMESPACES = """
+import ctypes, json, os, sys
+# A kernel that refuses namespaces (an unprivileged container): unshare fails with EPERM.
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": 272, "aarch64": 97}[os.uname().machine]
+prog = [(0x20, 0, 0, 0), (0x15, 0, 1, nr), (0x06, 0, 0, 0x00050001), (0x06, 0, 0, 0x7FFF0000)]
+class F(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+class P(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(F))]
+filters = (F * len(prog))(*[F(*i) for i in prog])
+assert libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(22, 2, ctypes.byref(P(len(prog), filters)), 0, 0) == 0
+from suites.sandbox import run_code
+secret = sys.argv[1]
+read = run_code(f"def leak():\\n    return open({secret!r}).read()\\n", "assert leak() == 'x'\\n")
+right = run_code("def add(a, b):\\n    return a + b\\n", "assert add(2, 3) == 5\\n")
+wrong = run_code("def add(a, b):\\n    return 5\\n", "assert add(2, 3) == 5\\nassert add(1, 1) == 2\\n")
+print(json.dumps({"isolation": read.isolation, "read": read.detail, "passed": [right.passed, wrong.passed]}))
+"""
+
+
+def test_where_the_kernel_refuses_namespaces_landlock_keeps_host_files_out(tmp_path, layers):
+    _need(layers, *(x for x in layers if x.startswith("landlock (")))
+    import json
+    import subprocess
+    import sys
+    secret = tmp_path / "token"
+    secret.write_text("SECRET-fallback")
+    out = subprocess.run([sys.executable, "-c", NO_NAMESPACES, str(secret)], capture_output=True,
+                         text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert any(x.startswith("no-namespaces") for x in got["isolation"]), got
+    assert any(x.startswith("landlock") for x in got["isolation"]) and "seccomp" in got["isolation"]
+    assert "SECRET" not in got["read"] and "Permission denied" in got["read"], got
+    assert got["passed"] == [True, False]
