@@ -88,6 +88,19 @@ def test_kl_training_alone_lowers_the_loss_from_the_logit_lens(cache, tmp_path):
     assert v["kl_head"] < 0.95 * v["kl_lens"]
 
 
+def test_a_time_budget_shortens_the_schedule(cache, tmp_path):
+    from harness.exits.train import Settings, planned_steps
+    s = Settings((1,), 1, 1, (0.0,), 1, 300, 100, 1e-3, "zero", 0)
+    assert planned_steps(s, 3, 1.0, 10.0, 0) == 300            # too early to estimate
+    assert planned_steps(s, 10, 2.0, 10.0, 0) == 50            # 0.2 s a step, 8 s left: 40 more
+    assert planned_steps(s, 10, 2.0, 10.0, 1000) == 40         # 2 s kept for the evaluation
+    assert planned_steps(s, 10, 12.0, 10.0, 0) == 10           # over budget: stop
+    out = tmp_path / "budget"
+    assert main(["train-exits", *TRAIN, "--steps", "100000", "--time-budget", "4", "--out", str(out)]) == 0
+    meta = json.loads((out / "exit_heads.json").read_text())
+    assert 5 <= meta["training"]["steps"] < 100000 and meta["seconds"]["total"] < 8
+
+
 def test_heads_for_another_target_are_refused_naming_both(heads_dir, tiny_qwen2):
     from decoders.early_exit import EarlyExitDecoder
     from decoders.speculative import SpeculativeDecoder

@@ -56,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=256, help="token positions per step (default: %(default)s)")
     p.add_argument("--lr", type=float, default=2e-4, help="peak Adam learning rate (default: %(default)s)")
     p.add_argument("--time-budget", type=float, default=None,
-                   help="stop the KL steps after this many seconds (default: no limit)")
+                   help="seconds for the whole command: the KL steps get what generation, hidden states and the "
+                        "final evaluation leave, and their schedule shrinks to fit (default: no limit)")
     p.add_argument("--init", choices=("lstsq", "zero"), default="lstsq",
                    help="start from the least-squares map or from zero (the logit lens) (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="sampling and training seed (default: %(default)s)")
@@ -120,33 +121,36 @@ def lstsq_head(h: torch.Tensor, final: torch.Tensor, ridge: float = 1e-3) -> tup
 
 
 @torch.no_grad()
-def evaluate(lens: Lens, states, heads: dict, *, chunk: int = 512) -> dict:
-    """Per layer on held-out rows: KL(final || exit) and top-1 agreement with the final layer,
-    for the logit lens and for `heads` (layer -> (W, b))."""
-    out = {l: {"kl_lens": 0.0, "kl_head": 0.0, "agree_lens": 0.0, "agree_head": 0.0} for l in states.layers}
-    n = states.n
-    for i in range(0, n, chunk):
+def evaluate(lens: Lens, states, heads: dict[str, dict], *, chunk: int = 512) -> dict:
+    """Per layer on held-out rows, in one pass: KL(final || exit) and top-1 agreement with the
+    final layer for the logit lens and for each set of `heads` (name -> {layer: (W, b)})."""
+    sums = {l: {f"{k}_{name}": 0.0 for name in ("lens", *heads) for k in ("kl", "agree")} for l in states.layers}
+    for i in range(0, states.n, chunk):
         final_logits = lens.logits(states.final[i:i + chunk])
         logp = torch.log_softmax(final_logits.float(), -1)
         top = final_logits.argmax(-1)
         for l, h in states.layers.items():
             x = h[i:i + chunk]
-            lo = lens.logits(x)
-            out[l]["kl_lens"] += float(kl_rows(logp, lo).sum())
-            out[l]["agree_lens"] += float((lo.argmax(-1) == top).sum())
-            if l in heads:
-                lh = lens.logits(apply_head(x, *heads[l]))
-                out[l]["kl_head"] += float(kl_rows(logp, lh).sum())
-                out[l]["agree_head"] += float((lh.argmax(-1) == top).sum())
-    for l in out:
-        for k in out[l]:
-            out[l][k] /= max(n, 1)
-        if l not in heads:
-            out[l]["kl_head"] = out[l]["agree_head"] = None
-    return {"tokens": n, "layers": {str(l): v for l, v in sorted(out.items())}}
+            for name, logits in (("lens", lens.logits(x)),
+                                 *((n, lens.logits(apply_head(x, *hs[l]))) for n, hs in heads.items())):
+                sums[l][f"kl_{name}"] += float(kl_rows(logp, logits).sum())
+                sums[l][f"agree_{name}"] += float((logits.argmax(-1) == top).sum())
+    n = max(states.n, 1)
+    return {"tokens": states.n, "layers": {str(l): {k: v / n for k, v in sums[l].items()} for l in sorted(sums)}}
 
 
 # ----------------------------------------------------------------------------------- training
+
+def planned_steps(settings, step: int, spent: float, time_budget: float | None, reserve_rows: int) -> int:
+    """Steps the cosine schedule aims at: all of them, or, under a time budget, as many as the
+    measured time per step lets fit (keeping room for `reserve_rows` rows of evaluation, about
+    one step's cost per batch of rows). Re-estimated as steps go, so the rate still decays to 0."""
+    if time_budget is None or step < 5:
+        return settings.steps
+    per_step = spent / step
+    left = time_budget - spent - per_step * reserve_rows / settings.batch
+    return min(settings.steps, step + max(0, int(left / per_step)))
+
 
 def _lr(step: int, steps: int, peak: float) -> float:
     warm = max(1, steps // 20)
@@ -156,10 +160,12 @@ def _lr(step: int, steps: int, peak: float) -> float:
 
 
 def train(lens: Lens, states, settings: Settings, *, init_heads: dict, checkpoint: Path | None = None,
-          resume: dict | None = None, time_budget: float | None = None, progress: bool = True,
-          meta: dict | None = None) -> tuple[dict, int, float]:
+          resume: dict | None = None, time_budget: float | None = None, reserve_rows: int = 0,
+          progress: bool = True, meta: dict | None = None) -> tuple[dict, int, float]:
     """Adam on sum_l mean KL(final || T_l) over random batches of rows. Returns (heads, steps
-    done, seconds). Saves a checkpoint on interrupt (and every 50 steps) when given a path."""
+    done, seconds). `time_budget`: seconds for the steps (and `reserve_rows` of evaluation after
+    them); the schedule shrinks to fit. Saves a checkpoint on interrupt (and every 50 steps)
+    when given a path."""
     from tqdm import tqdm
     params = {l: (init_heads[l][0].clone().requires_grad_(True), init_heads[l][1].clone().requires_grad_(True))
               for l in settings.layers}
@@ -188,13 +194,13 @@ def train(lens: Lens, states, settings: Settings, *, init_heads: dict, checkpoin
     bar = tqdm(total=settings.steps, initial=step, desc="train-exits", unit="step", disable=not progress,
                dynamic_ncols=True)
     try:
-        while step < settings.steps and (time_budget is None or spent < time_budget):
+        while step < planned_steps(settings, step, spent, time_budget, reserve_rows):
             t0 = time.perf_counter()
             rows = torch.randint(0, states.n, (min(settings.batch, states.n),), generator=gen)
             with torch.no_grad():
                 logp = torch.log_softmax(lens.logits(states.final[rows]).float(), -1)   # (B, V)
             for g in opt.param_groups:
-                g["lr"] = _lr(step, settings.steps, settings.lr)
+                g["lr"] = _lr(step, planned_steps(settings, step, spent, time_budget, reserve_rows), settings.lr)
             opt.zero_grad(set_to_none=True)
             total = 0.0
             for l, (w, b) in params.items():   # one layer at a time: one (B, V) graph alive
@@ -292,6 +298,12 @@ def run_training(args, *, log=print) -> dict:
         init = identity_heads(hidden, layers)
     t_init = time.perf_counter() - t0
 
+    def budget_left():
+        """--time-budget is for the whole command: the steps get what is left of it."""
+        if args.time_budget is None:
+            return None
+        return args.time_budget - (time.perf_counter() - t_start) + (resume["seconds"] if resume else 0.0)
+
     meta = {"target_fingerprint": fp, "data_hash": dhash, "settings": asdict(settings)}
     partial = out.parent / f".{out.name}.partial"
     resume = None
@@ -304,15 +316,11 @@ def run_training(args, *, log=print) -> dict:
             log(f"train-exits: a checkpoint in {partial} is for other settings or data; starting over",
                 file=sys.stderr)
     heads, steps, t_train = train(lens, train_s, settings, init_heads=init, checkpoint=partial, resume=resume,
-                                  time_budget=args.time_budget, progress=progress, meta=meta)
+                                  time_budget=budget_left(), reserve_rows=valid_s.n, progress=progress,
+                                  meta=meta)
     t0 = time.perf_counter()
-    report = {"init": evaluate(lens, valid_s, init), "trained": evaluate(lens, valid_s, heads)}
+    held_out = evaluate(lens, valid_s, {"init": init, "head": heads})
     t_eval = time.perf_counter() - t0
-    held_out = {"tokens": report["trained"]["tokens"], "layers": {
-        l: {"kl_lens": v["kl_lens"], "kl_init": report["init"]["layers"][l]["kl_head"], "kl_head": v["kl_head"],
-            "agree_lens": v["agree_lens"], "agree_init": report["init"]["layers"][l]["agree_head"],
-            "agree_head": v["agree_head"]}
-        for l, v in report["trained"]["layers"].items()}}
     from harness.regress import code_version
     provenance = {
         "target": target.name, "target_fingerprint": fp, "num_layers": num_layers,
@@ -323,7 +331,8 @@ def run_training(args, *, log=print) -> dict:
                  "prompts": len(train_p), "valid_prompts": len(valid_p),
                  "suites_checked": P.check_disjoint()[1]["suites"],
                  "dropped_for_overlap": len(P.check_disjoint()[1]["dropped_for_overlap"])},
-        "training": {"loss": "KL(final || exit)", "init": args.init, "steps": steps, "steps_planned": args.steps,
+        "training": {"loss": "KL(final || exit)", "init": args.init, "steps": steps, "steps_asked": args.steps,
+                     "time_budget": args.time_budget,
                      "batch": args.batch, "lr": args.lr, "optimizer": "Adam, warm-up then cosine", "seed": args.seed,
                      "resumed_from_step": int(resume["step"]) if resume else None},
         "held_out": held_out,
