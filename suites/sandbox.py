@@ -1,16 +1,19 @@
 """Run untrusted Python (model output) against tests: two confined processes, one verdict.
 
-`run_code(code, tests, prefix=..., names=...)` starts two fresh `python -I -S -B` processes
-whose trusted preamble (`sandbox_child.py`) confines itself before anything else runs:
+`run_code(code, tests, prefix=..., names=...)` starts one fresh `python -I -S -B` whose trusted
+preamble (`sandbox_child.py`) forks two processes, each of which confines itself before anything
+else runs (the tests reach only the second, on a pipe of its own):
 - the candidate's process executes `code`, then answers requests about the objects it defined;
 - the tests' process executes `prefix` (trusted: HumanEval's prompt with its helpers), binds
   each of `names` (default: the names the tests use but do not define) to a proxy of the
   candidate's object, and executes `tests`. Only plain data crosses between them, as JSON
   (`sandbox_wire.py`). The verdict is the tests' process's alone, sent on a status pipe the
   candidate's process never holds; the tests never enter the candidate's process.
-This module is the host side: a cgroup per process, wall-clock timeout (each process group is
-killed), capped output, and the translation of what happened into a `SandboxResult`. It never
-raises for what the code does, and a failure of its own machinery is a failed result too.
+This module is the host side: a cgroup per run, the wall-clock timeout (the whole process group
+is killed), capped output, removal of everything the run leaves (its folder, its cgroup), and the
+translation of what happened into a `SandboxResult`. It never raises for what the code does, and
+a failure of its own machinery is a failed result too. README.md has the table of attacks and the
+layer that stops each (tests/test_sandbox_attacks.py tries every one).
 
 Layers (sandbox_child.py and sandbox_filter.py say how), each listed in `SandboxResult.isolation`
 with why where it is missing: user (root inside is an unprivileged uid of its own outside),
@@ -27,7 +30,10 @@ reading the view (the interpreter, the system's shared libraries, kernel facts s
 /proc/cpuinfo); writing /tmp; printing (capped). Where the kernel refuses namespaces (an
 unprivileged container), the filesystem view, the PID and network isolation are gone, and
 Landlock (if present) is what keeps the host's files out of reach; without Landlock either, the
-code can read what the user can read. The verdict stays in the tests' process in every case.
+code can read what the user can read. Without a user namespace RLIMIT_NPROC does not count
+threads (root is exempt); without a cgroup memory is bounded per process (RLIMIT_AS), by the tmpfs
+size and by the denial of memfd and shared memory. The verdict stays in the tests' process in
+every case.
 
 Reasons: "passed", "failed" (an assertion failed), "error" (any other exception, a syntax error,
 an early exit, a broken protocol), "timeout" (wall clock), "cpu" (RLIMIT_CPU), "memory"
@@ -317,8 +323,15 @@ class _Run:
         self.limits, self.nonce = limits, config["nonce"]
         self.buffers = {name: bytearray() for name in self.STREAMS}
         self.dropped = {name: 0 for name in self.STREAMS}
-        self.proc, self.pipes, self.cgroup = None, {}, None
+        self.proc, self.pipes, self.cgroup, self._writes = None, {}, None, []
         self.tmpdir = tempfile.mkdtemp(prefix=f"{NAME_PREFIX}{os.getpid()}-")
+        try:
+            self._spawn(config, secret, limits, isolate)
+        except BaseException:
+            self.close()  # e.g. no descriptor left for a pipe: leave nothing behind
+            raise
+
+    def _spawn(self, config, secret, limits, isolate):
         child_ends = {}
         try:
             for name in ("candidate", "tests", "tests_out"):  # the child writes, we read
@@ -404,7 +417,7 @@ class _Run:
                 pipe.close()
         for fd in self.pipes.values():
             os.close(fd)
-        for pipe, _ in getattr(self, "_writes", ()):
+        for pipe, _ in self._writes:
             try:
                 pipe.close()
             except OSError:

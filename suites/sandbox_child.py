@@ -5,9 +5,11 @@ reads from stdin this module's code, compiled, and the config (the code, limits,
 view, the numbers of its pipes, and the compiled `sandbox_wire` and `sandbox_filter`, loaded here
 as modules), then calls `main(config)`. It must stay self-contained: standard library only.
 
-Two such processes grade one program: the candidate's (role "candidate": executes the code,
-then answers requests over the channel) and the tests' (role "tests": executes the tests, every
-use of a candidate's name being a request; it alone reports the verdict). See sandbox_wire.py.
+`main` forks the two processes that grade one program, each confining itself for its role: the
+tests' (role "tests": reads the prefix and tests from a pipe only it holds, executes them, every
+use of a candidate's name being a request; it alone reports the verdict) and the candidate's
+(role "candidate": executes the code, then answers requests; see sandbox_wire.py). `main` then
+only waits, and reports how the candidate's process ended.
 
 Layers, in the order applied, each reported by name in `isolation` (or why it is missing):
 1. namespaces: the process forks; the child unshares user (where allowed: root inside is an

@@ -357,8 +357,11 @@ def test_a_broken_sandbox_machinery_is_a_failed_grade_not_an_exception():
         "top = max(int(fd) for fd in os.listdir('/proc/self/fd'))\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (top + 2, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
         "g = grade(item, 'def square(x):\\n    return x * x\\n')\n"
-        "print(json.dumps([g.passed, g.detail]))\n")
+        "import glob, tempfile\n"
+        "left = glob.glob(f'{tempfile.gettempdir()}/decodegate-sandbox-{os.getpid()}-*')\n"
+        "print(json.dumps([g.passed, g.detail, left]))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    passed, detail = json.loads(out.stdout.strip().splitlines()[-1])
+    passed, detail, left_behind = json.loads(out.stdout.strip().splitlines()[-1])
     assert passed is False and detail.startswith("sandbox error") and "Too many open files" in detail
+    assert left_behind == []
