@@ -25,6 +25,11 @@ class DecoderSpec:
     min_speedup: float | None = None
     labels: dict = field(default_factory=dict)  # team / cost-center labels, copied to MLflow tags
     suites: tuple[str, ...] | None = None       # run only on these suites (default: all)
+    role: str = "candidate"                     # "aa-floor": the baseline run again (harness.sweep)
+    # A run folder or "mlflow:last" whose α/τ this candidate must not fall below (harness.acceptance_ref),
+    # and the relative drop tolerated (default 0.05).
+    acceptance_reference: str | None = None
+    acceptance_tolerance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ class Profile:
     max_new_tokens: int | None      # cap on every item's budget
     exactness_prompts: int
     exactness_samples: int
+    concurrency: tuple[int, ...] = ()  # engine requests in flight: one paired comparison per level
+    as_logged: bool = False            # temperatures = "as-logged": each item's own sampling (suites import)
 
 
 @dataclass(frozen=True)
@@ -118,9 +125,11 @@ class RegressConfig:
     gates: Gates
     labels: dict
     engines: dict = field(default_factory=dict)   # name -> decoders.engines.server.EngineSpec
+    log_text: bool = True           # false: generated text stays in the run folder, never goes to MLflow
 
 
 KINDS = ("exact", "lossy")
+AS_LOGGED = "as-logged"  # profile temperatures: each suite item's logged sampling settings
 
 
 def _take(table: dict, allowed: set, where: str) -> dict:
@@ -141,13 +150,18 @@ def _typed(table: dict, key: str, types, where: str, what: str):
 def _decoder(table: dict, where: str, default_kind: str) -> DecoderSpec:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a table, got {table!r}")
-    _take(table, {"name", "decoder", "options", "kind", "target", "min_speedup", "labels", "suites"}, where)
+    _take(table, {"name", "decoder", "options", "kind", "target", "min_speedup", "labels", "suites",
+                  "acceptance_reference", "acceptance_tolerance"}, where)
     if "decoder" not in table:
         raise ConfigError(f"{where}: missing key 'decoder'")
     for key, types, what in [("name", str, "a string"), ("decoder", str, "a string"), ("options", dict, "a table"),
                              ("target", str, "a model name"), ("min_speedup", (int, float), "a number"),
-                             ("labels", dict, "a table"), ("suites", list, "a list of suite names")]:
+                             ("labels", dict, "a table"), ("suites", list, "a list of suite names"),
+                             ("acceptance_reference", str, 'a run folder or "mlflow:last"')]:
         _typed(table, key, types, where, what)
+    _number(table, "acceptance_tolerance", -1e-300, 1.0, where, "a relative drop in [0, 1), e.g. 0.05")
+    if "acceptance_tolerance" in table and "acceptance_reference" not in table:
+        raise ConfigError(f"{where}: acceptance_tolerance needs an acceptance_reference")
     if "verify" in table.get("options", {}) and table["decoder"] != "speculative":
         raise ConfigError(f"{where}: option 'verify' applies to the speculative decoder only")
     kind = table.get("kind", default_kind)
@@ -161,7 +175,9 @@ def _decoder(table: dict, where: str, default_kind: str) -> DecoderSpec:
     return DecoderSpec(name=str(table.get("name", table["decoder"])), decoder=table["decoder"],
                        options=options, kind=kind, target=table.get("target"),
                        min_speedup=table.get("min_speedup"), labels=dict(table.get("labels", {})),
-                       suites=tuple(table["suites"]) if "suites" in table else None)
+                       suites=tuple(table["suites"]) if "suites" in table else None,
+                       acceptance_reference=table.get("acceptance_reference"),
+                       acceptance_tolerance=table.get("acceptance_tolerance"))
 
 
 def _number(table: dict, key: str, low: float, high: float, where: str, what: str) -> None:
@@ -202,7 +218,8 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
     _take(raw, {"target", "device", "chat", "top_p", "baseline", "candidates", "suites", "profiles",
-                "gates", "labels", "engines"}, str(path))
+                "gates", "labels", "engines", "log_text"}, str(path))
+    _typed(raw, "log_text", bool, str(path), "true or false")
     if "target" not in raw:
         raise ConfigError(f"{path}: missing key 'target'")
     baseline = _decoder(raw.get("baseline", {"decoder": "standard", "name": "baseline"}), f"{path} [baseline]", "exact")
@@ -229,13 +246,16 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     if profile not in profiles:
         raise ConfigError(f"{path}: unknown profile {profile!r}; defined: {', '.join(sorted(profiles)) or 'none'}")
     p = _take(profiles[profile], {"subset", "suites", "temperatures", "sample_suites", "seeds", "max_new_tokens",
-                                  "exactness_prompts", "exactness_samples"}, f"{path} [profiles.{profile}]")
+                                  "exactness_prompts", "exactness_samples", "concurrency"}, f"{path} [profiles.{profile}]")
     suite_names = tuple(p.get("suites", list(suites)))
     for s in suite_names:
         suites.setdefault(s, SuiteSpec(s))
     where = f"{path} [profiles.{profile}]"
+    as_logged = p.get("temperatures") == AS_LOGGED
+    if as_logged:
+        p = {k: v for k, v in p.items() if k != "temperatures"} | {"temperatures": []}
     for key in ("suites", "temperatures", "sample_suites", "seeds"):
-        _typed(p, key, list, where, "a list")
+        _typed(p, key, list, where, "a list" + (' (or "as-logged")' if key == "temperatures" else ""))
     temps = tuple(float(t) for t in p.get("temperatures", [0.0]))
     if any(t < 0 for t in temps):
         raise ConfigError(f"{where}: temperatures must be >= 0")
@@ -248,10 +268,17 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
         raise ConfigError(f"{where}: sample_suites {sorted(unknown)} are not in this profile's suites")
     if p.get("max_new_tokens") is not None and (not isinstance(p["max_new_tokens"], int) or p["max_new_tokens"] < 1):
         raise ConfigError(f"{where}: max_new_tokens must be a positive integer")
+    levels = p.get("concurrency", [])
+    if isinstance(levels, int) and not isinstance(levels, bool):
+        levels = [levels]
+    if not isinstance(levels, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in levels) \
+            or len(set(levels)) != len(levels):
+        raise ConfigError(f"{where}: concurrency must be a list of distinct integers >= 1, e.g. [1, 4, 16]")
     prof = Profile(name=profile, subset=p.get("subset", profile), suites=suite_names, temperatures=temps,
                    sample_suites=tuple(p.get("sample_suites", suite_names)), seeds=tuple(p.get("seeds", [0])),
                    max_new_tokens=p.get("max_new_tokens"), exactness_prompts=int(p.get("exactness_prompts", 2)),
-                   exactness_samples=int(p.get("exactness_samples", 200)))
+                   exactness_samples=int(p.get("exactness_samples", 200)), concurrency=tuple(levels),
+                   as_logged=as_logged)
     if prof.subset not in ("smoke", "full"):
         raise ConfigError(f"{path} [profiles.{profile}]: subset must be 'smoke' or 'full'")
     gates = _gates(raw.get("gates", {}), f"{path} [gates]")
@@ -267,8 +294,9 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
                 raise ConfigError(f"{path}: candidate {c.name!r} lists suite {s_name!r}{hint}, "
                                   f"which profile {profile!r} does not run")
     engines = {name: _engine(name, table, f"{path} [engines.{name}]") for name, table in raw.get("engines", {}).items()}
-    for spec in (baseline, *candidates):
-        name = spec.options.get("engine")
+    if "aa_engine" in baseline.options and "engine" not in baseline.options:
+        raise ConfigError(f"{path} [baseline]: aa_engine (where the A/A run goes) needs an engine baseline")
+    for spec, name in [(s, s.options.get(k)) for s in (baseline, *candidates) for k in ("engine", "aa_engine")]:
         if name is not None and name not in engines:
             close = difflib.get_close_matches(str(name), engines, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -280,4 +308,4 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     return RegressConfig(path=str(path), target=raw["target"], device=raw.get("device"), chat=raw.get("chat"),
                          top_p=float(raw.get("top_p", 1.0)), baseline=baseline, candidates=candidates,
                          suites=suites, profile=prof, gates=gates, labels=dict(raw.get("labels", {})),
-                         engines=engines)
+                         engines=engines, log_text=raw.get("log_text", True))

@@ -97,9 +97,10 @@ def needed(config) -> list[str]:
     """Engines the baseline or a candidate names, in config order."""
     names = []
     for spec in (config.baseline, *config.candidates):
-        name = spec.options.get("engine")
-        if isinstance(name, str) and name not in names:
-            names.append(name)
+        for key in ("engine", "aa_engine"):
+            name = spec.options.get(key)
+            if isinstance(name, str) and name not in names:
+                names.append(name)
     return names
 
 

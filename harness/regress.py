@@ -79,6 +79,8 @@ def run(args) -> int:
     from decoders import get_decoder_class
     for spec in (config.baseline, *config.candidates):
         get_decoder_class(spec.decoder)
+    from harness import acceptance_ref
+    acceptance_ref.check(config, suites, args.tracking_uri)  # a reference on other prompts or target: refused now
     run_dir, meta = open_run_dir(args, config, suites)
     print(f"decodegate: run folder {run_dir}", file=sys.stderr)
     from decoders.engines.server import EngineDown
@@ -104,14 +106,39 @@ def run(args) -> int:
     return finish(config, run_dir, meta, records, suites, exactness, args, head_cost, numerics)
 
 
+def summarize_levels(config, records, suites, exactness, head_cost=None, numerics=None) -> dict:
+    """One summary over every concurrency level: each level's candidates are paired with that
+    level's baseline, exact candidates are judged against that level's A/A floor."""
+    from harness import floor, sweep
+    from harness.summary import summarize
+    summary = None
+    for level in sweep.levels(config):
+        cfg = sweep.level_config(config, level)
+        part = summarize(cfg, records, suites, exactness, lm_head_cost=head_cost, numerics=numerics)
+        aa = [c.name for c in cfg.candidates if c.role == "aa-floor"]
+        if aa:
+            floor.apply(part, aa[0], [c.name for c in cfg.candidates if c.role != "aa-floor"], config.gates.alpha)
+        for spec in cfg.candidates:
+            part["candidates"][spec.name].update(role=spec.role, concurrency=level)
+        if summary is None:
+            summary = part
+        else:
+            summary["candidates"].update(part["candidates"])
+    if sweep.levels(config) != [None]:
+        summary["sweep"] = sweep.sweep_table(config, summary, records)
+    return summary
+
+
 def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, head_cost=None,
            numerics=None) -> int:
     from harness import report
     from harness.gate import decide
-    from harness.summary import summarize
-    summary = summarize(config, records, suites, exactness, lm_head_cost=head_cost, numerics=numerics)
+    summary = summarize_levels(config, records, suites, exactness, head_cost, numerics)
     summary.update(run_uid=meta["run_uid"], created=meta["created"], code_version=meta["code_version"],
                    config=meta["config"])
+    from harness import acceptance_ref
+    acceptance_ref.attach(summary, config, records, suites, getattr(args, "tracking_uri", None))
+    summary["log_text"] = config.log_text
     if meta.get("engines"):
         summary["engines"] = meta["engines"]
         for cand in summary["candidates"].values():
@@ -120,11 +147,21 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
                 cand["engine"] = meta["engines"][name]
     all_pass = True
     for cand in summary["candidates"].values():
+        if cand.get("role") == "aa-floor":
+            cand["verdict"], cand["gates"] = "floor", []  # it measures the floor; it is not on trial
+            continue
         decision = decide(cand, config.gates)
         cand["verdict"] = "pass" if decision.passed else "fail"
         cand["gates"] = [{"name": r.name, "status": r.status, "detail": r.detail} for r in decision.results]
         all_pass &= decision.passed
     summary["verdict"] = "pass" if all_pass else "fail"
+    if "sweep" in summary:
+        from harness.sweep import figure
+        (run_dir / "figures").mkdir(exist_ok=True)
+        try:
+            figure(summary["sweep"], run_dir / "figures" / "sweep.png")
+        except Exception as e:  # noqa: BLE001 - a figure is never worth a run
+            print(f"decodegate: warning: sweep figure not drawn ({e})", file=sys.stderr)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     report.per_prompt_csv(records, run_dir / "per_prompt.csv")
     report.figures(summary, records, run_dir)

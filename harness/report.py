@@ -43,6 +43,8 @@ def table(summary: dict) -> str:
         out += "\n\n" + "\n".join(f"{g['status'].upper():5} {n}: {g['name']}: {g['detail']}" for n, g in fails)
     out += statistics_lines(summary)
     out += engine_lines(summary)
+    out += sweep_lines(summary)
+    out += drift_lines(summary)
     out += f"\n\nverdict: {summary['verdict'].upper()}"
     return out
 
@@ -102,6 +104,29 @@ def engine_lines(summary: dict) -> str:
     return "\n\n" + "\n".join(lines) if lines else ""
 
 
+
+def drift_lines(summary: dict) -> str:
+    """Acceptance against each candidate's reference: per group, then per draft position."""
+    def pct(x):
+        return "–" if x is None else f"{x:+.1%}"
+
+    def num(x):
+        return "–" if x is None else f"{x:.3f}"
+    lines = []
+    for name, cand in summary["candidates"].items():
+        d = cand.get("acceptance_drift")
+        if not d or d.get("error"):
+            continue
+        lines.append(f"acceptance of {name} vs {d['reference']} (tolerance -{d['tolerance']:.0%}, "
+                     f"{d['n_paired']} paired records):")
+        for c in [*d["comparisons"], *d["by_position"]]:
+            flag = "REGRESSED" if c["regressed"] else ("" if c["gated"] else "(not gated)")
+            lines.append(f"  {c['group']:<24} {c['quantity']:<8} {num(c['reference'])} -> {num(c['candidate'])}  "
+                         f"{pct(c['relative_change'])} [{pct(c['ci_low'])}, {pct(c['ci_high'])}]  "
+                         f"{c['rounds_candidate']} rounds  {flag}".rstrip())
+    return "\n\n" + "\n".join(lines) if lines else ""
+
+
 def per_prompt_csv(records: list[dict], path: Path) -> None:
     cols = ["candidate", "decoder", "suite", "item_id", "seed", "temperature", "score", "passed", "n_tokens",
             "wall_s", "ttft_s", "accepted", "proposed", "fallbacks", "finish_reason", "error"]
@@ -152,3 +177,26 @@ def figures(summary: dict, records: list[dict], run_dir: Path) -> list[Path]:
             except Exception as e:  # noqa: BLE001 - a figure is never worth losing the run
                 (folder / (fname + ".error.txt")).write_text(f"{type(e).__name__}: {e}\n")
     return written
+
+
+def sweep_lines(summary: dict) -> str:
+    """The concurrency sweep: per candidate and level, throughput, latency, speedup, α/τ, and the
+    candidate's divergence rate beside the engine's own A/A floor."""
+    rows = summary.get("sweep") or []
+    if not rows:
+        return ""
+    f = lambda x, spec: "–" if x is None else format(x, spec)  # noqa: E731
+    table = [("candidate", "conc.", "tok/s (base)", "p50 / p95 s", "ttft p50", "speedup [95% CI]", "α / τ",
+              "diverged / A/A floor")]
+    for r in rows:
+        lo, hi = r["speedup_ci"]
+        table.append((r["candidate"], str(r["level"]),
+                      f"{f(r['throughput_tok_s'], '.1f')} ({f(r['baseline_throughput_tok_s'], '.1f')})",
+                      f"{f(r['latency_p50_s'], '.2f')} / {f(r['latency_p95_s'], '.2f')}", f(r["ttft_p50_s"], ".3f"),
+                      f"{f(r['speedup'], '.2f')}x [{f(lo, '.2f')}, {f(hi, '.2f')}]",
+                      f"{f(r['alpha'], '.2f')} / {f(r['tau'], '.2f')}",
+                      f"{f(r['divergence_rate'], '.3f')} / {f(r['aa_floor_rate'], '.3f')}"))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n\nconcurrency sweep (each level paired with the baseline at the same level):\n" + "\n".join(lines)

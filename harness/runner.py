@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,7 +107,7 @@ def work_items(config: RegressConfig, suites: list) -> list[WorkItem]:
     out = []
     for suite in suites:
         for item in suite.select(prof.subset):
-            for t in prof.temperatures:
+            for t in (logged(item, "temperature") if prof.as_logged else prof.temperatures):
                 if t > 0 and suite.name not in prof.sample_suites:
                     continue
                 # Greedy does not depend on the seed: one seed is enough.
@@ -120,8 +121,11 @@ class Lineup:
     by name (harness.engines.started), for engine decoders."""
 
     def __init__(self, config: RegressConfig, engines: dict | None = None):
+        from harness.sweep import all_specs
         self.config = config
-        self.specs: list[DecoderSpec] = [config.baseline, *config.candidates]
+        # The baseline and candidates, at each concurrency level, plus the A/A run of an engine
+        # baseline (harness.sweep); without a sweep and an engine: [baseline, *candidates].
+        self.specs: list[DecoderSpec] = all_specs(config)
         self.targets = {}
         self.decoders = {}
         for spec in self.specs:
@@ -131,7 +135,7 @@ class Lineup:
 
     @property
     def baseline_target(self):
-        return self.targets[self.config.baseline.name]
+        return self.targets[self.specs[0].name]  # the baseline (at the first concurrency level)
 
     def block_size(self) -> int:
         """Work items per interleaving block: the most requests any decoder keeps in flight."""
@@ -140,6 +144,15 @@ class Lineup:
 
 def runs_on(spec: DecoderSpec, suite: str) -> bool:
     return spec.suites is None or suite in spec.suites
+
+
+# What an item's logged request used (`suites import`) where it logged nothing: the OpenAI API's defaults.
+AS_LOGGED_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
+
+
+def logged(item, key: str) -> tuple[float]:
+    """`temperatures = "as-logged"`: the item's own sampling setting `key`, as a 1-tuple."""
+    return (float((item.sampling or {}).get(key, AS_LOGGED_DEFAULTS[key])),)
 
 
 def make_request(config: RegressConfig, target, work: WorkItem) -> GenerationRequest:
@@ -151,18 +164,21 @@ def make_request(config: RegressConfig, target, work: WorkItem) -> GenerationReq
         budget = min(budget, config.profile.max_new_tokens)
     messages = tuple(prompt) if isinstance(prompt, list) else ({"role": "user", "content": prompt},)
     return GenerationRequest(tuple(ids), max_new_tokens=budget, temperature=work.temperature,
-                             top_p=config.top_p if work.temperature > 0 else 1.0,
+                             top_p=(logged(item, "top_p")[0] if config.profile.as_logged else config.top_p)
+                             if work.temperature > 0 else 1.0,
                              stop_token_ids=target.stop_token_ids(), stop_strings=tuple(item.stop),
                              seed=work.seed, messages=messages)
 
 
-def make_row(spec: DecoderSpec, work: WorkItem, result) -> dict:
+def make_row(spec: DecoderSpec, work: WorkItem, result, block: int | None = None) -> dict:
     """One record: the generation (or the error that stopped it) and its grade."""
     from suites.graders import grade
     row = {"candidate": spec.name, "decoder": spec.decoder, "kind": spec.kind,
            "suite": work.suite.name, "suite_version": work.suite.version, "suite_hash": work.suite.hash,
            "item_id": work.item.id, "categories": list(work.item.categories),
            "seed": work.seed, "temperature": work.temperature}
+    if block is not None:  # which requests were in flight together, and when this one ended
+        row.update(block=block, finished_at=time.time())
     if isinstance(result, DecoderError):
         # One bad item (e.g. a prompt longer than this model's context) is recorded, not fatal.
         return {**row, "error": str(result), "tokens": [], "text": "", "score": 0.0, "passed": False,
@@ -216,7 +232,7 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
                 decoder, target = lineup.decoders[spec.name], lineup.targets[spec.name]
                 requests = [make_request(config, target, w) for w in items]
                 for i, result in decoder.generate_many(requests):
-                    writer.write(make_row(spec, items[i], result))
+                    writer.write(make_row(spec, items[i], result, block=start // size))
                     bar.update(1)
                 batch = getattr(decoder, "last_batch", None)
                 if batch and batch.get("proposed"):

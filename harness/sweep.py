@@ -32,6 +32,11 @@ def levels(config: RegressConfig) -> list[int | None]:
 def _at(spec: DecoderSpec, level: int | None, suffix: str = "", role: str | None = None) -> DecoderSpec:
     name = spec.name + suffix + (f"@c{level}" if level is not None else "")
     options = dict(spec.options)
+    # `aa_engine`: the A/A run on another server (e.g. other threads or batch sizes), to see
+    # what really changes the engine's numerics; by default the baseline's own engine.
+    aa_engine = options.pop("aa_engine", None)
+    if role == "aa-floor" and aa_engine:
+        options["engine"] = aa_engine
     if level is not None and is_engine(spec):
         options["concurrency"] = level
     return dataclasses.replace(spec, name=name, options=options, role=role or spec.role)

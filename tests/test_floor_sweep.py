@@ -80,3 +80,20 @@ def test_sweep_through_regress_on_llama_cpp(tmp_path):
     records = [json.loads(x) for x in (run_dir / "records.jsonl").read_text().splitlines()]
     assert {r["candidate"] for r in records} == {"base@c1", "base~aa@c1", "ngram@c1", "base@c2", "base~aa@c2", "ngram@c2"}
     assert code in (0, 1)  # the verdict is the engine's; the sweep's shape is what is tested here
+
+
+def test_aa_run_on_another_engine_and_sweep_specs():
+    from pathlib import Path
+
+    from harness.config import load_config
+    from harness.engines import needed
+    from harness.sweep import all_specs, level_config
+    cfg = load_config(Path(__file__).parent / "data" / "engine-unstable.toml", "smoke")
+    specs = {s.name: s for s in all_specs(cfg)}
+    assert specs["llama~aa"].options["engine"] == "llama-unstable" and specs["llama~aa"].role == "aa-floor"
+    assert "aa_engine" not in specs["llama"].options and specs["llama"].options["engine"] == "llama"
+    assert "llama-unstable" in needed(cfg)
+    swept = load_config(Path(__file__).parent.parent / "regress-engine.toml", "sweep")
+    names = [s.name for s in all_specs(swept)]
+    assert names[:4] == ["llama@c1", "llama~aa@c1", "llama-ngram@c1", "llama-draft@c1"] and "llama-draft@c4" in names
+    assert level_config(swept, 4).candidates[1].options["concurrency"] == 4

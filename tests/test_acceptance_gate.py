@@ -1,0 +1,151 @@
+"""The acceptance regression gate end to end on tiny models: a reference run with a perfect draft
+(the target itself), then the same candidate with a worse draft must fail, a rerun of the same
+candidate must pass, and a reference on other prompts or another target is refused."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis.acceptance_drift import acceptance_drift
+from harness.cli import main
+
+PROMPTS = [f"Note {i}: {w} and {v}" for i, (w, v) in enumerate(
+    zip(["cats", "rivers", "stars", "bread", "music", "trains", "maps", "clouds"] * 2,
+        ["dogs", "lakes", "moons", "salt", "songs", "roads", "books", "rain"] * 2))]
+
+
+def write_suite(path: Path, prompts=PROMPTS, version="1") -> Path:
+    rows = [{"suite": "notes", "version": version, "description": "tiny acceptance-gate suite",
+             "smoke": [f"n{i}" for i in range(len(prompts))],
+             "defaults": {"grader": "none", "max_new_tokens": 16, "stop": []}}]
+    rows += [{"id": f"n{i}", "prompt": p, "categories": ["even" if i % 2 == 0 else "odd"]}
+             for i, p in enumerate(prompts)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def write_config(folder: Path, suite: Path, draft: str, reference: str | None = None, target="tiny-llama") -> Path:
+    ref = f'acceptance_reference = "{reference}"\nacceptance_tolerance = 0.05' if reference else ""
+    cfg = folder / f"regress-{draft.replace(':', '')}-{bool(reference)}.toml"
+    cfg.write_text(f"""
+target = "{target}"
+[[candidates]]
+name = "spec"
+decoder = "speculative"
+options = {{ draft = "{draft}", k = 3 }}
+{ref}
+[suites.notes]
+path = "{suite}"
+[profiles.smoke]
+subset = "smoke"
+suites = ["notes"]
+temperatures = [0.0]
+seeds = [0]
+""")
+    return cfg
+
+
+def regress(cfg: Path, run_dir: Path) -> int:
+    return main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress", "--no-tracking"])
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("acc")
+    suite = write_suite(folder / "notes.jsonl")
+    run = folder / "ref"
+    assert regress(write_config(folder, suite, "tiny-llama"), run) == 0
+    return folder, suite, run
+
+
+def test_worse_draft_fails_and_rerun_passes(reference, capsys):
+    folder, suite, ref_run = reference
+    alpha_ref = summary(ref_run)["candidates"]["spec"]["acceptance"]["alpha"]
+    assert alpha_ref == 1.0  # the target drafting for itself
+
+    # The draft swapped for another model: α collapses, the gate fails (identity still holds).
+    worse = folder / "worse"
+    assert regress(write_config(folder, suite, "tiny-qwen2", str(ref_run)), worse) == 1
+    cand = summary(worse)["candidates"]["spec"]
+    failed = [g for g in cand["gates"] if g["status"] == "fail"]
+    assert {g["name"] for g in failed} >= {"acceptance all alpha", "acceptance all tau"}
+    assert all(g["name"].startswith("acceptance") for g in failed)  # only the acceptance gate fails
+    drift = cand["acceptance_drift"]
+    overall = next(c for c in drift["comparisons"] if c["group"] == "all" and c["quantity"] == "alpha")
+    assert overall["candidate"] < 0.5 and overall["upper_bound"] < -0.05
+    assert {c["group"] for c in drift["comparisons"]} == {"all", "category:even", "category:odd"}
+    assert [c["quantity"] for c in drift["by_position"]] == ["alpha@0", "alpha@1", "alpha@2"]
+    assert "acceptance of spec vs" in (worse / "report.txt").read_text()
+
+    # The same candidate again: identical acceptance, the gate passes.
+    again = folder / "again"
+    assert regress(write_config(folder, suite, "tiny-llama", str(ref_run)), again) == 0
+    gates = {g["name"]: g["status"] for g in summary(again)["candidates"]["spec"]["gates"]}
+    assert gates["acceptance all alpha"] == "pass" and gates["acceptance all tau"] == "pass"
+
+
+def test_reference_on_other_prompts_or_target_is_refused(reference, capsys, tmp_path):
+    folder, _, ref_run = reference
+    other = write_suite(tmp_path / "notes.jsonl", PROMPTS[:-1] + ["Note 15: a changed prompt"], version="2")
+    assert regress(write_config(tmp_path, other, "tiny-llama", str(ref_run)), tmp_path / "r1") == 2
+    err = capsys.readouterr().err
+    ref_hash = summary(ref_run)["suites"]["notes"]["hash"][:12]
+    assert "suite 'notes'" in err and ref_hash in err
+    assert not (tmp_path / "r1" / "records.jsonl").exists()  # refused before generating anything
+    assert regress(write_config(tmp_path, folder / "notes.jsonl", "tiny-qwen2", str(ref_run), target="tiny-qwen2"),
+                   tmp_path / "r2") == 2
+    err = capsys.readouterr().err
+    assert "'tiny-llama'" in err and "'tiny-qwen2'" in err
+
+
+def _row(item, accepted, proposed, category="c"):
+    tokens = sum(accepted) + len(accepted)
+    return {"candidate": "spec", "suite": "s", "item_id": item, "seed": 0, "temperature": 0.0, "categories": [category],
+            "tokens": [0] * tokens, "stats": {"accepted_per_round": accepted, "proposed_per_round": proposed,
+                                              "target_forwards": len(accepted) + 1}}
+
+
+def test_drift_statistic_small_drop_within_tolerance_passes_large_fails():
+    ref = [_row(f"i{i}", [3, 3, 2, 3], [3, 3, 3, 3]) for i in range(30)]
+    same = [_row(f"i{i}", [3, 3, 2, 3], [3, 3, 3, 3]) for i in range(30)]
+    r = acceptance_drift(ref, same, tolerance=0.05, rng=0)
+    assert r.passed and all(c.relative_change == 0 for c in r.comparisons)
+    slight = [_row(f"i{i}", [3, 3, 2, 3] if i % 10 else [3, 2, 2, 3], [3, 3, 3, 3]) for i in range(30)]
+    assert acceptance_drift(ref, slight, tolerance=0.05, rng=0).passed  # a ~2% drop is tolerated
+    bad = [_row(f"i{i}", [1, 0, 2, 1], [3, 3, 3, 3]) for i in range(30)]
+    r = acceptance_drift(ref, bad, tolerance=0.05, rng=0)
+    assert not r.passed and {c.quantity for c in r.regressions} == {"alpha", "tau"}
+    with pytest.raises(ValueError, match="share no prompt"):
+        acceptance_drift(ref, [_row("other", [1], [3])], rng=0)
+
+
+def test_mlflow_last_reference_and_log_text_false(reference, tmp_path, capsys):
+    from harness import tracking
+    folder, suite, ref_run = reference
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.log_run(ref_run, uri)  # the passing reference, now in MLflow
+    cfg = write_config(tmp_path, suite, "tiny-qwen2", "mlflow:last")
+    cfg.write_text("log_text = false\n" + cfg.read_text())
+    run = tmp_path / "worse"
+    assert main(["regress", "--config", str(cfg), "--run-dir", str(run), "--no-progress", "--tracking-uri", uri]) == 1
+    cand = summary(run)["candidates"]["spec"]
+    ids = json.loads((ref_run / "tracking.json").read_text())["runs"]
+    assert cand["acceptance_drift"]["reference"] == f"mlflow:{ids['spec']}"
+    assert any(g["name"] == "acceptance all alpha" and g["status"] == "fail" for g in cand["gates"])
+    from mlflow import MlflowClient
+    client = MlflowClient(tracking_uri=uri)
+    mine = json.loads((run / "tracking.json").read_text())["runs"]
+    names = {a.path for a in client.list_artifacts(mine["parent"])}
+    assert "summary.json" in names and "records.jsonl" not in names  # text stayed in the run folder
+    assert (run / "records.jsonl").exists()
+    assert {a.path for a in client.list_artifacts(ids["parent"])} >= {"records.jsonl"}  # the default logs it
+    # The failed run is no reference: mlflow:last still finds the passing one.
+    assert tracking.last_passing_reference(uri, "spec", "tiny-llama", cand["acceptance_suites_key"])["source"] \
+        == f"mlflow:{ids['spec']}"
+    assert tracking.last_passing_reference(uri, "spec", "tiny-llama", "0" * 16) is None
