@@ -316,6 +316,47 @@ def test_calibration_certifies_and_holds_out(calibrated, heads_dir, tiny_llama):
     assert r.stats["calibration"] == f"calibrated:{calibrated}"
 
 
+def test_onepass_and_decoder_estimates_agree_where_no_state_was_propagated(heads_dir, tiny_llama):
+    """The first new token is decided on the full-depth prompt pass, so both estimators must see
+    the same exit decision there; later tokens may differ (propagated state) but not at 1.0."""
+    from decoders.exit_heads import load_exit_heads
+    from harness.exits import data
+    from harness.exits.calibrate import _Forced, _onepass
+    from harness.exits.train import Lens
+    heads = load_exit_heads(heads_dir)
+    conts = data.continuations(tiny_llama, P.prompts("calib")[:12], temperatures=(0.0,), max_new_tokens=12,
+                               progress=False)
+    grid = [1.0, 0.3, 0.15, 0.05]
+    one = _onepass(tiny_llama, Lens(tiny_llama.model), heads, heads.layers, grid, 4, conts, False, "x")
+    forced = _Forced(tiny_llama, heads, heads.layers, conts)
+    assert all(c.tokens for c in conts)
+    first = [int(np.flatnonzero(one["owner"] == i)[0]) for i in range(len(conts))]  # each sequence's first
+    fired = False
+    for k, lam in enumerate(grid):
+        col = forced.column(lam, progress=False, desc="")
+        first_f = [int(np.flatnonzero(col["owner"] == i)[0]) for i in range(len(conts))]
+        assert np.array_equal(col["loss"][first_f], one["loss"][first, k])
+        assert np.array_equal(col["depth"][first_f], one["depth"][first, k])
+        fired |= bool((col["depth"] < 4).any())
+        if lam == 1.0:
+            assert col["loss"].sum() == 0 and (col["depth"] == 4).all()
+    assert fired
+
+
+def test_decoder_estimate_stops_after_the_first_uncertified_point(heads_dir, tmp_path):
+    out = tmp_path / "cal"
+    grid = "0.5,0.3,0.2,0.15,0.1,0.05,0.02,0.0"
+    assert main(["calibrate-exits", "--target", "tiny-llama", "--exit-heads", str(heads_dir), "--epsilon", "0.2",
+                 "--delta", "0.1", "--calib-prompts", "40", "--test-prompts", "20", "--max-new-tokens", "12",
+                 "--estimate", "decoder", "--grid", grid, "--seeds", "3", "--out", str(out), "--no-progress"]) == 0
+    cal = json.loads((out / "exit_calibration.json").read_text())
+    assert cal["estimate"] == "decoder" and cal["decoder_check"] is None
+    run = len(cal["grid"])
+    assert cal["grid"] == [float(x) for x in grid.split(",")][:run]
+    assert cal["grid_certified"] == run - 1 < 8           # stopped at the first point it could not certify
+    assert cal["pvalues"][-1] > cal["delta"] and cal["held_out"]["risk"] <= cal["epsilon"]
+
+
 def test_calibrated_thresholds_refuse_other_heads_and_targets(calibrated, tmp_path, tiny_llama, tiny_qwen2):
     from decoders.early_exit import EarlyExitDecoder
     save_exit_heads(tmp_path / "other", identity_heads(64, [1, 2, 3]))
