@@ -231,6 +231,7 @@ def run_calibration(args, *, log=print) -> dict:
     if args.decoder_check_prompts and j is not None and args.estimate == "onepass":
         decoder_check = _decoder_check(target, heads, layers, res.threshold, test_c[:args.decoder_check_prompts],
                                        progress)
+        decoder_check["exceeds_epsilon"] = (decoder_check["token_disagreement"] or 0.0) > eps
 
     thresholds = {str(l): res.threshold for l in layers}
     result = {
@@ -266,6 +267,10 @@ def run_calibration(args, *, log=print) -> dict:
         json.dump(result, f, indent=2)
     os.replace(tmp, out / CALIBRATION_FILE)
     result["out"] = str(out)
+    if decoder_check and decoder_check["exceeds_epsilon"]:
+        log(f"calibrate-exits: warning: through the real decoder (state propagation) the held-out token disagreement "
+            f"at this threshold is {decoder_check['token_disagreement']:.3f} > epsilon {eps:g}: the one-pass guarantee "
+            f"does not carry over to deployment here; calibrate with --estimate decoder", file=sys.stderr)
     if j is None:
         log(f"calibrate-exits: no threshold of the grid could be certified at epsilon={eps:g}, delta={delta:g} "
             f"(the safest has risk {res.risks[0]:.3f}, p={res.pvalues[0]:.3g}); the thresholds are 1.0: never exit",
