@@ -298,8 +298,8 @@ def report_lines(*, studies: int = 10_000, rng=None, pit_studies: int = 500) -> 
         "## Speedup interval with clustered pairs (45 prompts x 7 pairs)",
         "",
         f"Prompts differ in length, speed and speedup (log-sd 0.35); true ratio of totals {truth:.4f}. "
-        f"BCa bootstrap, 2,000 resamples, {cov_studies:,} studies. The speed gate uses the one-sided "
-        "lower bound.",
+        f"Studentized bootstrap (the shipped method), 2,000 resamples, {cov_studies:,} studies; BCa over "
+        "prompts covered 0.92 here. The speed gate uses the one-sided lower bound.",
         "",
         "| resampling | two-sided 95% coverage | one-sided 95% lower bound below the truth |",
         "|---|---|---|",

@@ -11,7 +11,9 @@ The paired speedup is (baseline seconds per token) / (candidate seconds per toke
 pairs, i.e. the candidate's tokens/s over the baseline's. Its bootstrap interval resamples
 prompts, not pairs: the pairs of one prompt (several seeds, temperatures) share its length and
 difficulty, and resampling them as if independent gave 95% intervals that covered the truth about
-half the time (CALIBRATION.md). Beside the total ratio: the median of the per-prompt speedups and
+half the time (CALIBRATION.md). The interval is a studentized bootstrap (bootstrap-t) of the log
+ratio with its linearization standard error: with a few dozen prompts of unequal length and
+speedup, BCa and percentile intervals over prompts covered 92%, the studentized one 94%. Beside the total ratio: the median of the per-prompt speedups and
 the share of prompts that got slower (a total can be carried by a few long prompts while most
 got slower), and a Wilcoxon signed-rank p-value on per-prompt log ratios. The speed gate uses
 the one-sided lower bound ``lower_bound`` (at ``lower_bound_level``).
@@ -173,16 +175,50 @@ def _ratio_of_rates(bw, bn, cw, cn, axis=-1):
     return (np.sum(bw, axis=axis) / np.sum(bn, axis=axis)) / (np.sum(cw, axis=axis) / np.sum(cn, axis=axis))
 
 
+def _log_ratio_se(bw, bn, cw, cn):
+    """log of the ratio of totals and its linearization (delta-method) standard error, over the
+    last axis (rows: independent prompts' sums)."""
+    tot = [np.sum(x, axis=-1, keepdims=True) for x in (bw, bn, cw, cn)]
+    log_ratio = (np.log(tot[0]) - np.log(tot[1]) - np.log(tot[2]) + np.log(tot[3]))[..., 0]
+    infl = bw / tot[0] - bn / tot[1] - cw / tot[2] + cn / tot[3]  # each prompt's share of d log ratio
+    m = bw.shape[-1]
+    dev = infl - infl.mean(axis=-1, keepdims=True)
+    return log_ratio, np.sqrt(m / (m - 1) * np.sum(dev * dev, axis=-1))
+
+
+def studentized_bounds(sums, *, confidence_level: float, bound_level: float, n_resamples: int,
+                       rng) -> tuple[ConfidenceInterval, float]:
+    """Bootstrap-t interval and one-sided lower bound of the ratio of totals from per-prompt sums
+    (bw, bn, cw, cn), resampling prompts."""
+    sums = [np.asarray(x, dtype=float) for x in sums]
+    lr, se = _log_ratio_se(*sums)
+    if not se > 0:
+        r = float(np.exp(lr))
+        return ConfidenceInterval(r, r), r
+    m, t = sums[0].size, []
+    for start in range(0, n_resamples, 1000):  # chunks: resamples x prompts stays small
+        idx = rng.integers(0, m, size=(min(1000, n_resamples - start), m))
+        blr, bse = _log_ratio_se(*(x[idx] for x in sums))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t.append(np.where(bse > 0, (blr - lr) / bse, 0.0))
+    t = np.concatenate(t)
+    tail = (1 - confidence_level) / 2
+    q_lo, q_hi, q_bound = np.quantile(t, [tail, 1 - tail, bound_level])
+    return (ConfidenceInterval(float(np.exp(lr - q_hi * se)), float(np.exp(lr - q_lo * se))),
+            float(np.exp(lr - q_bound * se)))
+
+
 def paired_speedup(
     pairs: Sequence[Pair], *, confidence_level: float = 0.95, n_resamples: int = 9999,
-    method: str = "BCa", rng: np.random.Generator | int | None = None, alpha: float = 0.05,
+    method: str = "studentized", rng: np.random.Generator | int | None = None, alpha: float = 0.05,
     clusters: np.ndarray | None = None,
 ) -> SpeedupResult:
     """Speedup of the candidate over the baseline in wall time per token, paired by prompt.
 
     ``clusters``: the independent unit of each pair (default: its prompt, see
     :func:`analysis._common.prompt_clusters`); pass ``np.arange(len(pairs))`` to treat every pair
-    as independent. ``alpha``: level of the one-sided ``lower_bound``.
+    as independent. ``alpha``: level of the one-sided ``lower_bound``. ``method``:
+    ``"studentized"`` (bootstrap-t, the default), or scipy's ``"BCa"``, ``"percentile"``, ``"basic"``.
     """
     if not pairs:
         raise ValueError("paired_speedup needs at least one pair")
@@ -202,7 +238,7 @@ def paired_speedup(
 
 def speedup_from_arrays(
     bw, bn, cw, cn, clusters, *, confidence_level: float = 0.95, n_resamples: int = 9999,
-    method: str = "BCa", rng=None, alpha: float = 0.05, resampled: str = "given clusters",
+    method: str = "studentized", rng=None, alpha: float = 0.05, resampled: str = "given clusters",
 ) -> SpeedupResult:
     """:func:`paired_speedup` on arrays of wall seconds and token counts per pair (baseline,
     candidate) and a cluster id per pair (the calibration simulates through this)."""
@@ -218,7 +254,10 @@ def speedup_from_arrays(
     per_prompt = (sums[0] / sums[1]) / (sums[2] / sums[3])
     log_ratio = np.log(per_prompt)
     pvalue = float(signed_rank_pvalue(log_ratio)) if log_ratio.size > 1 else float("nan")
-    if per_prompt.size > 1:
+    if per_prompt.size > 1 and method == "studentized":
+        ci, bound = studentized_bounds(sums, confidence_level=level, bound_level=bound_level,
+                                       n_resamples=n_resamples, rng=as_rng(rng))
+    elif per_prompt.size > 1:
         ci, bound = bootstrap_bounds(sums, _ratio_of_rates, confidence_level=level, n_resamples=n_resamples,
                                      rng=as_rng(rng), method=method, bound_level=bound_level)
     else:
