@@ -347,3 +347,23 @@ def test_generate_command_against_a_running_engine(plain, capsys):
     assert code == 0 and out["decoder"] == "llama.cpp" and len(out["tokens"]) <= 8 and out["timing"]["ttft_s"] > 0
     assert main(["generate", "--target", "smollm2-135m", "--decoder", "llama.cpp", "--base-url",
                  f"http://127.0.0.1:{free_port()}", "--prompt", "hi"]) == 2
+
+
+@pytest.mark.slow
+def test_engine_refusing_requests_at_a_level_is_reported_and_the_run_goes_on(tmp_path):
+    """An engine that refuses every request (here: it wants an API key we do not send; a 429 at a
+    level the engine cannot take is handled the same way after its retries): each refusal is an
+    error row naming the candidate and level, the other decoders' rows are all kept, the gate fails."""
+    suite = write_suite(tmp_path, n=2)
+    cfg = engine_config(tmp_path, suite, {"plain": launch_args("-np", "2", "--spec-type", "none"),
+                                          "locked": launch_args("-np", "2", "--spec-type", "none", "--api-key", "k")},
+                        [("locked", "locked")])
+    cfg.write_text(cfg.read_text().replace('seeds = [0]\n', 'seeds = [0]\nconcurrency = [1, 2]\n'))
+    run_dir = tmp_path / "run"
+    assert main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-tracking", "--no-progress"]) == 1
+    rows = [json.loads(x) for x in (run_dir / "records.jsonl").read_text().splitlines()]
+    locked = [r for r in rows if r["candidate"].startswith("locked@")]
+    assert len(locked) == 4 and all("HTTP 401" in r["error"] for r in locked)
+    assert all(not r.get("error") and r["tokens"] for r in rows if r["candidate"].startswith("base"))
+    report = (run_dir / "report.txt").read_text()
+    assert "locked@c2: errors" in report and "HTTP 401" in report
