@@ -116,6 +116,8 @@ def log_run(run_dir: Path, uri: str | None = None) -> dict:
         for name in ("summary.json", *text, "per_prompt.csv", "report.txt"):
             if (run_dir / name).exists():
                 client.log_artifact(parent_id, str(run_dir / name))
+        if (run_dir / "figures" / "sweep.png").exists():  # speedup and p95 against concurrency
+            client.log_artifact(parent_id, str(run_dir / "figures" / "sweep.png"), artifact_path="figures")
         ids["parent"] = parent_id
     else:
         parent_id = ids["parent"] = parent.info.run_id

@@ -80,6 +80,10 @@ def test_sweep_through_regress_on_llama_cpp(tmp_path):
     records = [json.loads(x) for x in (run_dir / "records.jsonl").read_text().splitlines()]
     assert {r["candidate"] for r in records} == {"base@c1", "base~aa@c1", "ngram@c1", "base@c2", "base~aa@c2", "ngram@c2"}
     assert code in (0, 1)  # the verdict is the engine's; the sweep's shape is what is tested here
+    from harness import tracking
+    ids = tracking.log_run(run_dir, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = tracking._client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert "figures/sweep.png" in [a.path for a in client.list_artifacts(ids["parent"], "figures")]
 
 
 def test_aa_run_on_another_engine_and_sweep_specs():
