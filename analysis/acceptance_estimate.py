@@ -1,6 +1,6 @@
 """Teacher-forced acceptance: α̂ from one forward of each model over the baseline's outputs.
 
-Pure functions over per-position quantities (the models are run in `harness.estimate`):
+Pure functions over per-position quantities (the models are run in `harness.commands.estimate`):
 
 - Greedy: the speculative decoder's rounds are replayed on the baseline's greedy output. A round
   at output index i proposes k = min(K, budget - i - 1) tokens (as `decoders.speculative` does;

@@ -28,7 +28,7 @@ def is_model_draft(draft: str) -> bool:
 def build_decoder(name: str, target: LoadedModel, options: dict | None = None, engines: dict | None = None):
     """`options` holds decoder options; `draft` may name a model (loaded here), 'prompt-lookup',
     or 'self:L' (the target's first L layers). `draft_device` places a draft model. `engine`
-    names a started server from `engines` (the config's [engines], see harness.engines)."""
+    names a started server from `engines` (the config's [engines], see harness.run.engines)."""
     options = {k: v for k, v in (options or {}).items() if v is not None}
     if isinstance(options.get("engine"), str):
         from harness.config import ConfigError

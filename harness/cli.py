@@ -11,15 +11,15 @@ import importlib
 import sys
 
 COMMANDS = {
-    "generate": ("harness.generate_cmd", "generate one completion with a chosen decoder"),
-    "regress": ("harness.regress", "run baseline vs candidates on the suites, gate the result"),
-    "bench": ("harness.bench", "speed side by side: our decoders vs transformers, vs theory"),
+    "generate": ("harness.commands.generate", "generate one completion with a chosen decoder"),
+    "regress": ("harness.commands.regress", "run baseline vs candidates on the suites, gate the result"),
+    "bench": ("harness.commands.bench", "speed side by side: our decoders vs transformers, vs theory"),
     "suites": ("suites.cli", "list or show the prompt suites"),
-    "sync": ("harness.sync", "upload a run folder to MLflow (after the server was down)"),
-    "lm-eval": ("harness.lmeval_cmd", "run lm-eval tasks through decodegate's decoders"),
+    "sync": ("harness.commands.sync", "upload a run folder to MLflow (after the server was down)"),
+    "lm-eval": ("harness.commands.lmeval", "run lm-eval tasks through decodegate's decoders"),
     "train-exits": ("harness.exits.train", "train exit heads for a target (distillation on its own text)"),
     "calibrate-exits": ("harness.exits.calibrate", "early-exit thresholds with a guarantee (Learn-then-Test)"),
-    "estimate-acceptance": ("harness.estimate", "teacher-forced α̂ of a draft on a suite, and the speedup it implies"),
+    "estimate-acceptance": ("harness.commands.estimate", "teacher-forced α̂ of a draft on a suite, and the speedup it implies"),
     "exit-frontier": ("harness.exits.frontier", "early-exit threshold sweep: speed against quality, Pareto figure"),
 }
 

@@ -25,8 +25,8 @@ class DecoderSpec:
     min_speedup: float | None = None
     labels: dict = field(default_factory=dict)  # team / cost-center labels, copied to MLflow tags
     suites: tuple[str, ...] | None = None       # run only on these suites (default: all)
-    role: str = "candidate"                     # "aa-floor": the baseline run again (harness.sweep)
-    # A run folder or "mlflow:last" whose α/τ this candidate must not fall below (harness.acceptance_ref),
+    role: str = "candidate"                     # "aa-floor": the baseline run again (harness.run.sweep)
+    # A run folder or "mlflow:last" whose α/τ this candidate must not fall below (harness.verdict.acceptance_ref),
     # and the relative drop tolerated (default 0.05).
     acceptance_reference: str | None = None
     acceptance_tolerance: float | None = None

@@ -126,7 +126,7 @@ def test_drift_statistic_small_drop_within_tolerance_passes_large_fails():
 
 
 def test_mlflow_last_reference_and_log_text_false(reference, tmp_path, capsys):
-    from harness import tracking
+    from harness.run import tracking
     folder, suite, ref_run = reference
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking.log_run(ref_run, uri)  # the passing reference, now in MLflow

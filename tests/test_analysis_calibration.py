@@ -173,7 +173,7 @@ def test_aa_any_suite_worse_holds_the_level(n):
 def test_aa_any_worse_through_the_gate():
     """The counts-level rule of the calibration is the gate's own decision."""
     from harness.config import Gates
-    from harness.gate import decide
+    from harness.verdict.gate import decide
     try:
         from test_gate import lossy, quality
     except ImportError:  # tests/ imported as a package

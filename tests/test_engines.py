@@ -28,7 +28,7 @@ import pytest
 from decoders import GenerationRequest, make_decoder
 from decoders.engines.server import EngineDown, EngineError, EngineServer, EngineSpec, free_port
 from harness.cli import main
-from harness.engines import gguf, llama_tool
+from harness.run.engines import gguf, llama_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ import pytest
 
 from decoders import GenerationRequest, make_decoder
 from harness.cli import main
-from harness.estimate import baseline_outputs, estimate
+from harness.commands.estimate import baseline_outputs, estimate
 from suites.format import item_from_row
 
 PROMPTS = ["abcabcabc abc", "the cat sat on the mat, the cat", "1 2 3 1 2 3 1 2", "hello hello hello",
@@ -75,7 +75,7 @@ def test_dynamic_int8_draft_is_teacher_forced_incrementally(tiny_llama, items):
     """Dynamic quantization scales activations over the whole forward: the estimate must run
     such a draft one token at a time, as the decoder does, or α̂ misses the measured α."""
     from analysis.acceptance_estimate import PromptEstimate, summarize_estimates
-    from harness.estimate import Draft, batch_dependent, estimate_item
+    from harness.commands.estimate import Draft, batch_dependent, estimate_item
     from harness.models import build_tiny, quantize_int8
     int8 = quantize_int8(build_tiny("llama"))
     assert batch_dependent(int8.model) and not batch_dependent(tiny_llama.model)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from harness import floor
-from harness.gate import _identity_gates
+from harness.verdict import floor
+from harness.verdict.gate import _identity_gates
 
 
 def block(n: int, diverged: list[int], kind: str = "real") -> dict:
@@ -80,7 +80,7 @@ def test_sweep_through_regress_on_llama_cpp(tmp_path):
     records = [json.loads(x) for x in (run_dir / "records.jsonl").read_text().splitlines()]
     assert {r["candidate"] for r in records} == {"base@c1", "base~aa@c1", "ngram@c1", "base@c2", "base~aa@c2", "ngram@c2"}
     assert code in (0, 1)  # the verdict is the engine's; the sweep's shape is what is tested here
-    from harness import tracking
+    from harness.run import tracking
     ids = tracking.log_run(run_dir, f"sqlite:///{tmp_path / 'mlflow.db'}")
     client = tracking._client(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert "figures/sweep.png" in [a.path for a in client.list_artifacts(ids["parent"], "figures")]
@@ -90,8 +90,8 @@ def test_aa_run_on_another_engine_and_sweep_specs():
     from pathlib import Path
 
     from harness.config import load_config
-    from harness.engines import needed
-    from harness.sweep import all_specs, level_config
+    from harness.run.engines import needed
+    from harness.run.sweep import all_specs, level_config
     cfg = load_config(Path(__file__).parent / "data" / "engine-unstable.toml", "smoke")
     specs = {s.name: s for s in all_specs(cfg)}
     assert specs["llama~aa"].options["engine"] == "llama-unstable" and specs["llama~aa"].role == "aa-floor"

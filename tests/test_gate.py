@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from harness.config import ConfigError, Gates, load_config
-from harness.gate import decide
+from harness.verdict.gate import decide
 
 
 def identity(divergences=(), n=10):
@@ -17,7 +17,7 @@ def quality(n=100, wins=0, losses=0, margin=0.1, base_pass=None, seeds=1):
     """A suite's quality summary, as the analysis writes it, from discordant counts."""
     from analysis import pair_records, quality_delta
     from analysis.synthetic import make_record
-    from harness.summary import _plain
+    from harness.verdict.summary import _plain
     base_pass = n - losses - 1 if base_pass is None else base_pass
     base, cand_ = [], []
     for i in range(n):

@@ -23,10 +23,10 @@ from lm_eval.models.huggingface import HFLM  # noqa: E402
 from analysis import pair_records, token_identity  # noqa: E402
 from decoders import GenerationResult, Timing  # noqa: E402
 from decoders.base import DecoderError  # noqa: E402
-from harness import lmeval as bridge  # noqa: E402
+from harness.run import lmeval as bridge  # noqa: E402
 from harness.cli import main  # noqa: E402
-from harness.lmeval import DecodegateLM, LmEvalError, lmeval_records  # noqa: E402
-from harness.lmeval_cmd import lmeval_argv  # noqa: E402
+from harness.run.lmeval import DecodegateLM, LmEvalError, lmeval_records  # noqa: E402
+from harness.commands.lmeval import lmeval_argv  # noqa: E402
 
 LOCAL = Path(__file__).parent / "data" / "lmeval"
 GEN, MC, GSM8K = "decodegate_tiny_gen", "decodegate_tiny_mc", "gsm8k_local"
@@ -305,7 +305,7 @@ def test_unknown_task_is_a_clear_error(tiny_llama, local_tasks_only):
     with pytest.raises(LmEvalError, match="unknown lm-eval task 'decodegate_tiny_gn'.*'decodegate_tiny_gen'"):
         lmeval_records("decodegate_tiny_gn", tiny_llama, "standard", {}, candidate="b",
                        include_path=str(LOCAL))
-    assert issubclass(LmEvalError, ValueError) and LmEvalError.__module__ == "harness.lmeval"
+    assert issubclass(LmEvalError, ValueError) and LmEvalError.__module__ == "harness.run.lmeval"
 
 
 def test_bad_model_args_are_clear_errors(tiny_llama):

@@ -207,7 +207,7 @@ def test_tracking_down_then_sync(tmp_path, tiny_suite):
         env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        from harness.tracking import TrackingUnavailable, check_health
+        from harness.run.tracking import TrackingUnavailable, check_health
         deadline = time.time() + 90
         while True:
             try:

@@ -91,7 +91,7 @@ def test_bad_lines_are_named_and_nothing_is_written(tmp_path, capsys):
 
 
 def test_as_logged_sampling_reaches_the_requests(tmp_path):
-    from harness import runner
+    from harness.run import runner
     from harness.config import load_config
     from harness.models import load_model
     log = chat_log(tmp_path / "traffic.jsonl")

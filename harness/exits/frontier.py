@@ -215,7 +215,7 @@ def table(result: dict) -> str:
 
 
 def run(args) -> int:
-    from harness import runner
+    from harness.run import runner
     from harness.config import load_config
     from harness.models import lm_head_cost_in_layers
 
@@ -240,7 +240,7 @@ def run(args) -> int:
     (run_dir / "frontier.txt").write_text(text + "\n")
     print(json.dumps(result, indent=2) if args.json else text)
     if not args.no_tracking:
-        from harness import tracking
+        from harness.run import tracking
         try:
             tracking.log_frontier(result, run_dir, [fig], args.tracking_uri)
         except Exception as e:  # noqa: BLE001 - the run folder has everything

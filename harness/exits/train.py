@@ -321,7 +321,7 @@ def run_training(args, *, log=print) -> dict:
     t0 = time.perf_counter()
     held_out = evaluate(lens, valid_s, {"init": init, "head": heads})
     t_eval = time.perf_counter() - t0
-    from harness.regress import code_version
+    from harness.commands.regress import code_version
     provenance = {
         "target": target.name, "target_fingerprint": fp, "num_layers": num_layers,
         "data": {"source": "target's own continuations of templated prompts (harness/exits/prompts.py, "

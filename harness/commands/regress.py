@@ -74,17 +74,17 @@ def run(args) -> int:
     from harness.config import load_config
     config = load_config(args.config, args.profile)
     # Everything that can be wrong with the input is found before any model is loaded.
-    from harness import runner
+    from harness.run import runner
     suites = runner.load_suites(config)
     from decoders import get_decoder_class
     for spec in (config.baseline, *config.candidates):
         get_decoder_class(spec.decoder)
-    from harness import acceptance_ref
+    from harness.verdict import acceptance_ref
     acceptance_ref.check(config, suites, args.tracking_uri)  # a reference on other prompts or target: refused now
     run_dir, meta = open_run_dir(args, config, suites)
     print(f"decodegate: run folder {run_dir}", file=sys.stderr)
     from decoders.engines.server import EngineDown
-    from harness.engines import started
+    from harness.run.engines import started
     with started(config, run_dir) as servers:
         lineup = runner.Lineup(config, servers)
         try:
@@ -96,7 +96,7 @@ def run(args) -> int:
         if any(n.startswith("lmeval:") for n in config.profile.suites):
             suites = suites + runner.run_lmeval(config, run_dir, lineup, progress=not args.no_progress)
             records = runner.read_records(run_dir)
-        from harness import exactness_run
+        from harness.run import exactness as exactness_run
         exactness = exactness_run.run_checks(config, run_dir, lineup, suites, progress=not args.no_progress)
         numerics = exactness_run.margin_noise(config, lineup, suites, records)
         from harness.models import lm_head_cost_in_layers
@@ -109,8 +109,9 @@ def run(args) -> int:
 def summarize_levels(config, records, suites, exactness, head_cost=None, numerics=None) -> dict:
     """One summary over every concurrency level: each level's candidates are paired with that
     level's baseline, exact candidates are judged against that level's A/A floor."""
-    from harness import floor, sweep
-    from harness.summary import summarize
+    from harness.verdict import floor
+    from harness.run import sweep
+    from harness.verdict.summary import summarize
     summary = None
     for level in sweep.levels(config):
         cfg = sweep.level_config(config, level)
@@ -131,12 +132,12 @@ def summarize_levels(config, records, suites, exactness, head_cost=None, numeric
 
 def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, head_cost=None,
            numerics=None) -> int:
-    from harness import report
-    from harness.gate import decide
+    from harness.verdict import report
+    from harness.verdict.gate import decide
     summary = summarize_levels(config, records, suites, exactness, head_cost, numerics)
     summary.update(run_uid=meta["run_uid"], created=meta["created"], code_version=meta["code_version"],
                    config=meta["config"])
-    from harness import acceptance_ref
+    from harness.verdict import acceptance_ref
     acceptance_ref.attach(summary, config, records, suites, getattr(args, "tracking_uri", None))
     summary["log_text"] = config.log_text
     if meta.get("engines"):
@@ -156,7 +157,7 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
         all_pass &= decision.passed
     summary["verdict"] = "pass" if all_pass else "fail"
     if "sweep" in summary:
-        from harness.sweep import figure
+        from harness.run.sweep import figure
         (run_dir / "figures").mkdir(exist_ok=True)
         try:
             figure(summary["sweep"], run_dir / "figures" / "sweep.png")
@@ -169,7 +170,7 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
     (run_dir / "report.txt").write_text(text + "\n")
     print(text)
     if not getattr(args, "no_tracking", False):
-        from harness import tracking
+        from harness.run import tracking
         try:
             tracking.log_run(run_dir, args.tracking_uri)
             print(f"decodegate: logged to MLflow at {tracking.resolve_uri(args.tracking_uri)}", file=sys.stderr)

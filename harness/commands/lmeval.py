@@ -1,6 +1,6 @@
 """Run lm-eval with decodegate's decoders: `decodegate lm-eval [lm-eval's own arguments]`.
 
-This registers the `decodegate` lm-eval model (see `harness.lmeval`) and hands every remaining
+This registers the `decodegate` lm-eval model (see `harness.run.lmeval`) and hands every remaining
 argument to lm-eval's command line unchanged; `--model decodegate` is added when no --model is
 given (and no --config). Example (needs the internet for gsm8k's data):
 
@@ -51,7 +51,7 @@ def run(args) -> int:
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
 
-    from harness.lmeval import LmEvalError  # importing it registers the "decodegate" model
+    from harness.run.lmeval import LmEvalError  # importing it registers the "decodegate" model
 
     argv = lmeval_argv(args.rest)
     setup_logging()

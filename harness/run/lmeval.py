@@ -7,7 +7,7 @@ speculative, early-exit, hf, ...), and post-processed as HFLM post-processes it 
 cut, EOS added to `until`). Loglikelihood and rolling loglikelihood stay HFLM's, on the same
 target model. Importing this module registers the model with lm-eval as `decodegate`:
 
-    import harness.lmeval                     # registers "decodegate"
+    import harness.run.lmeval                     # registers "decodegate"
     lm_eval.simple_evaluate(model="decodegate",
                             model_args="target=tiny-llama,decoder=speculative,draft=tiny-llama,k=3",
                             tasks=[...])
@@ -25,7 +25,7 @@ and turns lm-eval's per-sample output into records in the analysis contract, joi
 decoder's `GenerationResult` (tokens, margins, stats, timing) by (context, generation kwargs).
 
 Not here: exporting our suites as lm-eval tasks (`suites.lmeval_export`), the command line
-(`harness.lmeval_cmd`).
+(`harness.commands.lmeval`).
 """
 from __future__ import annotations
 

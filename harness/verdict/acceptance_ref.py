@@ -2,13 +2,13 @@
 
 A candidate declares `acceptance_reference = "<run folder>"` or `"mlflow:last"` (the last
 passing MLflow run of the same candidate, target and suite hashes; found through
-harness.tracking) and `acceptance_tolerance` (relative, default 0.05). A reference made on
+harness.run.tracking) and `acceptance_tolerance` (relative, default 0.05). A reference made on
 another target or another version of a suite is refused, naming both: acceptance on other
 prompts or another model says nothing about this one.
 
 `check(config, suites, uri)` runs before any model is loaded (a bad reference fails in a second);
 `attach(summary, config, records, uri)` adds `acceptance_drift` to each such candidate of the
-summary, which `harness.gate` turns into gates. The statistic is analysis.acceptance_drift.
+summary, which `harness.verdict.gate` turns into gates. The statistic is analysis.acceptance_drift.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def _from_folder(folder: Path, spec: DecoderSpec, where: str) -> Reference:
     if cand is None:
         raise ConfigError(f"{where}: the reference run {folder} has no candidate {spec.name!r} "
                           f"(it has: {', '.join(summary.get('candidates', {})) or 'none'})")
-    from harness.runner import read_records
+    from harness.run.runner import read_records
     return Reference(source=str(folder), target=cand.get("target") or summary.get("target"),
                      suite_hashes={k: v.get("hash") for k, v in summary.get("suites", {}).items()},
                      rows=acceptance_rows(read_records(folder), spec.name))
@@ -79,7 +79,7 @@ def load_reference(config: RegressConfig, spec: DecoderSpec, suites, uri: str | 
     target = spec.target or config.target
     mine = candidate_suites(config, spec, suites)
     if spec.acceptance_reference == MLFLOW_LAST:
-        from harness import tracking
+        from harness.run import tracking
         found = tracking.last_passing_reference(uri, spec.name, target, suites_key(mine))
         if found is None:
             raise ConfigError(f"{where}: acceptance_reference = 'mlflow:last', but MLflow at "
@@ -113,7 +113,7 @@ def check(config: RegressConfig, suites, uri: str | None) -> dict:
 
 
 def _plain_comparison(c) -> dict:
-    from harness.summary import _plain
+    from harness.verdict.summary import _plain
     return _plain(c)
 
 

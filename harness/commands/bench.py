@@ -302,7 +302,7 @@ def run(args) -> int:
             f.write(text)
     print(text if args.json else table(result))
     if args.tracking_uri:
-        from harness import tracking
+        from harness.run import tracking
         try:
             tracking.log_bench(result, args.tracking_uri)
         except Exception as e:  # noqa: BLE001 - the numbers are printed already

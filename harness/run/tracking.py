@@ -232,8 +232,8 @@ def _log_acceptance_rows(client, run_id: str, run_dir: Path, name: str, cand: di
     use this one as `acceptance_reference = "mlflow:last"`."""
     if not cand.get("acceptance_suites_key"):
         return
-    from harness.acceptance_ref import acceptance_rows
-    from harness.runner import read_records
+    from harness.verdict.acceptance_ref import acceptance_rows
+    from harness.run.runner import read_records
     rows = acceptance_rows(read_records(run_dir), name)
     if not any((r.get("stats") or {}).get("proposed_per_round") for r in rows):
         return
@@ -247,7 +247,7 @@ def _log_acceptance_rows(client, run_id: str, run_dir: Path, name: str, cand: di
 
 def last_passing_reference(uri: str | None, candidate: str, target: str, suites_key: str) -> dict | None:
     """The newest passing MLflow run of `candidate` on `target` with the suite versions
-    `suites_key` (harness.acceptance_ref.suites_key), as a Reference's fields; None if none."""
+    `suites_key` (harness.verdict.acceptance_ref.suites_key), as a Reference's fields; None if none."""
     import tempfile
     uri = resolve_uri(uri)
     check_health(uri)

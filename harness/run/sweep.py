@@ -4,7 +4,7 @@ An engine is judged under load: `concurrency = [1, 4, 16]` in a profile runs the
 every engine candidate at each level, and each level is its own paired comparison (candidate
 `spec@c4` against baseline `base@c4`). At each level the baseline also runs a second time
 (`base~aa@c4`, role "aa-floor"): how often the engine disagrees with itself is the floor an
-exact candidate is judged against (harness.floor). In-process decoders are batch-1 and
+exact candidate is judged against (harness.verdict.floor). In-process decoders are batch-1 and
 deterministic: they run once, at no level, and get no A/A run.
 
 Everything else (records, resume, summary, gates, MLflow) sees ordinary candidate names.

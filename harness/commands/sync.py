@@ -14,7 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from harness import tracking
+    from harness.run import tracking
     from harness.config import ConfigError
     run_dir = Path(args.run_dir)
     if not (run_dir / "summary.json").exists():

@@ -19,8 +19,8 @@ from decoders import GenerationRequest
 from decoders.base import DecoderError
 from harness.build import build_decoder, get_model
 from harness.config import DecoderSpec, RegressConfig
+from harness.run.records import RECORDS, RecordWriter, read_records, record_key  # noqa: F401 - re-exported
 
-RECORDS = "records.jsonl"
 
 
 @dataclass(frozen=True)
@@ -32,59 +32,6 @@ class WorkItem:
 
     def key(self, candidate: str) -> tuple:
         return (candidate, self.suite.name, self.item.id, self.seed, self.temperature)
-
-
-def record_key(row: dict) -> tuple:
-    return (row["candidate"], row["suite"], row["item_id"], row["seed"], row["temperature"])
-
-
-def read_records(run_dir: Path, name: str = RECORDS) -> list[dict]:
-    """All complete rows; a torn last line (the run was killed mid-write) is dropped."""
-    path = Path(run_dir) / name
-    if not path.exists():
-        return []
-    rows = []
-    with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i < len(lines) - 2:  # only the last line may be torn
-                raise ValueError(f"{path}: line {i + 1} is not valid JSON (the file was edited?)")
-    return rows
-
-
-def _finite(obj):
-    """NaN/inf become null: records stay valid JSON for every reader, not just Python's."""
-    if isinstance(obj, float) and obj != obj or obj in (float("inf"), float("-inf")):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-class RecordWriter:
-    def __init__(self, run_dir: Path, name: str = RECORDS):
-        path = Path(run_dir) / name
-        # Cut a torn last line before appending, so new rows start on a fresh line.
-        if path.exists():
-            data = path.read_bytes()
-            if data and not data.endswith(b"\n"):
-                os.truncate(path, data.rfind(b"\n") + 1)  # in place: never rewrite finished rows
-        self.f = open(path, "a", encoding="utf-8")
-
-    def write(self, row: dict) -> None:
-        self.f.write(json.dumps(_finite(row), allow_nan=False) + "\n")
-        self.f.flush()
-        os.fsync(self.f.fileno())
-
-    def close(self) -> None:
-        self.f.close()
 
 
 def load_suites(config: RegressConfig) -> list:
@@ -118,13 +65,13 @@ def work_items(config: RegressConfig, suites: list) -> list[WorkItem]:
 
 class Lineup:
     """The baseline and candidates, built once, with their targets. `engines`: started servers
-    by name (harness.engines.started), for engine decoders."""
+    by name (harness.run.engines.started), for engine decoders."""
 
     def __init__(self, config: RegressConfig, engines: dict | None = None):
-        from harness.sweep import all_specs
+        from harness.run.sweep import all_specs
         self.config = config
         # The baseline and candidates, at each concurrency level, plus the A/A run of an engine
-        # baseline (harness.sweep); without a sweep and an engine: [baseline, *candidates].
+        # baseline (harness.run.sweep); without a sweep and an engine: [baseline, *candidates].
         self.specs: list[DecoderSpec] = all_specs(config)
         self.targets = {}
         self.decoders = {}
@@ -264,7 +211,7 @@ class LmEvalSuite:
 def run_lmeval(config: RegressConfig, run_dir: Path, lineup: Lineup, progress: bool = True) -> list:
     """`lmeval:<task>` suites: each decoder runs the task through lm-eval (generation through our
     decoder), and its per-sample records join records.jsonl like any other suite's."""
-    from harness.lmeval import lmeval_records
+    from harness.run.lmeval import lmeval_records
     # A task counts as done for a decoder only once its completion marker is written: a run
     # killed inside lm-eval reruns that task from the start (its rows are replaced).
     marks = read_records(run_dir, LMEVAL_DONE)

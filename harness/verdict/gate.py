@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from analysis.paired import below, loss_upper_bound
 from harness.config import Gates
-from harness.floor import gate_detail as floor_gate
+from harness.verdict.floor import gate_detail as floor_gate
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def _identity_gates(cand: dict, check_sampled: bool) -> list[GateResult]:
             if t != "T=0" and not check_sampled:
                 continue
             name = f"identity {suite} {t}"
-            judged = floor_gate(ident)  # an engine's nonzero A/A floor decides (harness.floor)
+            judged = floor_gate(ident)  # an engine's nonzero A/A floor decides (harness.verdict.floor)
             if judged is not None:
                 out.append(GateResult(name, "fail" if judged[0] else "pass", judged[1]))
                 continue

@@ -1,0 +1,1 @@
+"""The verdict: records -> summary (analysis per candidate and suite) -> gates -> report."""
