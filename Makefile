@@ -17,7 +17,7 @@ LLAMA_STAMP      := $(VENV)/.llama-server
 LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
                     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
 
-.PHONY: install llama-server test regress regress-engine bench ui clean
+.PHONY: install llama-server test regress decide regress-engine bench ui clean
 
 install: $(STAMP)
 
@@ -44,6 +44,11 @@ test: $(STAMP) $(LLAMA_STAMP)
 
 regress: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/decodegate regress --config regress.toml --profile smoke
+
+# The quality verdict of the lossy candidates (every item, three sequential looks); the baseline
+# comes from the store after the first run, so a second run costs the candidates only.
+decide: $(STAMP)
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/decodegate regress --config regress.toml --profile decide
 
 regress-engine: $(STAMP) $(LLAMA_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/decodegate regress --config regress-engine.toml --profile smoke

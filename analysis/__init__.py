@@ -1,7 +1,7 @@
 """decodegate analysis: pure functions over generation records.
 
 Pair baseline and candidate records (:mod:`.pairing`), then: token identity and divergence
-forensics (:mod:`.identity`), paired quality tests (:mod:`.paired`, :mod:`.quality`),
+forensics (:mod:`.identity`), paired quality tests (:mod:`.paired`, :mod:`.quality`; group-sequential looks, :mod:`.sequential`),
 distribution exactness (:mod:`.exactness`; the sequential PIT test, :mod:`.pit`), speculative
 acceptance (:mod:`.acceptance`), early-exit statistics (:mod:`.exits`), latency (:mod:`.latency`) and report figures
 (:mod:`.figures`, imported on demand because it loads matplotlib). Calibration of the tests:

@@ -237,11 +237,18 @@ def acceptance_summary(
         a, p, t, _ = positions
         by_pos = tuple((j, int(a[j]), int(p[j]), _ratio(a[j], p[j]), _ratio(a[j], t[j])) for j in range(k))
 
-    measured_c, verify_cost = _costs(stats_list, decode_step_seconds([p.baseline for p in pairs]),
-                                     proposed, rounds)
+    # Costs and the achieved speedup need a baseline timed beside the candidate: a baseline row
+    # reused from another run (``reused``) keeps its tokens, not a comparable clock.
+    fresh = [p for p in pairs if not p.baseline.get("reused")]
+    if fresh:
+        measured_c, verify_cost = _costs(stats_list, decode_step_seconds([p.baseline for p in fresh]), proposed, rounds)
+        achieved = paired_speedup(fresh, confidence_level=level, n_resamples=n_resamples, rng=gen)
+    else:
+        nan = float("nan")
+        measured_c, verify_cost = nan, nan
+        achieved = SpeedupResult(nan, nan, 0, nan, nan, nan, nan, level)
     c = measured_c if c is None else float(c)
     theory = _theory(alpha, k, c)
-    achieved = paired_speedup(pairs, confidence_level=level, n_resamples=n_resamples, rng=gen)
     tokens = sum(len(p.candidate.get("tokens") or []) for p in pairs)
     forwards = sum(int(s.get("target_forwards", 0)) for s in stats_list)
     return AcceptanceSummary(

@@ -9,8 +9,9 @@ itself). The exact numbers are the guarantee; the simulations check the code pat
 and agree with them within Monte Carlo error.
 
 ``python -m analysis.calibrate [--studies N] [--seed S] [--out PATH]`` writes the tables to
-``analysis/CALIBRATION.md``. The tests (``tests/test_analysis_calibration.py``) call the same
-functions.
+``analysis/CALIBRATION.md`` (``--only sequential`` rewrites the group-sequential section alone, from
+:mod:`.calibrate_sequential`, in an existing file). The tests (``tests/test_analysis_calibration.py``)
+call the same functions.
 """
 
 from __future__ import annotations
@@ -280,6 +281,8 @@ def report(*, studies: int = 10_000, seed: int = 20240601) -> str:
         out.append(f"| 0.05 | {delta:+.2f} | " + " | ".join(cells) + " |")
     from .calibrate_gates import report_lines
     out += report_lines(studies=studies, rng=rng)
+    from . import calibrate_sequential
+    out += calibrate_sequential.report_lines(studies=studies, rng=calibrate_sequential.rng_for(seed))
     return "\n".join(out) + "\n"
 
 
@@ -288,10 +291,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--studies", type=int, default=10_000, help="simulated studies per case (>= 1000)")
     parser.add_argument("--seed", type=int, default=20240601)
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("CALIBRATION.md"))
+    parser.add_argument("--only", choices=("sequential",),
+                        help="rewrite only this section of an existing --out (the full report takes minutes)")
     args = parser.parse_args(argv)
     if args.studies < 1000:
         parser.error("--studies must be at least 1000")
-    args.out.write_text(report(studies=args.studies, seed=args.seed))
+    if args.only == "sequential":
+        from . import calibrate_sequential
+        if not args.out.exists():
+            parser.error(f"--only needs an existing {args.out}")
+        lines = calibrate_sequential.report_lines(studies=args.studies, rng=calibrate_sequential.rng_for(args.seed))
+        args.out.write_text(calibrate_sequential.splice(args.out.read_text(), lines))
+    else:
+        args.out.write_text(report(studies=args.studies, seed=args.seed))
     sys.stdout.write(f"wrote {args.out}\n")
     return 0
 

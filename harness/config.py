@@ -41,6 +41,7 @@ class SuiteSpec:
     include_path: str | None = None
     limit: int | None = None
     max_gen_toks: int | None = None
+    discordance: float | None = None  # planning: the share of pairs expected to disagree (default [gates])
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class Profile:
     exactness_samples: int
     concurrency: tuple[int, ...] = ()  # engine requests in flight: one paired comparison per level
     as_logged: bool = False            # temperatures = "as-logged": each item's own sampling (suites import)
+    looks: int = 1                     # quality looks per suite (group-sequential; 1: the fixed design)
+    # Baseline generations timed afresh beside the candidates when the rest comes from the store
+    # (speed is compared on these only; quality and identity on all rows).
+    speed_items: int = 30
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,8 @@ class Gates:
     near_tie_epsilon: float | None = None
     exactness_pvalue: float = 0.01  # family-wise level of a candidate's exactness checks (Bonferroni)
     inconclusive: str = "fail"      # a comparison that shows neither pass nor failure: "fail" or "warn"
+    spending: str = "obrien-fleming"  # alpha spending across a profile's looks (analysis.sequential)
+    discordance: float = 0.2        # planning value of the discordant share, where no run observed it
 
 
 class ConfigWarning(UserWarning):
@@ -187,15 +194,20 @@ def _number(table: dict, key: str, low: float, high: float, where: str, what: st
 
 
 def _gates(table: dict, where: str) -> Gates:
-    g = dict(_take(table, {"alpha", "near_tie_epsilon", "exactness_pvalue", "inconclusive"}, where))
+    g = dict(_take(table, {"alpha", "near_tie_epsilon", "exactness_pvalue", "inconclusive", "spending",
+                           "discordance"}, where))
     _number(g, "alpha", 0.0, 0.5, where, "a level in (0, 0.5)")
     _number(g, "exactness_pvalue", 0.0, 0.5, where, "a level in (0, 0.5)")
+    _number(g, "discordance", 0.0, 1.0 + 1e-12, where, "a share of pairs in (0, 1]")
     if g.get("near_tie_epsilon") == "auto":
         g["near_tie_epsilon"] = None
     _number(g, "near_tie_epsilon", -1e-300, float("inf"), where, '"auto" or a number >= 0')
     gates = Gates(**g)
     if gates.inconclusive not in ("fail", "warn"):
         raise ConfigError(f"{where}: inconclusive must be 'fail' or 'warn'")
+    from analysis.sequential import SPENDING
+    if gates.spending not in SPENDING:
+        raise ConfigError(f"{where}: spending must be one of {', '.join(SPENDING)}, got {gates.spending!r}")
     return gates
 
 
@@ -233,7 +245,9 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
         raise ConfigError(f"{path}: decoder names must be unique; repeated: {', '.join(sorted(dupes))}")
     suites = {}
     for name, table in raw.get("suites", {}).items():
-        _take(table, {"margin", "path", "include_path", "limit", "max_gen_toks"}, f"{path} [suites.{name}]")
+        _take(table, {"margin", "path", "include_path", "limit", "max_gen_toks", "discordance"}, f"{path} [suites.{name}]")
+        _number(table, "margin", 0.0, 1.0 + 1e-12, f"{path} [suites.{name}]", "a drop in pass rate in (0, 1]")
+        _number(table, "discordance", 0.0, 1.0 + 1e-12, f"{path} [suites.{name}]", "a share of pairs in (0, 1]")
         file, include = table.get("path"), table.get("include_path")
         if file is not None and not Path(file).is_absolute():
             file = str(path.parent / file)  # relative to the config file
@@ -241,12 +255,14 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
             include = str(path.parent / include)
         if (include or table.get("limit") or table.get("max_gen_toks")) and not name.startswith("lmeval:"):
             raise ConfigError(f"{path} [suites.{name}]: include_path/limit/max_gen_toks apply to lmeval:<task> suites only")
-        suites[name] = SuiteSpec(name, table.get("margin"), file, include, table.get("limit"), table.get("max_gen_toks"))
+        suites[name] = SuiteSpec(name, table.get("margin"), file, include, table.get("limit"), table.get("max_gen_toks"),
+                                 table.get("discordance"))
     profiles = raw.get("profiles", {})
     if profile not in profiles:
         raise ConfigError(f"{path}: unknown profile {profile!r}; defined: {', '.join(sorted(profiles)) or 'none'}")
     p = _take(profiles[profile], {"subset", "suites", "temperatures", "sample_suites", "seeds", "max_new_tokens",
-                                  "exactness_prompts", "exactness_samples", "concurrency"}, f"{path} [profiles.{profile}]")
+                                  "exactness_prompts", "exactness_samples", "concurrency", "looks", "speed_items",
+                                  "candidates"}, f"{path} [profiles.{profile}]")
     suite_names = tuple(p.get("suites", list(suites)))
     for s in suite_names:
         suites.setdefault(s, SuiteSpec(s))
@@ -274,11 +290,24 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     if not isinstance(levels, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in levels) \
             or len(set(levels)) != len(levels):
         raise ConfigError(f"{where}: concurrency must be a list of distinct integers >= 1, e.g. [1, 4, 16]")
+    for key, low in (("looks", 1), ("speed_items", 0)):
+        v = p.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
+            raise ConfigError(f"{where}: {key} must be an integer >= {low}, got {v!r}")
+    if "candidates" in p:
+        _typed(p, "candidates", list, where, "a list of candidate names")
+        known = [c.name for c in candidates]
+        for n in p["candidates"]:
+            if n not in known:
+                close = difflib.get_close_matches(str(n), known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"{where}: candidates names {n!r}{hint}, which no [[candidates]] defines")
+        candidates = tuple(c for c in candidates if c.name in p["candidates"])
     prof = Profile(name=profile, subset=p.get("subset", profile), suites=suite_names, temperatures=temps,
                    sample_suites=tuple(p.get("sample_suites", suite_names)), seeds=tuple(p.get("seeds", [0])),
                    max_new_tokens=p.get("max_new_tokens"), exactness_prompts=int(p.get("exactness_prompts", 2)),
                    exactness_samples=int(p.get("exactness_samples", 200)), concurrency=tuple(levels),
-                   as_logged=as_logged)
+                   as_logged=as_logged, looks=p.get("looks", 1), speed_items=p.get("speed_items", 30))
     if prof.subset not in ("smoke", "full"):
         raise ConfigError(f"{path} [profiles.{profile}]: subset must be 'smoke' or 'full'")
     gates = _gates(raw.get("gates", {}), f"{path} [gates]")

@@ -15,6 +15,27 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
+@pytest.fixture(autouse=True)
+def _own_baseline_store(tmp_path_factory, monkeypatch):
+    """Each test its own baseline store: no test reuses another's baseline by accident (the
+    store's own tests point runs at one folder on purpose)."""
+    monkeypatch.setenv("DECODEGATE_BASELINE_STORE", str(tmp_path_factory.mktemp("baselines")))
+
+
+@pytest.fixture
+def broken_greedy_verifier(monkeypatch):
+    """The speculative decoder's greedy verifier replaced by one that accepts every draft without
+    comparing it with the target: the bug an identity gate (and --fail-fast) must catch."""
+    import decoders.speculative as spec
+    from decoders.verify import Verdict
+
+    def accept_all(target_logits, draft):
+        k = draft.shape[1]
+        return Verdict(accepted=draft.new_full((draft.shape[0],), k), token=target_logits[:, k].argmax(-1))
+
+    monkeypatch.setattr(spec, "verify_greedy", accept_all)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama():
     from harness.models import load_model

@@ -206,7 +206,7 @@ def write_suite(tmp_path: Path, n: int = 4) -> Path:
 
 
 def engine_config(tmp_path: Path, suite: Path, engines: dict[str, list[str]], candidates: list[tuple[str, str]],
-                  baseline: str = "plain", margin: str = "") -> Path:
+                  baseline: str = "plain", margin: str = "", profile_extra: str = "") -> Path:
     tables = "".join(f"[engines.{name}]\nlaunch = {json.dumps(args)}\nmodel = \"smollm2-135m\"\n\n"
                      for name, args in engines.items())
     cands = "".join(f"[[candidates]]\nname = \"{n}\"\ndecoder = \"llama.cpp\"\nkind = \"exact\"\n"
@@ -228,6 +228,7 @@ subset = "smoke"
 suites = ["mini"]
 temperatures = [0.0]
 seeds = [0]
+{profile_extra}
 """)
     return cfg
 
@@ -255,6 +256,34 @@ def test_regress_aa_identical_and_ngram_acceptance_reaches_the_report(tmp_path, 
     assert code == 0
     rows = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
     assert any(r["candidate"] == "ngram" and r["stats"].get("rounds") for r in rows)  # from /metrics
+
+
+@pytest.mark.slow
+def test_engine_baseline_is_reused_by_content_and_not_across_launch_flags(tmp_path):
+    suite = write_suite(tmp_path)
+    store = tmp_path / "store"
+    plain = launch_args("-np", "1", "--spec-type", "none")
+    ngram = launch_args("-np", "1", "--spec-type", "ngram-simple")
+
+    def run(name: str, base_args: list[str]) -> dict:
+        cfg = engine_config(tmp_path, suite, {"plain": base_args, "ngram": ngram}, [("ngram", "ngram")],
+                            profile_extra="speed_items = 1")
+        assert main(["regress", "--config", str(cfg), "--run-dir", str(tmp_path / name), "--no-tracking",
+                     "--no-progress", "--baseline-store", str(store)]) == 0
+        return json.loads((tmp_path / name / "summary.json").read_text())
+
+    first, second = run("r1", plain), run("r2", plain)
+    assert first["baseline_store"]["reused_rows"] == 0
+    st = second["baseline_store"]
+    assert st["reused_rows"] == 3 and st["retimed"] == 1 and st["retimed_disagreed"] == []
+    # The A/A rerun is never taken from the store: it is there to run again.
+    rows = [json.loads(x) for x in (tmp_path / "r2" / "records.jsonl").read_text().splitlines()]
+    assert not any(r.get("reused") for r in rows if r["candidate"] != "base")
+    assert all(r["target_fingerprint"].startswith("engine:") for r in rows)
+    assert second["candidates"]["ngram"]["verdict"] == first["candidates"]["ngram"]["verdict"] == "pass"
+    # Other launch flags for the baseline's engine: another key, nothing reused.
+    third = run("r3", launch_args("-np", "1", "--spec-type", "none", "--batch-size", "256"))
+    assert third["baseline_store"]["reused_rows"] == 0
 
 
 @pytest.mark.slow

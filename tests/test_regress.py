@@ -104,15 +104,7 @@ def test_exact_candidates_pass(tmp_path, tiny_suite):
         assert (tmp_path / "run" / f).exists()
 
 
-def test_broken_verifier_fails_the_identity_gate(tmp_path, tiny_suite, monkeypatch, capsys):
-    import decoders.speculative as spec
-    from decoders.verify import Verdict
-
-    def accept_all(target_logits, draft):  # the bug: never compares draft with target
-        k = draft.shape[1]
-        return Verdict(accepted=draft.new_full((draft.shape[0],), k), token=target_logits[:, k].argmax(-1))
-
-    monkeypatch.setattr(spec, "verify_greedy", accept_all)
+def test_broken_verifier_fails_the_identity_gate(tmp_path, tiny_suite, broken_greedy_verifier, capsys):
     cfg = write_config(tmp_path, tiny_suite, """
 [[candidates]]
 name = "spec-broken"

@@ -26,6 +26,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--baseline-store", metavar="DIR|mlflow:RUN_ID|none",
+                   help="where baseline generations are kept by content key and reused from: a folder, a logged "
+                        "run's artifacts (read-only), or none (default: <user cache>/decodegate/baselines)")
+    p.add_argument("--fresh-baseline", action="store_true",
+                   help="generate the whole baseline again (it is still written to the store)")
+    p.add_argument("--fail-fast", action="store_true",
+                   help="stop an exact candidate at its first real divergence (its verdict is a failure)")
+    p.add_argument("--plan-from", metavar="RUN_DIR",
+                   help="a previous run folder: plan sample sizes from the discordance it observed")
+    p.add_argument("--plan-only", action="store_true",
+                   help="print the sample-size plan (what each gated suite needs, what the profile runs) and exit")
 
 
 def code_version() -> str:
@@ -81,14 +92,25 @@ def run(args) -> int:
         get_decoder_class(spec.decoder)
     from harness.verdict import acceptance_ref
     acceptance_ref.check(config, suites, args.tracking_uri)  # a reference on other prompts or target: refused now
+    from harness.verdict import power
+    plan = power.plan(config, suites, getattr(args, "plan_from", None))
+    print(power.table(plan, config), file=sys.stderr)
+    if getattr(args, "plan_only", False):
+        return 0
+    from harness.run.store import open_store
+    store = open_store(getattr(args, "baseline_store", None), getattr(args, "fresh_baseline", False), args.tracking_uri)
     run_dir, meta = open_run_dir(args, config, suites)
     print(f"decodegate: run folder {run_dir}", file=sys.stderr)
     from decoders.engines.server import EngineDown
     from harness.run.engines import started
     with started(config, run_dir) as servers:
         lineup = runner.Lineup(config, servers)
+        meta = check_fingerprints(run_dir, meta, lineup)
+        from harness.run.reuse import Reuse
+        reuse = Reuse(store, lineup, run_dir, meta["run_uid"])
         try:
-            records = runner.run(config, run_dir, lineup, suites, progress=not args.no_progress)
+            records = runner.run(config, run_dir, lineup, suites, progress=not args.no_progress, reuse=reuse,
+                                 fail_fast=getattr(args, "fail_fast", False))
         except EngineDown as e:
             kept = len(runner.read_records(run_dir))
             raise EngineDown(f"{e}\n{kept} finished records are kept in {run_dir}; once the engine is back, "
@@ -102,11 +124,39 @@ def run(args) -> int:
         from harness.models import lm_head_cost_in_layers
         head_cost = {s.name: lm_head_cost_in_layers(lineup.targets[s.name].model) for s in lineup.specs
                      if s.decoder == "early-exit"}
-        meta = {**meta, "engines": {name: server.info for name, server in servers.items()}}
+        meta = {**meta, "engines": {name: server.info for name, server in servers.items()},
+                "baseline_store": store_summary(reuse, records, lineup), "plan": plan}
     return finish(config, run_dir, meta, records, suites, exactness, args, head_cost, numerics)
 
 
-def summarize_levels(config, records, suites, exactness, head_cost=None, numerics=None) -> dict:
+def check_fingerprints(run_dir: Path, meta: dict, lineup) -> dict:
+    """A resumed run folder must hold rows of the same models: refuse one made with others."""
+    from harness.config import ConfigError
+    now = lineup.fingerprints
+    before = meta.get("fingerprints")
+    if before is not None:
+        changed = [f"{name} {k.replace('_fingerprint', '')} {v} -> {now[name].get(k)}"
+                   for name, fp in before.items() if name in now for k, v in fp.items() if now[name].get(k) != v]
+        if changed:
+            raise ConfigError(f"{run_dir} was made with other models ({'; '.join(changed)}): its rows cannot be "
+                              f"mixed with these; use a new --run-dir")
+        return meta
+    meta = {**meta, "fingerprints": now}
+    (run_dir / "run.json").write_text(json.dumps(meta, indent=2))
+    return meta
+
+
+def store_summary(reuse, records, lineup) -> dict:
+    """How much of the baseline came from the store, and from where."""
+    out = reuse.summary()
+    base = [r for r in records if r["candidate"] in lineup.baseline_names]
+    out["baseline_rows"] = len(base)
+    out["reused_rows"] = sum(1 for r in base if r.get("reused"))
+    out["from_runs"] = sorted({r["reused"].get("run_uid") or "?" for r in base if r.get("reused")})
+    return out
+
+
+def summarize_levels(config, records, suites, exactness, head_cost=None, numerics=None, stops=None) -> dict:
     """One summary over every concurrency level: each level's candidates are paired with that
     level's baseline, exact candidates are judged against that level's A/A floor."""
     from harness.verdict import floor
@@ -115,7 +165,7 @@ def summarize_levels(config, records, suites, exactness, head_cost=None, numeric
     summary = None
     for level in sweep.levels(config):
         cfg = sweep.level_config(config, level)
-        part = summarize(cfg, records, suites, exactness, lm_head_cost=head_cost, numerics=numerics)
+        part = summarize(cfg, records, suites, exactness, lm_head_cost=head_cost, numerics=numerics, stops=stops)
         aa = [c.name for c in cfg.candidates if c.role == "aa-floor"]
         if aa:
             floor.apply(part, aa[0], [c.name for c in cfg.candidates if c.role != "aa-floor"], config.gates.alpha)
@@ -134,12 +184,17 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
            numerics=None) -> int:
     from harness.verdict import report
     from harness.verdict.gate import decide
-    summary = summarize_levels(config, records, suites, exactness, head_cost, numerics)
+    from harness.run.runner import STOPS, read_records
+    summary = summarize_levels(config, records, suites, exactness, head_cost, numerics,
+                               stops=read_records(run_dir, STOPS))
     summary.update(run_uid=meta["run_uid"], created=meta["created"], code_version=meta["code_version"],
                    config=meta["config"])
     from harness.verdict import acceptance_ref
     acceptance_ref.attach(summary, config, records, suites, getattr(args, "tracking_uri", None))
     summary["log_text"] = config.log_text
+    for key in ("baseline_store", "plan", "fingerprints"):
+        if meta.get(key) is not None:
+            summary[key] = meta[key]
     if meta.get("engines"):
         summary["engines"] = meta["engines"]
         for cand in summary["candidates"].values():

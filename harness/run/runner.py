@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from decoders.base import DecoderError
 from harness.build import build_decoder, get_model
 from harness.config import DecoderSpec, RegressConfig
 from harness.run.records import RECORDS, RecordWriter, read_records, record_key  # noqa: F401 - re-exported
+from harness.run.reuse import stored_result
 
 
 
@@ -49,18 +51,21 @@ def load_suites(config: RegressConfig) -> list:
     return out
 
 
-def work_items(config: RegressConfig, suites: list) -> list[WorkItem]:
+def expand(config: RegressConfig, suite, item) -> list[WorkItem]:
+    """One item's generations: each temperature the profile runs on its suite, each seed."""
     prof = config.profile
     out = []
-    for suite in suites:
-        for item in suite.select(prof.subset):
-            for t in (logged(item, "temperature") if prof.as_logged else prof.temperatures):
-                if t > 0 and suite.name not in prof.sample_suites:
-                    continue
-                # Greedy does not depend on the seed: one seed is enough.
-                for seed in (prof.seeds[:1] if t == 0 else prof.seeds):
-                    out.append(WorkItem(suite, item, t, seed))
+    for t in (logged(item, "temperature") if prof.as_logged else prof.temperatures):
+        if t > 0 and suite.name not in prof.sample_suites:
+            continue
+        # Greedy does not depend on the seed: one seed is enough.
+        for seed in (prof.seeds[:1] if t == 0 else prof.seeds):
+            out.append(WorkItem(suite, item, t, seed))
     return out
+
+
+def work_items(config: RegressConfig, suites: list) -> list[WorkItem]:
+    return [w for suite in suites for item in suite.select(config.profile.subset) for w in expand(config, suite, item)]
 
 
 class Lineup:
@@ -79,6 +84,12 @@ class Lineup:
             target = get_model(spec.target or config.target, config.device)
             self.targets[spec.name] = target
             self.decoders[spec.name] = build_decoder(spec.decoder, target, spec.options, engines)
+        # The plain baseline at each concurrency level (not its A/A rerun): what the store may supply.
+        b = config.baseline.name
+        self.baseline_names = {s.name for s in self.specs if s.role != "aa-floor"
+                               and (s.name == b or s.name.startswith(b + "@c"))}
+        from harness.run.reuse import spec_fingerprints
+        self.fingerprints = {s.name: spec_fingerprints(self, s) for s in self.specs}
 
     @property
     def baseline_target(self):
@@ -147,47 +158,207 @@ def run_one(spec: DecoderSpec, decoder, target, config: RegressConfig, work: Wor
     return make_row(spec, work, result)
 
 
-def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, progress: bool = True) -> list[dict]:
+STOPS = "stops.jsonl"
+
+
+def staged_work(config: RegressConfig, suites: list) -> list[list[WorkItem]]:
+    """The work in stages: one stage (config order) for the fixed design; with `looks = K`, the
+    items of each suite's k-th look (harness.verdict.looks: a fixed shuffled order), suites
+    interleaved so that every stage spans all of them."""
+    if config.profile.looks <= 1:
+        return [work_items(config, suites)]
+    from analysis.sequential import Plan, fractions
+    from harness.verdict.looks import item_order
+    sizes_of = Plan(fractions(config.profile.looks), 0.05, 0.05, "", (), ()).look_sizes
+    per_suite = []
+    for suite in suites:
+        order = item_order(suite, config.profile.subset)
+        n, k = len(order), config.profile.looks
+        # A suite smaller than the looks goes whole into the first stage (judged by the fixed design).
+        cuts = (0, *sizes_of(n)) if n >= k else (0, *([n] * k))
+        per_suite.append([[w for it in order[lo:hi] for w in expand(config, suite, it)]
+                          for lo, hi in zip(cuts, cuts[1:])])
+    stages = []
+    for k in range(config.profile.looks):
+        lists = [p[k] for p in per_suite]
+        stages.append([w for group in _round_robin(lists) for w in group])
+    return stages
+
+
+def _round_robin(lists: list[list]) -> list[list]:
+    out, i = [], 0
+    while any(i < len(x) for x in lists):
+        out.append([x[i] for x in lists if i < len(x)])
+        i += 1
+    return out
+
+
+class Stops:
+    """Where the runner stopped a candidate (a suite, or "*": all of them), kept in stops.jsonl
+    so that a resumed run and the summary know it."""
+
+    def __init__(self, run_dir: Path):
+        self.rows = read_records(run_dir, STOPS)
+        self.writer = RecordWriter(run_dir, STOPS)
+
+    def stopped(self, candidate: str, suite: str) -> bool:
+        return any(r["candidate"] == candidate and r["suite"] in ("*", suite) for r in self.rows)
+
+    def add(self, **row) -> None:
+        self.rows.append(row)
+        self.writer.write(row)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _real_divergence(config: RegressConfig, target, base: dict, cand: dict) -> str | None:
+    """--fail-fast: the first divergence of an exact candidate that is not a numerical near-tie."""
+    from analysis.identity import classify_margin, common_prefix_length, near_tie_epsilon
+    if base.get("error") or cand.get("error") or cand.get("compare_on") == "text":
+        return None
+    bt, ct = base.get("tokens") or [], cand.get("tokens") or []
+    pos = common_prefix_length(bt, ct)
+    if pos == len(bt) == len(ct):
+        return None
+    eps = config.gates.near_tie_epsilon
+    if eps is None:
+        eps = near_tie_epsilon(str(target.dtype).replace("torch.", ""), None)[0]
+    margins = base.get("margins") or []
+    margin = margins[pos] if pos < len(margins) else None
+    if classify_margin(margin, eps) == "near-tie":
+        return None
+    return (f"first real divergence: {cand['suite']}/{cand['item_id']} T={cand['temperature']:g} at token {pos}, "
+            f"baseline margin {margin if margin is not None else 'n/a'} (near-tie epsilon {eps:g})")
+
+
+def _checks_identity(spec: DecoderSpec, row: dict) -> bool:
+    """Rows on which an exact candidate must match the baseline token for token: greedy ones, and
+    sampled ones where it samples with the baseline's keyed noise (coupled verification)."""
+    from harness.verdict.gate import _sampled_identity_applies
+    if spec.kind != "exact" or spec.role == "aa-floor":
+        return False
+    return row["temperature"] == 0 or _sampled_identity_applies({"decoder": spec.decoder, "options": spec.options})
+
+
+def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, progress: bool = True,
+        reuse=None, fail_fast: bool = False) -> list[dict]:
     """Generate everything not yet in the run folder; return all rows.
 
-    Work goes in blocks of `lineup.block_size()` items (1 for in-process decoders): within a
-    block the baseline runs its requests, then each candidate (an engine keeps them in flight at
-    once), so machine noise still hits all decoders alike. Every record is written as it finishes.
+    Work goes in stages (one, or one per sequential look) and within a stage in blocks of
+    `lineup.block_size()` items (1 for in-process decoders): within a block the baseline runs
+    its requests, then each candidate (an engine keeps them in flight at once), so machine noise
+    still hits all decoders alike. Every record is written as it finishes.
+
+    `reuse` (harness.run.reuse.Reuse): baseline rows found in the store are taken, not generated,
+    except the first `profile.speed_items` baseline items, which are generated afresh beside the
+    candidates so that speed is compared on one clock. After each stage a lossy candidate whose
+    quality is decided on a suite stops there (harness.verdict.looks); with `fail_fast` an exact
+    candidate stops at its first real divergence.
     """
     from tqdm import tqdm
-    done = {record_key(r) for r in read_records(run_dir)}
-    work = work_items(config, suites)
-    pending = [(w, [s for s in lineup.specs if w.key(s.name) not in done and runs_on(s, w.suite.name)])
-               for w in work]
-    pending = [(w, specs) for w, specs in pending if specs]
+    from harness.verdict import looks
+    rows = read_records(run_dir)
+    done = {record_key(r) for r in rows}
+    base_names = lineup.baseline_names
+    base_rows = {record_key(r)[1:]: r for r in rows if r["candidate"] in base_names}
+    stops = Stops(run_dir)
+    stages = staged_work(config, suites)
+    cands = [s for s in lineup.specs if s.name not in base_names]
+    budget = config.profile.speed_items if config.profile.speed_items is not None else float("inf")
+    # Per baseline (one per concurrency level): generations timed afresh in this run folder so far.
+    speed_left = {b: budget - sum(1 for r in rows if r["candidate"] == b and not r.get("reused")) for b in base_names}
+
+    def wanted(spec, w) -> bool:
+        if w.key(spec.name) in done or not runs_on(spec, w.suite.name):
+            return False
+        if spec.name in base_names:  # the baseline, wherever a candidate ran or will run
+            return any(runs_on(c, w.suite.name) and (w.key(c.name) in done or not stops.stopped(c.name, w.suite.name))
+                       for c in cands) or not cands
+        return not stops.stopped(spec.name, w.suite.name)
+
     writer = RecordWriter(run_dir)
     batches = RecordWriter(run_dir, ENGINE_BATCHES)
     try:
-        total = sum(runs_on(s, w.suite.name) for w in work for s in lineup.specs)
-        bar = tqdm(total=total, initial=total - sum(len(specs) for _, specs in pending),
+        total = sum(runs_on(s, w.suite.name) for st in stages for w in st for s in lineup.specs)
+        bar = tqdm(total=total, initial=sum(1 for st in stages for w in st for s in lineup.specs
+                                           if w.key(s.name) in done),
                    desc="generating", unit="gen", disable=not progress, dynamic_ncols=True)
         size = lineup.block_size()
-        for start in range(0, len(pending), size):
-            block = pending[start:start + size]
-            for spec in lineup.specs:
-                items = [w for w, specs in block if spec in specs]
-                if not items:
-                    continue
-                w0 = items[0]
-                bar.set_postfix_str(f"{spec.name} · {w0.suite.name}/{w0.item.id} · T={w0.temperature:g}"
-                                    + (f" (+{len(items) - 1})" if len(items) > 1 else ""), refresh=False)
-                decoder, target = lineup.decoders[spec.name], lineup.targets[spec.name]
-                requests = [make_request(config, target, w) for w in items]
-                for i, result in decoder.generate_many(requests):
-                    writer.write(make_row(spec, items[i], result, block=start // size))
-                    bar.update(1)
-                batch = getattr(decoder, "last_batch", None)
-                if batch and batch.get("proposed"):
-                    batches.write({"candidate": spec.name, **batch})
+        block_no = 0
+        for stage in stages:
+            pending = [(w, [s for s in lineup.specs if wanted(s, w)]) for w in stage]
+            skipped = sum(runs_on(s, w.suite.name) and w.key(s.name) not in done for w in stage
+                          for s in lineup.specs) - sum(len(specs) for _, specs in pending)
+            bar.total -= skipped  # stopped candidates: their remaining items will not run
+            pending = [(w, specs) for w, specs in pending if specs]
+            for start in range(0, len(pending), size):
+                block = pending[start:start + size]
+                for spec in lineup.specs:
+                    items = [w for w, specs in block if spec in specs and wanted(spec, w)]
+                    if not items:
+                        continue
+                    decoder, target = lineup.decoders[spec.name], lineup.targets[spec.name]
+                    requests = [make_request(config, target, w) for w in items]
+                    keys = [None] * len(items)
+                    if spec.name in base_names and reuse is not None:
+                        fresh = []
+                        for i, (w, req) in enumerate(zip(items, requests)):
+                            key, parts = reuse.key(spec, req)
+                            keys[i] = (key, parts)
+                            hit = reuse.lookup(key)
+                            if hit is not None and speed_left[spec.name] <= 0:
+                                row = {**make_row(spec, w, stored_result(hit)), **lineup.fingerprints[spec.name],
+                                       "reused": {"store": reuse.store.label, "key": key, **hit.get("source", {}),
+                                                  "stored": hit.get("stored")}}
+                                writer.write(row)
+                                done.add(w.key(spec.name))
+                                base_rows[record_key(row)[1:]] = row
+                                reuse.reused += 1
+                                reuse.put(key, parts, row, reused_from=hit.get("source", {}))
+                                bar.update(1)
+                            else:
+                                fresh.append(i)
+                                keys[i] = (key, parts, hit)
+                        items = [items[i] for i in fresh]
+                        requests = [requests[i] for i in fresh]
+                        keys = [keys[i] for i in fresh]
+                        if not items:
+                            continue
+                    w0 = items[0]
+                    bar.set_postfix_str(f"{spec.name} · {w0.suite.name}/{w0.item.id} · T={w0.temperature:g}"
+                                        + (f" (+{len(items) - 1})" if len(items) > 1 else ""), refresh=False)
+                    for i, result in decoder.generate_many(requests):
+                        w = items[i]
+                        row = {**make_row(spec, w, result, block=block_no), **lineup.fingerprints[spec.name]}
+                        writer.write(row)
+                        done.add(w.key(spec.name))
+                        bar.update(1)
+                        if spec.name in base_names:
+                            base_rows[record_key(row)[1:]] = row
+                            speed_left[spec.name] -= 1
+                            if reuse is not None and keys[i] is not None:
+                                key, parts, hit = keys[i]
+                                reuse.compare(hit, row, f"{w.suite.name}/{w.item.id} seed={w.seed} T={w.temperature:g}")
+                                reuse.put(key, parts, row)
+                        elif fail_fast and _checks_identity(spec, row) and not stops.stopped(spec.name, "*"):
+                            base = base_rows.get(record_key(row)[1:])
+                            why = base is not None and _real_divergence(config, target, base, row)
+                            if why:
+                                stops.add(candidate=spec.name, suite="*", reason="fail-fast", detail=why)
+                                print(f"decodegate: {spec.name}: stopped (--fail-fast): {why}", file=sys.stderr)
+                    batch = getattr(decoder, "last_batch", None)
+                    if batch and batch.get("proposed"):
+                        batches.write({"candidate": spec.name, **batch})
+                block_no += 1
+            for st in looks.stage_decisions(config, lineup.specs, base_names, read_records(run_dir), suites, stops):
+                stops.add(**st)
+                print(f"decodegate: {st['candidate']}: {st['detail']}", file=sys.stderr)
         bar.close()
     finally:
         writer.close()
         batches.close()
+        stops.close()
     return read_records(run_dir)
 
 

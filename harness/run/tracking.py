@@ -116,6 +116,9 @@ def log_run(run_dir: Path, uri: str | None = None) -> dict:
         for name in ("summary.json", *text, "per_prompt.csv", "report.txt"):
             if (run_dir / name).exists():
                 client.log_artifact(parent_id, str(run_dir / name))
+        store = run_dir / "baseline_store"
+        if store.is_dir() and summary.get("log_text", True):  # `--baseline-store mlflow:<run id>` reads it back
+            client.log_artifacts(parent_id, str(store), artifact_path="baseline_store")
         if (run_dir / "figures" / "sweep.png").exists():  # speedup and p95 against concurrency
             client.log_artifact(parent_id, str(run_dir / "figures" / "sweep.png"), artifact_path="figures")
         ids["parent"] = parent_id
@@ -150,6 +153,14 @@ def summary_params(summary: dict) -> dict:
     params = {"target": summary["target"], "profile": summary["profile"], "baseline": summary["baseline"],
               "seeds": summary.get("seeds"), "temperatures": summary.get("temperatures"),
               "code_version": summary.get("code_version")}
+    st = summary.get("baseline_store")
+    if st:
+        params["baseline.reused_rows"] = st["reused_rows"]
+        params["baseline.rows"] = st["baseline_rows"]
+        params["baseline.store"] = st["store"]
+    for name, fp in (summary.get("fingerprints") or {}).items():
+        for k, v in fp.items():
+            params[f"fingerprint.{name}.{k.replace('_fingerprint', '')}"] = v
     for s, info in summary.get("suites", {}).items():
         params[f"suite.{s}.version"] = info.get("version")
         params[f"suite.{s}.hash"] = info.get("hash")

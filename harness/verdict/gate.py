@@ -10,7 +10,10 @@ Every verdict says what a test at the stated level showed, and prints the bound 
   the chance of calling any suite worse when nothing changed stays at alpha) below 0 (a
   significant loss), or below -margin (a loss larger than the margin). Anything else is
   "inconclusive", with the number of units that would decide; `gates.inconclusive` says whether
-  that fails. An exact candidate whose greedy outputs are token-identical on every graded item
+  that fails. With `looks = K` in the profile (harness.verdict.looks) the same two tests run at K
+  looks against alpha-spending boundaries (analysis.sequential), the first boundary crossed
+  decides, and "inconclusive" means no boundary was crossed by the last look.
+  An exact candidate whose greedy outputs are token-identical on every graded item
   has identical grades by construction; its quality gate passes without a test.
 - Identity (exact candidates): every greedy divergence and every coupled-sampling divergence
   must be a numerical near-tie. A sampled identity check needs two seeds, one not 0 (a decoder
@@ -96,8 +99,39 @@ def _seed_gates(cand: dict) -> list[GateResult]:
 # ------------------------------------------------------------------------------------ quality
 
 
+def _sequential_detail(q: dict, gates: Gates) -> tuple[str, str]:
+    """(verdict, detail) of a suite under a group-sequential plan (harness.verdict.looks): the
+    first look whose boundary was crossed decides; none crossed by the last look: inconclusive."""
+    seq = q["sequential"]
+    margin = q["non_inferiority"]["margin"]
+    plan = f"{seq['of']} looks, {seq['spending']} spending, overall one-sided level {seq['alpha']:g}"
+    if not seq["looks"]:
+        return "inconclusive", f"inconclusive: the first look ({plan}) was not reached; n={q['n']}"
+    last = seq["looks"][-1]
+    at = f"look {seq['look']} of {seq['of']} (n={last['n']}, delta {last['delta']:+.3f}; {plan})"
+    lower = (f"; repeated lower bound {last['lower_bound']:+.3f}" if last.get("lower_bound") is not None else "")
+    if seq["decided"] == "non-inferior":
+        return "pass", (f"non-inferior at {at}: z {last['z_ni']:.2f} >= boundary {last['ni_bound']:.2f}{lower} "
+                        f"> -{margin:.2f}")
+    if seq["decided"] == "worse":
+        return "worse", (f"worse at {at}: loss z {last['z_loss']:.2f} >= boundary {last['loss_bound']:.2f} (a "
+                         f"significant loss at {seq['loss_alpha']:.3g}), non-inferiority not shown "
+                         f"(z {last['z_ni']:.2f} < {last['ni_bound']:.2f})")
+    if seq["look"] < seq["of"]:
+        return "inconclusive", (f"inconclusive: stopped at {at} before a decision (the candidate was stopped "
+                                f"elsewhere); z {last['z_ni']:.2f} < boundary {last['ni_bound']:.2f}")
+    need = q.get("n_needed")
+    need_s = f"; about {need} items would decide with 80% power if nothing changed (fixed design)" if need else ""
+    return "inconclusive", (f"inconclusive at the last {at}: neither non-inferior (z {last['z_ni']:.2f} < "
+                            f"{last['ni_bound']:.2f}) nor worse (loss z {last['z_loss']:.2f} < "
+                            f"{last['loss_bound']:.2f}){need_s}")
+
+
 def _quality_detail(q: dict, gates: Gates, worse_level: float) -> tuple[str, str, float]:
     """(verdict, detail, upper bound) of one suite."""
+    if q.get("sequential"):
+        verdict, detail = _sequential_detail(q, gates)
+        return verdict, detail, float("nan")
     ni = q["non_inferiority"]
     margin = ni["margin"]
     unit = "prompts" if q.get("unit") == "prompt" else "pairs"
@@ -302,6 +336,9 @@ def decide(cand: dict, gates: Gates) -> Decision:
                                       f"quality unchanged"))
         if s.get("quality_missing"):
             results.append(GateResult(f"quality {suite}", "fail", s["quality_missing"]))
+    for st in cand.get("stopped", []):
+        if st.get("reason") == "fail-fast":
+            results.append(GateResult("fail-fast", "fail", f"stopped early (--fail-fast): {st['detail']}"))
     results += _speed_gate(cand)
     results += _acceptance_gates(cand)
     if not [r for r in results if r.name not in INFORMATIONAL]:

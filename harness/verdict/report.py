@@ -20,6 +20,11 @@ def table(summary: dict) -> str:
             # The bound the gate decides on: one-sided, at the level of the non-inferiority test.
             q_s = (f"{q['statistic']:+.3f} (>= {q['non_inferiority']['lower_bound']:+.3f}, "
                    f"{1 - q['non_inferiority']['alpha']:.0%})") if q else "–"
+            seq = (q or {}).get("sequential")
+            if seq and seq["looks"] and seq["looks"][-1].get("lower_bound") is not None:
+                # Under looks the bound that holds is the repeated one at the look's boundary.
+                q_s = (f"{q['statistic']:+.3f} (>= {seq['looks'][-1]['lower_bound']:+.3f}, "
+                       f"look {seq['look']}/{seq['of']})")
             sp = s.get("speedup")
             sp_s = f"{sp['statistic']:.2f}x" if sp else "–"
             extra = "–"
@@ -42,11 +47,36 @@ def table(summary: dict) -> str:
     if fails:
         out += "\n\n" + "\n".join(f"{g['status'].upper():5} {n}: {g['name']}: {g['detail']}" for n, g in fails)
     out += statistics_lines(summary)
+    out += store_lines(summary)
     out += engine_lines(summary)
     out += sweep_lines(summary)
     out += drift_lines(summary)
     out += f"\n\nverdict: {summary['verdict'].upper()}"
     return out
+
+
+def store_lines(summary: dict) -> str:
+    """Where the baseline came from, and what the sample-size plan said before the run."""
+    lines = []
+    st = summary.get("baseline_store")
+    if st:
+        fresh = st["baseline_rows"] - st["reused_rows"]
+        where = st["store"] or "no store"
+        line = (f"baseline: {st['reused_rows']} of {st['baseline_rows']} rows reused from {where}"
+                + (f" (runs {', '.join(r[:8] for r in st['from_runs'])})" if st["from_runs"] else "")
+                + f"; {fresh} generated in this run (speed is compared on these only)")
+        if st["retimed"]:
+            line += (f"; {st['retimed']} re-timed rows checked against the store: "
+                     + (f"{len(st['retimed_disagreed'])} DIFFER ({', '.join(st['retimed_disagreed'][:3])}): "
+                        f"the baseline is not reproducible under the same key" if st["retimed_disagreed"]
+                        else "all identical"))
+        if st["skipped"]:
+            line += f"; {len(st['skipped'])} unreadable store row(s) skipped"
+        lines.append(line)
+    for name, cand in summary["candidates"].items():
+        for stop in cand.get("stopped", []):
+            lines.append(f"stopped early: {name}: {stop.get('detail', stop.get('reason'))}")
+    return ("\n" + "\n".join(lines)) if lines else ""
 
 
 def _speedup(sp: dict | None) -> str:

@@ -91,17 +91,44 @@ def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng,
             out["acceptance"] = {"error": str(e)}
     if spec.decoder == "early-exit" and any(s.get("exit_layers") for s in stats):
         out["exits"] = _plain(analysis.exit_summary([p.candidate for p in pairs], lm_head_cost=head_cost))
-    timed = [p for p in pairs if p.candidate.get("tokens") and p.baseline.get("tokens")]
+    if any(p.candidate.get("tokens") for p in pairs):
+        out["latency"] = _plain(analysis.latency_summary([p.candidate for p in pairs if p.candidate.get("tokens")]))
+    timed = timed_pairs(pairs)
     if timed:
-        out["latency"] = _plain(analysis.latency_summary([p.candidate for p in timed]))
         out["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng, alpha=config.gates.alpha))
     return out
 
 
+def timed_pairs(pairs) -> list:
+    """Pairs a speed comparison may use: both sides generated, the baseline timed in this run
+    (a reused baseline row's timing is from another day, another machine load)."""
+    return [p for p in pairs if p.candidate.get("tokens") and p.baseline.get("tokens") and not p.baseline.get("reused")]
+
+
+def _sequential(config, spec, suite, pairs) -> dict | None:
+    """The group-sequential verdict of a lossy candidate on a gated suite (harness.verdict.looks)."""
+    from harness.verdict import looks
+    plan = looks.plan_for(config, spec)
+    margin = config.suites[suite.name].margin
+    if plan is None or margin is None or not hasattr(suite, "select"):
+        return None
+    graded = [p for p in pairs if p.key.temperature == 0 and p.baseline.get("passed") is not None
+              and p.candidate.get("passed") is not None]
+    if not graded:
+        return None
+    sets = looks.look_sets(plan, looks.item_order(suite, config.profile.subset))
+    if sets is None:
+        return None
+    return _plain(looks.evaluate(plan, sets, graded, margin, config.gates.alpha))
+
+
 def summarize(config: RegressConfig, records: list[dict], suites: list, exactness: dict | None = None,
-              rng_seed: int = 0, lm_head_cost: dict | None = None, numerics: dict | None = None) -> dict:
+              rng_seed: int = 0, lm_head_cost: dict | None = None, numerics: dict | None = None,
+              stops: list[dict] | None = None) -> dict:
     """`lm_head_cost`: per candidate, one LM-head evaluation in decoder-layer units (early exit);
-    `numerics`: the target's dtype and measured margin noise (`exactness_run.margin_noise`)."""
+    `numerics`: the target's dtype and measured margin noise (`exactness_run.margin_noise`);
+    `stops`: where the runner stopped a candidate early (sequential looks, --fail-fast): there
+    the baseline is paired only with the items the candidate ran."""
     import numpy as np
     rng = np.random.default_rng(rng_seed)
     by_cand = analysis.split_by_candidate(records)
@@ -112,12 +139,19 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
                "labels": config.labels,
                "suites": {s.name: {"version": s.version, "hash": s.hash, "n_items": len(s.select(config.profile.subset))}
                           for s in suites},
-               "baseline_latency": _plain(analysis.latency_summary([r for r in base_rows if r.get("tokens")]))
-               if any(r.get("tokens") for r in base_rows) else None,
+               "baseline_latency": _plain(analysis.latency_summary([r for r in base_rows if r.get("tokens")
+                                                                    and not r.get("reused")]))
+               if any(r.get("tokens") and not r.get("reused") for r in base_rows) else None,
                "candidates": {}}
     for spec in config.candidates:
         rows = by_cand.get(spec.name, [])
         mine = [r for r in base_rows if spec.suites is None or r["suite"] in spec.suites]
+        my_stops = [st for st in stops or () if st["candidate"] == spec.name]
+        if my_stops:
+            cut = {st["suite"] for st in my_stops}
+            ran = {(r["suite"], r["item_id"], r["seed"], r["temperature"]) for r in rows}
+            mine = [r for r in mine if not ({"*", r["suite"]} & cut)
+                    or (r["suite"], r["item_id"], r["seed"], r["temperature"]) in ran]
         pairs = analysis.pair_records(mine, rows)
         head = (lm_head_cost or {}).get(spec.name, 0.0)
         per_suite = {}
@@ -126,13 +160,19 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
             if ps:
                 per_suite[suite.name] = candidate_suite_summary(ps, spec, config.suites[suite.name], config, rng, head,
                                                                 eps=summary["near_tie_epsilon"]["value"])
+                seq = _sequential(config, spec, suite, ps)
+                if seq and "quality" in per_suite[suite.name]:
+                    per_suite[suite.name]["quality"]["sequential"] = seq
         cand = {"decoder": spec.decoder, "kind": spec.kind, "options": spec.options,
                 "target": spec.target or config.target, "labels": spec.labels, "min_speedup": spec.min_speedup,
                 "suites": per_suite}
-        timed = [p for p in pairs if p.candidate.get("tokens") and p.baseline.get("tokens")]
+        if my_stops:
+            cand["stopped"] = my_stops
+        timed = timed_pairs(pairs)
         if timed:
             cand["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng, alpha=config.gates.alpha))
-            cand["latency"] = _plain(analysis.latency_summary([p.candidate for p in timed]))
+        if any(p.candidate.get("tokens") for p in pairs):
+            cand["latency"] = _plain(analysis.latency_summary([p.candidate for p in pairs if p.candidate.get("tokens")]))
         if spec.decoder == "speculative" or any(p.candidate.get("stats", {}).get("proposed") for p in pairs):
             greedy = [p for p in pairs if p.key.temperature == 0 and p.candidate.get("stats", {}).get("proposed")
                       and p.baseline.get("tokens")]
