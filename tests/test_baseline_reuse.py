@@ -375,3 +375,11 @@ def test_profile_candidates_and_looks_are_validated(tmp_path, echo_suite):
     cfg.write_text(text + '[gates]\nspending = "fast"\n')
     with pytest.raises(ConfigError, match="spending must be one of"):
         load_config(cfg, "full")
+
+
+def test_an_mlflow_store_on_a_server_that_is_down_is_refused_before_any_model_loads(tmp_path, echo_suite, capsys):
+    cfg = config(tmp_path, echo_suite, SAME)
+    assert main(["regress", "--config", str(cfg), "--profile", "full", "--run-dir", str(tmp_path / "run"),
+                 "--no-progress", "--tracking-uri", "http://127.0.0.1:1", "--baseline-store", "mlflow:0123"]) == 2
+    assert "baseline store mlflow:0123: tracking server http://127.0.0.1:1 is not reachable" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -2,8 +2,10 @@
 
 Writes a run folder (records.jsonl, summary.json, per_prompt.csv, report.txt, figures/), the
 source of truth; MLflow gets a copy. Rerunning with the same --run-dir resumes: finished
-generations are not run again. Exit code 0 when every gate passes, 1 when one fails,
-2 on a usage or input error.
+generations are not run again (refused when the models' fingerprints changed). Before any model
+loads it prints the sample-size plan (harness.verdict.power). Baseline rows come from the store
+where their content key matches (harness.run.store), except a freshly timed subset. Exit code 0
+when every gate passes, 1 when one fails, 2 on a usage or input error.
 """
 from __future__ import annotations
 

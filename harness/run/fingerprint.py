@@ -120,6 +120,23 @@ def code_fingerprint(decoder) -> str:
     return h.hexdigest()[:16]
 
 
+def _processor(device) -> str:
+    """Which chip computes: kernels (and so near-tie outcomes) differ between GPU models and
+    between CPU vector units, so a baseline is reused only on the same kind of processor."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
 def environment(device) -> dict:
     import transformers
-    return {"device": str(device), "torch": torch.__version__, "transformers": transformers.__version__}
+    return {"device": str(device), "processor": _processor(device), "torch": torch.__version__,
+            "transformers": transformers.__version__}

@@ -2,8 +2,8 @@
 
 A row's key is a hash of everything the generation depends on (`key_parts`): the target's
 fingerprint (weights and tokenizer, harness.run.fingerprint), the decoder, its options and
-source, the request (prompt ids, sampling, seed, budget, stops), the device and dtype, and torch
-and transformers versions, or for an engine its build, launch flags and model file. Equal key,
+source, the request (prompt ids, sampling, seed, budget, stops), the device, its processor model
+and dtype, and torch and transformers versions, or for an engine its build, launch flags and model file. Equal key,
 equal output (for a deterministic baseline), so a regress run takes the rows it finds and
 generates the rest. A changed fingerprint matches nothing: nothing is reused.
 
@@ -127,13 +127,18 @@ ARTIFACT = "baseline_store"
 
 def _from_mlflow(run_id: str, tracking_uri: str | None) -> BaselineStore:
     import tempfile
-    from harness.run.tracking import resolve_uri
+    from harness.run.tracking import TrackingUnavailable, check_health, resolve_uri
     import mlflow
     if not run_id:
         raise StoreError("mlflow: needs a run id, e.g. --baseline-store mlflow:0123abcd...")
+    uri = resolve_uri(tracking_uri)
+    try:
+        check_health(uri)  # a server that is down: said in seconds, not after MLflow's retries
+    except TrackingUnavailable as e:
+        raise StoreError(f"baseline store mlflow:{run_id}: {e}") from None
     dest = Path(tempfile.mkdtemp(prefix="decodegate-store-"))
     try:
-        mlflow.set_tracking_uri(resolve_uri(tracking_uri))
+        mlflow.set_tracking_uri(uri)
         path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=ARTIFACT, dst_path=str(dest))
     except Exception as e:  # noqa: BLE001 - any MLflow failure means: this store cannot be read
         raise StoreError(f"baseline store mlflow:{run_id}: cannot download artifact {ARTIFACT}/ ({e})") from None
