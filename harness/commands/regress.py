@@ -22,7 +22,8 @@ from pathlib import Path
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="regress.toml", help="regress config (TOML; default: %(default)s)")
     p.add_argument("--profile", default="smoke", help="a profile defined in the config; the shipped one has "
-                                                       "smoke and full (default: %(default)s)")
+                                                       "smoke, decide (the lossy candidates' quality verdict) and "
+                                                       "full (default: %(default)s)")
     p.add_argument("--run-dir", help="run folder; an existing one is resumed: finished generations are "
                                      "skipped (default: runs/<time>-<profile>)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
