@@ -132,6 +132,17 @@ def inflation(fracs, alpha: float, spending: str = "obrien-fleming", power: floa
     return (drift_for_power(fracs, boundaries(fracs, alpha, spending), power) / fixed) ** 2
 
 
+def look_sizes(fracs, n: int) -> tuple[int, ...]:
+    """Items at each look for a suite of n items (each look has at least one more item)."""
+    if n < len(fracs):
+        raise ValueError(f"{len(fracs)} looks need at least {len(fracs)} items, got {n}: use fewer looks")
+    sizes, last = [], 0
+    for t in fracs:
+        last = max(last + 1, int(round(t * n)))
+        sizes.append(min(last, n))
+    return tuple(sizes)
+
+
 @dataclass(frozen=True)
 class Plan:
     """Looks at ``fracs`` of a suite's items; boundaries of both one-sided tests."""
@@ -154,14 +165,7 @@ class Plan:
         return len(self.fracs)
 
     def look_sizes(self, n: int) -> tuple[int, ...]:
-        """Items at each look for a suite of n items (each look has at least one more item)."""
-        if n < self.looks:
-            raise ValueError(f"{self.looks} looks need at least {self.looks} items, got {n}: use fewer looks")
-        sizes, last = [], 0
-        for t in self.fracs:
-            last = max(last + 1, int(round(t * n)))
-            sizes.append(min(last, n))
-        return tuple(sizes)
+        return look_sizes(self.fracs, n)
 
 
 def decide(plan: Plan, k: int, z_ni: float, z_loss: float) -> str | None:

@@ -167,15 +167,15 @@ def staged_work(config: RegressConfig, suites: list) -> list[list[WorkItem]]:
     interleaved so that every stage spans all of them."""
     if config.profile.looks <= 1:
         return [work_items(config, suites)]
-    from analysis.sequential import Plan, fractions
+    from analysis.sequential import fractions, look_sizes
     from harness.verdict.looks import item_order
-    sizes_of = Plan(fractions(config.profile.looks), 0.05, 0.05, "", (), ()).look_sizes
+    fracs = fractions(config.profile.looks)
     per_suite = []
     for suite in suites:
         order = item_order(suite, config.profile.subset)
         n, k = len(order), config.profile.looks
         # A suite smaller than the looks goes whole into the first stage (judged by the fixed design).
-        cuts = (0, *sizes_of(n)) if n >= k else (0, *([n] * k))
+        cuts = (0, *look_sizes(fracs, n)) if n >= k else (0, *([n] * k))
         per_suite.append([[w for it in order[lo:hi] for w in expand(config, suite, it)]
                           for lo, hi in zip(cuts, cuts[1:])])
     stages = []
@@ -277,6 +277,27 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
                        for c in cands) or not cands
         return not stops.stopped(spec.name, w.suite.name)
 
+    def take_stored(spec, items, requests):
+        """Write the stored rows of a baseline block (once its re-timed subset is spent); return
+        the items still to generate, their requests, and (key, parts, stored row or None)."""
+        fresh = []
+        for w, req in zip(items, requests):
+            key, parts = reuse.key(spec, req)
+            hit = reuse.lookup(key)
+            if hit is None or speed_left[spec.name] > 0:
+                fresh.append((w, req, (key, parts, hit)))
+                continue
+            source = hit.get("source", {})
+            row = {**make_row(spec, w, stored_result(hit)), **lineup.fingerprints[spec.name],
+                   "reused": {"store": reuse.store.label, "key": key, **source, "stored": hit.get("stored")}}
+            writer.write(row)
+            done.add(w.key(spec.name))
+            base_rows[record_key(row)[1:]] = row
+            reuse.reused += 1
+            reuse.put(key, parts, row, reused_from=source)
+            bar.update(1)
+        return [f[0] for f in fresh], [f[1] for f in fresh], [f[2] for f in fresh]
+
     writer = RecordWriter(run_dir)
     batches = RecordWriter(run_dir, ENGINE_BATCHES)
     try:
@@ -302,27 +323,7 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
                     requests = [make_request(config, target, w) for w in items]
                     keys = [None] * len(items)
                     if spec.name in base_names and reuse is not None:
-                        fresh = []
-                        for i, (w, req) in enumerate(zip(items, requests)):
-                            key, parts = reuse.key(spec, req)
-                            keys[i] = (key, parts)
-                            hit = reuse.lookup(key)
-                            if hit is not None and speed_left[spec.name] <= 0:
-                                row = {**make_row(spec, w, stored_result(hit)), **lineup.fingerprints[spec.name],
-                                       "reused": {"store": reuse.store.label, "key": key, **hit.get("source", {}),
-                                                  "stored": hit.get("stored")}}
-                                writer.write(row)
-                                done.add(w.key(spec.name))
-                                base_rows[record_key(row)[1:]] = row
-                                reuse.reused += 1
-                                reuse.put(key, parts, row, reused_from=hit.get("source", {}))
-                                bar.update(1)
-                            else:
-                                fresh.append(i)
-                                keys[i] = (key, parts, hit)
-                        items = [items[i] for i in fresh]
-                        requests = [requests[i] for i in fresh]
-                        keys = [keys[i] for i in fresh]
+                        items, requests, keys = take_stored(spec, items, requests)
                         if not items:
                             continue
                     w0 = items[0]
