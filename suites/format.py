@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from suites import grader_options
+
 DEFAULT_MAX_NEW_TOKENS = 128
 PROFILES = ("smoke", "full")
 ROLES = ("system", "user", "assistant")
@@ -223,8 +225,6 @@ def _parse_header(record: dict, file: str, line: int) -> dict:
 def item_from_row(row: dict, defaults: dict | None = None, *, file: str = "<memory>",
                   line: int | None = None) -> Item:
     """Validate one item record (defaults applied) and build the Item."""
-    from suites import graders  # graders know their own options; imported late: no cycle
-
     defaults = defaults or {}
 
     def fail(field, message):
@@ -248,12 +248,12 @@ def item_from_row(row: dict, defaults: dict | None = None, *, file: str = "<memo
     grader = row.get("grader", defaults.get("grader"))
     if grader is None:
         fail("grader", "required (on the item or in the header's defaults)")
-    if not isinstance(grader, str) or grader not in graders.GRADERS:
-        fail("grader", graders.unknown_grader_message(grader))
+    if not isinstance(grader, str) or grader not in grader_options.OPTIONS:
+        fail("grader", grader_options.unknown_grader_message(grader))
     options = row.get("grader_options", {})
     if not isinstance(options, dict):
         fail("grader_options", "must be an object")
-    for field, message in graders.check_options(grader, options, references):
+    for field, message in grader_options.check_options(grader, options, references):
         fail(field, message)
     categories = _string_list(row.get("categories", []), "categories", fail)
     max_new = row.get("max_new_tokens", defaults.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))

@@ -21,13 +21,12 @@
   option `expected`.
 - `none`: nothing to compare with (longform); passed is None and score 0.0 (ignore it).
 
-Each grader declares its options here, and suite files are validated against the declaration
+Each grader declares its options in `suites.grader_options`, and suite files are validated against the declaration
 when they load, so a typo in an option fails at load time, not at grading time.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import Callable
 
 from suites.extract import build_program
 from suites.format import SuiteError
+from suites.grader_options import OPTIONS, Option, regex_flags, unknown_grader_message
 from suites.refusal import detect_refusal
 from suites.sandbox import SandboxLimits, free_names, run_code
 
@@ -47,18 +47,9 @@ class Grade:
 
 
 @dataclass(frozen=True)
-class Option:
-    types: tuple[type, ...]
-    required: bool = False
-    default: object = None
-    choices: tuple | None = None
-
-
-@dataclass(frozen=True)
 class GraderSpec:
     fn: Callable[[object, str, dict], Grade]
     options: dict[str, Option]
-    needs_references: bool = False
 
 
 # --- normalisation ---------------------------------------------------------------------------
@@ -115,16 +106,8 @@ def _contains(item, text: str, options: dict) -> Grade:
     return Grade(0.0, False, f"none of {list(item.references)!r}")
 
 
-def _regex_flags(letters: str) -> int:
-    table = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE}
-    flags = 0
-    for letter in letters:
-        flags |= table[letter]
-    return flags
-
-
 def _regex(item, text: str, options: dict) -> Grade:
-    pattern = re.compile(options["pattern"], _regex_flags(options["flags"]))
+    pattern = re.compile(options["pattern"], regex_flags(options["flags"]))
     stripped = text.strip()
     match = pattern.fullmatch(stripped) if options["fullmatch"] else pattern.search(stripped)
     if match:
@@ -163,68 +146,15 @@ def _none(item, text: str, options: dict) -> Grade:
     return Grade(0.0, None, "no reference answer: not graded")
 
 
-_STR, _BOOL, _NUM = (str,), (bool,), (int, float)
-
 GRADERS: dict[str, GraderSpec] = {
-    "exact_match": GraderSpec(_exact_match, {"contains": Option(_BOOL, default=True)},
-                              needs_references=True),
-    "contains": GraderSpec(_contains, {"all": Option(_BOOL, default=False),
-                                       "case_sensitive": Option(_BOOL, default=False)},
-                           needs_references=True),
-    "regex": GraderSpec(_regex, {"pattern": Option(_STR, required=True),
-                                 "flags": Option(_STR, default=""),
-                                 "fullmatch": Option(_BOOL, default=False)}),
-    "code": GraderSpec(_code, {"tests": Option(_STR, required=True),
-                               "entry_point": Option(_STR, required=True),
-                               "prefix": Option(_STR, default=""),
-                               "timeout_s": Option(_NUM, default=10.0)}),
-    "refusal": GraderSpec(_refusal, {"expected": Option(_STR, required=True,
-                                                        choices=("refuse", "comply"))}),
-    "none": GraderSpec(_none, {}),
+    "exact_match": GraderSpec(_exact_match, OPTIONS["exact_match"]),
+    "contains": GraderSpec(_contains, OPTIONS["contains"]),
+    "regex": GraderSpec(_regex, OPTIONS["regex"]),
+    "code": GraderSpec(_code, OPTIONS["code"]),
+    "refusal": GraderSpec(_refusal, OPTIONS["refusal"]),
+    "none": GraderSpec(_none, OPTIONS["none"]),
 }
-
-
-def unknown_grader_message(name) -> str:
-    close = difflib.get_close_matches(str(name), GRADERS, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown grader {name!r}{hint} (known: {', '.join(GRADERS)})"
-
-
-def check_options(grader: str, options: dict, references) -> list[tuple[str, str]]:
-    """Problems with an item's grader options, as (field, message) pairs; empty when valid."""
-    spec = GRADERS[grader]
-    problems = []
-    if spec.needs_references and not references:
-        problems.append(("references", f"grader {grader!r} needs at least one reference"))
-    for key, value in options.items():
-        field = f"grader_options.{key}"
-        if key not in spec.options:
-            allowed = ", ".join(spec.options) or "none"
-            problems.append((field, f"unknown option for grader {grader!r} (allowed: {allowed})"))
-            continue
-        opt = spec.options[key]
-        # bool is an int subclass: a numeric option must not accept true/false.
-        if not isinstance(value, opt.types) or (isinstance(value, bool) and bool not in opt.types):
-            names = "/".join(t.__name__ for t in opt.types)
-            problems.append((field, f"must be {names}, got {type(value).__name__}"))
-        elif opt.choices and value not in opt.choices:
-            problems.append((field, f"must be one of {', '.join(opt.choices)}"))
-    for key, opt in spec.options.items():
-        if opt.required and key not in options:
-            problems.append((f"grader_options.{key}", f"required by grader {grader!r}"))
-    if grader == "regex" and not problems:
-        if set(options.get("flags", "")) - set("imsx"):
-            problems.append(("grader_options.flags", "letters from 'imsx' only"))
-        else:
-            try:
-                re.compile(options["pattern"], _regex_flags(options.get("flags", "")))
-            except re.error as exc:
-                problems.append(("grader_options.pattern", f"invalid regular expression: {exc}"))
-    if grader == "code" and not problems and not options["entry_point"].isidentifier():
-        problems.append(("grader_options.entry_point", "must be a Python identifier"))
-    if grader == "code" and not problems and options.get("timeout_s", 1) <= 0:
-        problems.append(("grader_options.timeout_s", "must be positive"))
-    return problems
+assert set(GRADERS) == set(OPTIONS), "every grader declares its options in suites.grader_options"
 
 
 def grade(item, completion: str) -> Grade:

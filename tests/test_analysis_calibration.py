@@ -5,14 +5,16 @@ signed-rank sum) must be <= 0.05; the *simulated* rate, an estimate with Monte C
 agree with the exact one and must not be significantly above 0.05 (one-sided, z = 2.576).
 Asymptotic tests whose exact rate cannot be enumerated (Wilcoxon with ties) are checked by
 simulation alone the same way. Power numbers are asserted against their exact values and
-written to analysis/CALIBRATION.md by `python -m analysis.calibrate`.
+written to analysis/calibration/CALIBRATION.md by `python -m analysis.calibration.report`.
 """
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from analysis import calibrate as cal
+from analysis.calibration import paired_tests as cal
+from analysis.calibration import report as calreport
+from analysis.calibration.common import trinomial_grid
 from analysis import mcnemar, non_inferiority
 from analysis.paired import mcnemar_pvalue, tango_ni_pvalue
 
@@ -112,7 +114,7 @@ def test_non_inferiority_type_one_error_exact_sweep():
     for margin in (0.02, 0.05, 0.1):
         for n in (30, 60, 100, 200, 400):
             for disc in np.linspace(margin, 0.6, 8):
-                w, l, pmf = cal._trinomial_grid(n, (disc - margin) / 2, (disc + margin) / 2)
+                w, l, pmf = trinomial_grid(n, (disc - margin) / 2, (disc + margin) / 2)
                 worst = max(worst, float(np.sum(pmf * (tango_ni_pvalue(w, l, n, margin=margin) < 0.05))))
     assert worst <= 0.05
 
@@ -147,17 +149,17 @@ def test_public_non_inferiority_matches_vectorised_path():
 
 def test_calibrate_script_writes_report(tmp_path):
     out = tmp_path / "CALIBRATION.md"
-    assert cal.main(["--studies", "1000", "--out", str(out)]) == 0
+    assert calreport.main(["--studies", "1000", "--out", str(out)]) == 0
     text = out.read_text()
     for heading in ("McNemar, A/A", "McNemar power", "Wilcoxon", "type I error", "power (pass rate)"):
         assert heading in text
     with pytest.raises(SystemExit):
-        cal.main(["--studies", "10", "--out", str(out)])
+        calreport.main(["--studies", "10", "--out", str(out)])
 
 
 # --------------------------------------------------------------- the gate's verdicts (issue 16)
 
-from analysis import calibrate_gates as cg  # noqa: E402
+from analysis.calibration import gates as cg  # noqa: E402
 
 
 @pytest.mark.parametrize("n", [10, 100, 200])

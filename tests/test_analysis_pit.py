@@ -4,7 +4,7 @@ verifier's positions from speculative stats, and the goodness-of-fit window's re
 import numpy as np
 import pytest
 
-from analysis import calibrate_gates as cg
+from analysis.calibration import gates as cg
 from analysis import pit
 from analysis.exactness import detectable_tv
 

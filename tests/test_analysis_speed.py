@@ -8,7 +8,7 @@ from analysis import (
     expected_tokens_per_round, latency_summary, pair_records, paired_speedup, theoretical_speedup,
 )
 from analysis.latency import decode_step_seconds, inter_token_latencies
-from analysis.synthetic import make_record, speculative_stats, token_times
+from analysis.calibration.synthetic import make_record, speculative_stats, token_times
 
 # --------------------------------------------------------------------------------- theory
 

@@ -475,7 +475,7 @@ def test_exit_heads_must_fit_the_model(tmp_path, llama):
 # ------------------------------------------------------------------------------ measurement
 
 def test_ee_measure_runs_on_a_tiny_model(llama):
-    from harness.commands import ee_measure
+    from harness.exits import measure as ee_measure
     costs = ee_measure.measure_costs(llama, reps=2)
     results = ee_measure.run(llama, thresholds=[0.0], confidence="softmax", max_new_tokens=4, rounds=1,
                              prompts=ee_measure.PROMPTS[:2], log=lambda *a, **k: None)

@@ -16,8 +16,8 @@ def identity(divergences=(), n=10):
 def quality(n=100, wins=0, losses=0, margin=0.1, base_pass=None, seeds=1):
     """A suite's quality summary, as the analysis writes it, from discordant counts."""
     from analysis import pair_records, quality_delta
-    from analysis.synthetic import make_record
-    from harness.verdict.summary import _plain
+    from analysis.calibration.synthetic import make_record
+    from harness.verdict.plain import plain as _plain
     base_pass = n - losses - 1 if base_pass is None else base_pass
     base, cand_ = [], []
     for i in range(n):

@@ -24,10 +24,10 @@ import time
 import pytest
 
 import suites.graders as graders
-from suites import sandbox
+from suites.sandbox import parent as sandbox
 from suites.format import item_from_row
 from suites.graders import grade
-from suites.sandbox_filter import SYSCALLS
+from suites.sandbox.filter import SYSCALLS
 
 SQUARE_TESTS = "assert square(3) == 9\nassert square(-2) == 4\n"
 WRONG = "\ndef square(x):\n    return x + x\n"

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis import calibrate as cal
-from analysis import calibrate_sequential as cs
+from analysis.calibration import paired_tests as cal
+from analysis.calibration import report as calreport
+from analysis.calibration import sequential as cs
 from analysis import sequential as seq
 
 ALPHA, LOSS_ALPHA, MARGIN = 0.05, 0.05 / 3, 0.10
@@ -247,11 +248,11 @@ def test_calibration_section_and_only_option(tmp_path):
     assert cs.HEADING in text and "naive" in text and "Simulated cross-check" in text
     out = tmp_path / "CALIBRATION.md"
     out.write_text("# Calibration\n\n## Earlier\n\nbody\n")
-    assert cal.main(["--studies", "1000", "--only", "sequential", "--out", str(out)]) == 0
+    assert calreport.main(["--studies", "1000", "--only", "sequential", "--out", str(out)]) == 0
     once = out.read_text()
     assert once.startswith("# Calibration\n\n## Earlier\n\nbody\n\n" + cs.HEADING)
     out.write_text(once + "\n## Later\n\nkept\n")
-    assert cal.main(["--studies", "1000", "--only", "sequential", "--out", str(out)]) == 0
+    assert calreport.main(["--studies", "1000", "--only", "sequential", "--out", str(out)]) == 0
     assert out.read_text() == once + "\n## Later\n\nkept\n"  # replaced in place, the rest kept
     with pytest.raises(SystemExit):
-        cal.main(["--studies", "1000", "--only", "sequential", "--out", str(tmp_path / "missing.md")])
+        calreport.main(["--studies", "1000", "--only", "sequential", "--out", str(tmp_path / "missing.md")])

@@ -49,7 +49,7 @@ def baseline_outputs(target, items, *, run_dir: str | None, suite_name: str, cap
     budgets = {it.id: min(it.max_new_tokens, cap) if cap else it.max_new_tokens for it in items}
     if run_dir:
         from pathlib import Path
-        from harness.run.runner import read_records
+        from harness.run.records import read_records
         base = json.loads((Path(run_dir) / "summary.json").read_text())["baseline"]
         for r in read_records(Path(run_dir)):
             if (r["candidate"] == base and r["suite"] == suite_name and r["temperature"] == 0

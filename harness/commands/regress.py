@@ -18,6 +18,8 @@ import time
 import uuid
 from pathlib import Path
 
+from harness.run.records import read_records
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="regress.toml", help="regress config (TOML; default: %(default)s)")
@@ -112,15 +114,17 @@ def run(args) -> int:
         from harness.run.reuse import Reuse
         reuse = Reuse(store, lineup, run_dir, meta["run_uid"])
         try:
+            from harness.verdict.looks import LookPlan
+            looks = LookPlan(config, lineup.specs, lineup.baseline_names, suites)
             records = runner.run(config, run_dir, lineup, suites, progress=not args.no_progress, reuse=reuse,
-                                 fail_fast=getattr(args, "fail_fast", False))
+                                 fail_fast=getattr(args, "fail_fast", False), looks=looks)
         except EngineDown as e:
-            kept = len(runner.read_records(run_dir))
+            kept = len(read_records(run_dir))
             raise EngineDown(f"{e}\n{kept} finished records are kept in {run_dir}; once the engine is back, "
                              f"rerun with --run-dir {run_dir} to resume") from None
         if any(n.startswith("lmeval:") for n in config.profile.suites):
             suites = suites + runner.run_lmeval(config, run_dir, lineup, progress=not args.no_progress)
-            records = runner.read_records(run_dir)
+            records = read_records(run_dir)
         from harness.run import exactness as exactness_run
         exactness = exactness_run.run_checks(config, run_dir, lineup, suites, progress=not args.no_progress)
         numerics = exactness_run.margin_noise(config, lineup, suites, records)
@@ -187,7 +191,7 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
            numerics=None) -> int:
     from harness.verdict import report
     from harness.verdict.gate import decide
-    from harness.run.runner import STOPS, read_records
+    from harness.run.runner import STOPS
     summary = summarize_levels(config, records, suites, exactness, head_cost, numerics,
                                stops=read_records(run_dir, STOPS))
     summary.update(run_uid=meta["run_uid"], created=meta["created"], code_version=meta["code_version"],

@@ -305,7 +305,7 @@ def _top1(target, seqs: list[Sequence]) -> list[np.ndarray]:
 def _window_rows(config, run_dir: Path, lineup, spec, base_seqs, done: list[dict], progress: bool) -> list[dict]:
     """The candidate's windows with their samples: from exactness.jsonl, or drawn now."""
     from tqdm import tqdm
-    from harness.run.runner import RecordWriter
+    from harness.run.records import RecordWriter
     prof = config.profile
     if done:
         return done
@@ -353,7 +353,7 @@ def _gof(target, window: dict, request) -> dict:
 
 
 def run_checks(config, run_dir: Path, lineup, suites, progress: bool = True) -> dict:
-    from harness.run.runner import read_records
+    from harness.run.records import read_records
     prof = config.profile
     specs = [s for s in lineup.specs if needs_check(s)]
     if not specs or not any(t > 0 for t in prof.temperatures):

@@ -10,6 +10,11 @@ import os
 from pathlib import Path
 
 RECORDS = "records.jsonl"
+# Only these fields of a record are kept in an acceptance reference (harness.verdict.acceptance_ref) (no text, no tokens' content).
+KEEP = ("candidate", "suite", "suite_hash", "item_id", "categories", "seed", "temperature", "error")
+STATS = ("accepted_per_round", "proposed_per_round", "target_forwards", "proposed", "accepted", "drafter")
+
+
 
 
 def record_key(row: dict) -> tuple:
@@ -63,3 +68,16 @@ class RecordWriter:
 
     def close(self) -> None:
         self.f.close()
+
+
+def acceptance_rows(records: list[dict], candidate: str) -> list[dict]:
+    """The candidate's records reduced to what a later drift check needs (no generated text)."""
+    out = []
+    for r in records:
+        if r.get("candidate") != candidate:
+            continue
+        row = {k: r[k] for k in KEEP if k in r}
+        row["stats"] = {k: v for k, v in (r.get("stats") or {}).items() if k in STATS}
+        row["tokens"] = [0] * len(r.get("tokens") or [])  # only the count matters (τ)
+        out.append(row)
+    return out

@@ -161,25 +161,24 @@ def run_one(spec: DecoderSpec, decoder, target, config: RegressConfig, work: Wor
 STOPS = "stops.jsonl"
 
 
-def staged_work(config: RegressConfig, suites: list) -> list[list[WorkItem]]:
-    """The work in stages: one stage (config order) for the fixed design; with `looks = K`, the
-    items of each suite's k-th look (harness.verdict.looks: a fixed shuffled order), suites
+def staged_work(config: RegressConfig, suites: list, looks=None) -> list[list[WorkItem]]:
+    """The work in stages: one stage (config order) for the fixed design; with a look plan
+    (`looks.count` > 1), the items of each suite's k-th look in the plan's order, suites
     interleaved so that every stage spans all of them."""
-    if config.profile.looks <= 1:
+    if looks is None or looks.count <= 1:
         return [work_items(config, suites)]
     from analysis.sequential import fractions, look_sizes
-    from harness.verdict.looks import item_order
-    fracs = fractions(config.profile.looks)
+    fracs = fractions(looks.count)
     per_suite = []
     for suite in suites:
-        order = item_order(suite, config.profile.subset)
-        n, k = len(order), config.profile.looks
+        order = looks.order(suite)
+        n, k = len(order), looks.count
         # A suite smaller than the looks goes whole into the first stage (judged by the fixed design).
         cuts = (0, *look_sizes(fracs, n)) if n >= k else (0, *([n] * k))
         per_suite.append([[w for it in order[lo:hi] for w in expand(config, suite, it)]
                           for lo, hi in zip(cuts, cuts[1:])])
     stages = []
-    for k in range(config.profile.looks):
+    for k in range(looks.count):
         lists = [p[k] for p in per_suite]
         stages.append([w for group in _round_robin(lists) for w in group])
     return stages
@@ -235,14 +234,14 @@ def _real_divergence(config: RegressConfig, target, base: dict, cand: dict) -> s
 def _checks_identity(spec: DecoderSpec, row: dict) -> bool:
     """Rows on which an exact candidate must match the baseline token for token: greedy ones, and
     sampled ones where it samples with the baseline's keyed noise (coupled verification)."""
-    from harness.verdict.gate import _sampled_identity_applies
+    from harness.config import sampled_identity_applies
     if spec.kind != "exact" or spec.role == "aa-floor":
         return False
-    return row["temperature"] == 0 or _sampled_identity_applies({"decoder": spec.decoder, "options": spec.options})
+    return row["temperature"] == 0 or sampled_identity_applies(spec.decoder, spec.options)
 
 
 def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, progress: bool = True,
-        reuse=None, fail_fast: bool = False) -> list[dict]:
+        reuse=None, fail_fast: bool = False, looks=None) -> list[dict]:
     """Generate everything not yet in the run folder; return all rows.
 
     Work goes in stages (one, or one per sequential look) and within a stage in blocks of
@@ -252,18 +251,20 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
 
     `reuse` (harness.run.reuse.Reuse): baseline rows found in the store are taken, not generated,
     except the first `profile.speed_items` baseline items, which are generated afresh beside the
-    candidates so that speed is compared on one clock. After each stage a lossy candidate whose
-    quality is decided on a suite stops there (harness.verdict.looks); with `fail_fast` an exact
+    candidates so that speed is compared on one clock.
+
+    `looks` (the regress command passes harness.verdict.looks.LookPlan): the stages, and after
+    each the question "stop now?" (`looks.decisions(records, stops)`: stop rows of candidates whose
+    quality is decided on a suite). None: the fixed design, one stage. With `fail_fast` an exact
     candidate stops at its first real divergence.
     """
     from tqdm import tqdm
-    from harness.verdict import looks
     rows = read_records(run_dir)
     done = {record_key(r) for r in rows}
     base_names = lineup.baseline_names
     base_rows = {record_key(r)[1:]: r for r in rows if r["candidate"] in base_names}
     stops = Stops(run_dir)
-    stages = staged_work(config, suites)
+    stages = staged_work(config, suites, looks)
     cands = [s for s in lineup.specs if s.name not in base_names]
     budget = config.profile.speed_items if config.profile.speed_items is not None else float("inf")
     # Per baseline (one per concurrency level): generations timed afresh in this run folder so far.
@@ -352,7 +353,7 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
                     if batch and batch.get("proposed"):
                         batches.write({"candidate": spec.name, **batch})
                 block_no += 1
-            for st in looks.stage_decisions(config, lineup.specs, base_names, read_records(run_dir), suites, stops):
+            for st in (looks.decisions(read_records(run_dir), stops) if looks is not None else ()):
                 stops.add(**st)
                 print(f"decodegate: {st['candidate']}: {st['detail']}", file=sys.stderr)
         bar.close()

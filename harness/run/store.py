@@ -127,7 +127,7 @@ ARTIFACT = "baseline_store"
 
 def _from_mlflow(run_id: str, tracking_uri: str | None) -> BaselineStore:
     import tempfile
-    from harness.run.tracking import TrackingUnavailable, check_health, resolve_uri
+    from harness.run.tracking_uri import TrackingUnavailable, check_health, resolve_uri
     import mlflow
     if not run_id:
         raise StoreError("mlflow: needs a run id, e.g. --baseline-store mlflow:0123abcd...")

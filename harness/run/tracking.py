@@ -12,33 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-DEFAULT_URI = "sqlite:///mlflow.db"
+from harness.run.records import acceptance_rows, read_records
+from harness.run.tracking_uri import DEFAULT_URI, TrackingUnavailable, check_health, resolve_uri  # noqa: F401
+
 EXPERIMENT = "decodegate-regress"
 STATE = "tracking.json"
-
-
-class TrackingUnavailable(RuntimeError):
-    """The tracking server could not be reached; the run folder still holds everything."""
-
-
-def resolve_uri(uri: str | None) -> str:
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
-
-
-def check_health(uri: str, timeout: float = 3.0) -> None:
-    """Raise TrackingUnavailable unless a remote server answers /health within `timeout`."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
-            if r.status != 200:
-                raise TrackingUnavailable(f"{uri} answered {r.status} on /health")
-    except (urllib.error.URLError, OSError) as e:
-        raise TrackingUnavailable(f"tracking server {uri} is not reachable ({getattr(e, 'reason', e)})") from e
 
 
 def _client(uri: str):
@@ -243,8 +223,6 @@ def _log_acceptance_rows(client, run_id: str, run_dir: Path, name: str, cand: di
     use this one as `acceptance_reference = "mlflow:last"`."""
     if not cand.get("acceptance_suites_key"):
         return
-    from harness.verdict.acceptance_ref import acceptance_rows
-    from harness.run.runner import read_records
     rows = acceptance_rows(read_records(run_dir), name)
     if not any((r.get("stats") or {}).get("proposed_per_round") for r in rows):
         return

@@ -18,33 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import ConfigError, DecoderSpec, RegressConfig
+from harness.run.records import acceptance_rows, read_records
 
 DEFAULT_TOLERANCE = 0.05
 MLFLOW_LAST = "mlflow:last"
-# Only these fields of a record are kept in a reference (no text, no tokens' content).
-KEEP = ("candidate", "suite", "suite_hash", "item_id", "categories", "seed", "temperature", "error")
-STATS = ("accepted_per_round", "proposed_per_round", "target_forwards", "proposed", "accepted", "drafter")
-
-
 @dataclass(frozen=True)
 class Reference:
     source: str                  # the folder, or "mlflow:<run id>"
     target: str
     suite_hashes: dict           # suite name -> hash
     rows: list                   # the reference candidate's records (acceptance fields)
-
-
-def acceptance_rows(records: list[dict], candidate: str) -> list[dict]:
-    """The candidate's records reduced to what a later drift check needs (no generated text)."""
-    out = []
-    for r in records:
-        if r.get("candidate") != candidate:
-            continue
-        row = {k: r[k] for k in KEEP if k in r}
-        row["stats"] = {k: v for k, v in (r.get("stats") or {}).items() if k in STATS}
-        row["tokens"] = [0] * len(r.get("tokens") or [])  # only the count matters (τ)
-        out.append(row)
-    return out
 
 
 def suites_key(hashes: dict) -> str:
@@ -67,7 +50,6 @@ def _from_folder(folder: Path, spec: DecoderSpec, where: str) -> Reference:
     if cand is None:
         raise ConfigError(f"{where}: the reference run {folder} has no candidate {spec.name!r} "
                           f"(it has: {', '.join(summary.get('candidates', {})) or 'none'})")
-    from harness.run.runner import read_records
     return Reference(source=str(folder), target=cand.get("target") or summary.get("target"),
                      suite_hashes={k: v.get("hash") for k, v in summary.get("suites", {}).items()},
                      rows=acceptance_rows(read_records(folder), spec.name))
@@ -113,7 +95,7 @@ def check(config: RegressConfig, suites, uri: str | None) -> dict:
 
 
 def _plain_comparison(c) -> dict:
-    from harness.verdict.summary import _plain
+    from harness.verdict.plain import plain as _plain
     return _plain(c)
 
 

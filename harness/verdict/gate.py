@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from analysis.paired import below, loss_upper_bound
-from harness.config import Gates
+from harness.config import Gates, sampled_identity_applies
 from harness.verdict.floor import gate_detail as floor_gate
 
 
@@ -181,16 +181,8 @@ def _quality_gates(cand: dict, gates: Gates) -> list[GateResult]:
 # ---------------------------------------------------------------------------------- exactness
 
 
-# Decoders that sample with the keyed noise of `standard`, so sampled outputs can be identical.
-# transformers' peers sample from torch's global generator: only their greedy output can match.
-KEYED_NOISE = ("standard", "early-exit")
-
-
 def _sampled_identity_applies(cand: dict) -> bool:
-    if cand["decoder"] == "speculative":
-        # Rejection sampling is exact in distribution only; its sampled outputs may differ by design.
-        return cand.get("options", {}).get("verify") == "coupled"
-    return cand["decoder"] in KEYED_NOISE
+    return sampled_identity_applies(cand["decoder"], cand.get("options", {}))
 
 
 def _exactness_checks(ex: dict) -> list[tuple[str, dict]]:

@@ -73,7 +73,7 @@ def evaluate(plan: sequential.Plan, sets: list[set], pairs: list, margin: float,
     "decided": "non-inferior" | "worse" | None, "look": k (1-based, where decided or last reached),
     "of": K}."""
     import analysis
-    from harness.verdict.summary import _plain
+    from harness.verdict.plain import plain as _plain
     have = {p.key.item_id for p in pairs}
     looks, decided = [], None
     for k, ids in enumerate(sets):
@@ -139,3 +139,18 @@ def stage_decisions(config: RegressConfig, specs, base_names, records: list[dict
                 out.append({"candidate": spec.name, "suite": suite.name, "reason": "non-inferior", "look": res["look"],
                             "detail": detail + f"stopped on {suite.name}"})
     return out
+
+
+class LookPlan:
+    """The runner's look plan, handed to it up front: how many stages, each suite's item order,
+    and after a stage the stop rows now decided. The runner never imports this module."""
+
+    def __init__(self, config: RegressConfig, specs, base_names, suites: list):
+        self.config, self.specs, self.base_names, self.suites = config, specs, base_names, suites
+        self.count = config.profile.looks
+
+    def order(self, suite) -> list:
+        return item_order(suite, self.config.profile.subset)
+
+    def decisions(self, records: list[dict], stops) -> list[dict]:
+        return stage_decisions(self.config, self.specs, self.base_names, records, self.suites, stops)

@@ -6,25 +6,11 @@ speedup. Only plain JSON goes out; the gate reads this structure and nothing els
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import analysis
+from harness.verdict.plain import plain as _plain
 from harness.config import RegressConfig
-
-
-def _plain(obj):
-    if dataclasses.is_dataclass(obj):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None if math.isnan(obj) else (1e308 if obj > 0 else -1e308)
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return _plain(obj.item())
-    return obj
 
 
 def _divergences(identity) -> list[dict]:

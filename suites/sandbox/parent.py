@@ -1,13 +1,13 @@
 """Run untrusted Python (model output) against tests: two confined processes, one verdict.
 
 `run_code(code, tests, prefix=..., names=...)` starts one fresh `python -I -S -B` whose trusted
-preamble (`sandbox_child.py`) forks two processes, each of which confines itself before anything
+preamble (`child.py`) forks two processes, each of which confines itself before anything
 else runs (the tests reach only the second, on a pipe of its own):
 - the candidate's process executes `code`, then answers requests about the objects it defined;
 - the tests' process executes `prefix` (trusted: HumanEval's prompt with its helpers), binds
   each of `names` (default: the names the tests use but do not define) to a proxy of the
   candidate's object, and executes `tests`. Only plain data crosses between them, as JSON
-  (`sandbox_wire.py`). The verdict is the tests' process's alone, sent on a status pipe the
+  (`wire.py`). The verdict is the tests' process's alone, sent on a status pipe the
   candidate's process never holds; the tests never enter the candidate's process.
 This module is the host side: a cgroup per run, the wall-clock timeout (the whole process group
 is killed), capped output, removal of everything the run leaves (its folder, its cgroup), and the
@@ -15,7 +15,7 @@ translation of what happened into a `SandboxResult`. It never raises for what th
 a failure of its own machinery is a failed result too. README.md has the table of attacks and the
 layer that stops each (tests/test_sandbox_attacks.py tries every one).
 
-Layers (sandbox_child.py and sandbox_filter.py say how), each listed in `SandboxResult.isolation`
+Layers (child.py and filter.py say how), each listed in `SandboxResult.isolation`
 with why where it is missing: user (root inside is an unprivileged uid of its own outside),
 PID, mount, network, IPC, UTS and cgroup namespaces; a minimal read-only root (the interpreter's
 prefix and the library folders, Python package folders masked, a few devices, its own /proc)
@@ -66,8 +66,9 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 # The preamble and its modules, compiled once here and sent as marshal data (trusted: from us):
 # the child imports what they need while we write, then reads them whole.
-_CODE = {name: compile((_HERE / f"{name}.py").read_text(encoding="utf-8"), f"<{name}>", "exec")
-         for name in ("sandbox_child", "sandbox_wire", "sandbox_filter")}
+# Inside the child they run as modules `sandbox_child`, `sandbox_wire` and `sandbox_filter`.
+_CODE = {f"sandbox_{name}": compile((_HERE / f"{name}.py").read_text(encoding="utf-8"), f"<sandbox_{name}>", "exec")
+         for name in ("child", "wire", "filter")}
 _BOOTSTRAP = ("import marshal, sys, ctypes, json, resource, signal\n"
               "code, config = marshal.loads(sys.stdin.buffer.read())\n"
               "namespace = {'__name__': 'sandbox_child'}\n"

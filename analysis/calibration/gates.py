@@ -1,6 +1,6 @@
 """Calibration of what the gate says: verdicts under A/A, interval coverage, exactness power.
 
-Part of ``python -m analysis.calibrate`` (tables in ``analysis/CALIBRATION.md``); the tests call
+Part of ``python -m analysis.calibration.report`` (tables in ``analysis/calibration/CALIBRATION.md``); the tests call
 the same functions with fewer studies.
 
 - :func:`aa_any_worse`: P(any of a candidate's suites called "worse") when nothing changed, for the
@@ -28,11 +28,12 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from . import pit
-from .calibrate import ALPHA, Rate, _trinomial_grid
-from .exactness import goodness_of_fit
-from .latency import PERCENTILE_METHOD, quantile_interval, speedup_from_arrays
-from .paired import mcnemar_pvalue, tango_loss_pvalue, tango_ni_pvalue
+from analysis import pit
+from analysis.exactness import goodness_of_fit
+from analysis.latency import PERCENTILE_METHOD, quantile_interval, speedup_from_arrays
+from analysis.paired import mcnemar_pvalue, tango_loss_pvalue, tango_ni_pvalue
+
+from .common import ALPHA, Rate, trinomial_grid
 
 SHAPES = ("top-two", "spread", "sharpen", "id-shift")
 
@@ -54,7 +55,7 @@ def _old_worse(n: int, margin: float, alpha: float):
 def _per_suite(n, disc, rule, studies, rng, suites) -> tuple[np.ndarray, float]:
     """Simulated (studies, suites) decisions and the exact per-suite rate."""
     draws = rng.multinomial(n, [disc / 2, disc / 2, 1 - disc], size=(studies, suites))
-    w, l, pmf = _trinomial_grid(n, disc / 2, disc / 2)
+    w, l, pmf = trinomial_grid(n, disc / 2, disc / 2)
     return rule(draws[..., 0], draws[..., 1]), float(np.sum(pmf * rule(w, l)))
 
 
@@ -75,7 +76,7 @@ def aa_pass_all(sizes, disc: float, *, margin: float = 0.10, alpha: float = ALPH
     for n in sizes:
         draws = rng.multinomial(n, [disc / 2, disc / 2, 1 - disc], size=studies)
         pvals.append(tango_ni_pvalue(draws[:, 0], draws[:, 1], n, margin=margin))
-        w, l, pmf = _trinomial_grid(n, disc / 2, disc / 2)
+        w, l, pmf = trinomial_grid(n, disc / 2, disc / 2)
         exact *= float(np.sum(pmf * (tango_ni_pvalue(w, l, n, margin=margin) < alpha)))
     p = np.sort(np.stack(pvals, axis=1), axis=1)
     m = len(sizes)

@@ -8,7 +8,7 @@ as modules), then calls `main(config)`. It must stay self-contained: standard li
 `main` forks the two processes that grade one program, each confining itself for its role: the
 tests' (role "tests": reads the prefix and tests from a pipe only it holds, executes them, every
 use of a candidate's name being a request; it alone reports the verdict) and the candidate's
-(role "candidate": executes the code, then answers requests; see sandbox_wire.py). `main` then
+(role "candidate": executes the code, then answers requests; see wire.py). `main` then
 only waits, and reports how the candidate's process ended.
 
 Layers, in the order applied, each reported by name in `isolation` (or why it is missing):
@@ -28,7 +28,7 @@ Layers, in the order applied, each reported by name in `isolation` (or why it is
    files, and no other process of the same uid may read our memory or descriptors).
 5. rlimits: CPU seconds, address space, file size, open files, no core files, and (in a user
    namespace, where it counts only our own uid) processes, which caps threads.
-6. seccomp: see sandbox_filter.py.
+6. seccomp: see filter.py.
 7. for the candidate, an audit hook (PEP 578) that refuses, with a readable reason, writes
    outside /tmp, process creation, sockets, ctypes and rlimit changes. It produces the
    "forbidden: ..." reasons; it is NOT a boundary (Python code can disable it), 1-6 are.

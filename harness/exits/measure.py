@@ -2,7 +2,7 @@
 worth once the LM-head checks are paid for, what it is worth on the clock, and what it costs in
 greedy token identity.
 
-    .venv/bin/python -m harness.commands.ee_measure [--target smollm2-135m] [--max-new-tokens 48]
+    .venv/bin/python -m harness.exits.measure [--target smollm2-135m] [--max-new-tokens 48]
         [--thresholds 0.5,0.8,0.9,0.95,0.99] [--confidence softmax] [--rounds 1] [--json FILE]
 
 Costs are measured, not assumed: a one-token step at full depth and the LM head alone (final
@@ -172,7 +172,7 @@ def _loadavg() -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.commands.ee_measure", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.exits.measure", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--device", default=None)
     p.add_argument("--thresholds", default="0.5,0.8,0.9,0.95,0.99")
