@@ -27,7 +27,7 @@ import suites.graders as graders
 from suites.sandbox import parent as sandbox
 from suites.format import item_from_row
 from suites.graders import grade
-from suites.sandbox.filter import SYSCALLS
+from suites.sandbox.denylist import SYSCALLS
 
 SQUARE_TESTS = "assert square(3) == 9\nassert square(-2) == 4\n"
 WRONG = "\ndef square(x):\n    return x + x\n"
@@ -231,8 +231,24 @@ def _read(fd):
         return False
 
 
+def test_the_metadata_of_a_host_file_is_not_changed(mode, tmp_path, layers):
+    """chmod and utime of a file the grader's user owns. Landlock does not cover them, so
+    without a filesystem view (an unprivileged container) only seccomp stops them."""
+    needs(layers, "minimal-root", "seccomp")
+    victim = tmp_path / "owned-by-the-grader.txt"
+    victim.write_text("x")
+    os.chmod(victim, 0o600)
+    os.utime(victim, (1_000_000, 1_000_000))
+    attack("import os\nfor change in (lambda p: os.chmod(p, 0o777), lambda p: os.utime(p, (0, 0)),\n"
+           "               lambda p: os.chmod(os.open(p, os.O_RDONLY), 0o777)):\n"
+           f"    try:\n        change({str(victim)!r})\n"
+           "    except OSError:\n        pass\n")
+    changed = (victim.stat().st_mode & 0o777, victim.stat().st_mtime) != (0o600, 1_000_000)
+    assert changed == (mode == "control"), (oct(victim.stat().st_mode), victim.stat().st_mtime)
+
+
 def test_only_harmless_devices_exist_and_none_can_be_made(layers):
-    needs(layers, "minimal-root")
+    needs(layers, "minimal-root", "landlock")  # Landlock: only the five devices are writable
     g = attack("import os, stat\nwritable = []\nnames = " + repr(DEVICE_NAMES) + "\n"
                "try:\n    names += os.listdir('/dev')\nexcept OSError:\n    pass\n"
                "for name in names:\n"

@@ -7,7 +7,9 @@ remains possible.
 - `child`: the preamble that confines each sandboxed process (namespaces, Landlock, rlimits,
   cgroup, seccomp) before anything untrusted runs. Never imported by the harness.
 - `wire`: the protocol between the candidate's process and the tests' process. Never imported.
-- `filter`: the seccomp filter. Never imported by the harness.
+- `filter`: the seccomp allow-list, built with libseccomp (pyseccomp). Never imported by the harness.
+- `denylist`: the hand-encoded BPF deny-list, the fallback where libseccomp is missing. Never
+  imported by the harness.
 """
 from suites.sandbox.parent import (SandboxLimits, SandboxResult, free_names, isolation_available,  # noqa: F401
                                    run_code)

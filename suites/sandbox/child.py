@@ -2,8 +2,10 @@
 
 Not imported by the harness: `suites.sandbox` starts `python -I -S -B -c BOOTSTRAP`, which
 reads from stdin this module's code, compiled, and the config (the code, limits, the filesystem
-view, the numbers of its pipes, and the compiled `sandbox_wire` and `sandbox_filter`, loaded here
-as modules), then calls `main(config)`. It must stay self-contained: standard library only.
+view, the numbers of its pipes, and the compiled `sandbox_wire`, `sandbox_filter` and
+`sandbox_denylist`, loaded here as modules, and pyseccomp's code with the host's answers to where
+its libraries are), then calls `main(config)`. It must stay self-contained: standard library
+only, apart from pyseccomp, which it is given.
 
 `main` forks the two processes that grade one program, each confining itself for its role: the
 tests' (role "tests": reads the prefix and tests from a pipe only it holds, executes them, every
@@ -28,7 +30,8 @@ Layers, in the order applied, each reported by name in `isolation` (or why it is
    files, and no other process of the same uid may read our memory or descriptors).
 5. rlimits: CPU seconds, address space, file size, open files, no core files, and (in a user
    namespace, where it counts only our own uid) processes, which caps threads.
-6. seccomp: see filter.py.
+6. seccomp: an allow-list built with libseccomp (filter.py; pyseccomp, the host's copy, is loaded
+   before confinement), or, where libseccomp is missing, the deny-list of denylist.py.
 7. for the candidate, an audit hook (PEP 578) that refuses, with a readable reason, writes
    outside /tmp, process creation, sockets, ctypes and rlimit changes. It produces the
    "forbidden: ..." reasons; it is NOT a boundary (Python code can disable it), 1-6 are.
@@ -141,10 +144,18 @@ def enter_namespaces(outer_uid, paths, isolation):
     if libc.unshare(flags | CLONE_NEWUSER) != 0:
         why = os.strerror(ctypes.get_errno())
         kind = b"plain" if libc.unshare(flags) == 0 else b"none"
+    # A process that is not dumpable has its /proc files owned by root, so a parent without
+    # capabilities could not write our id maps. Until it has, and before any untrusted code
+    # runs, be dumpable (drop_privileges makes us not dumpable for good).
+    mapped_by_us = kind == b"user" and os.geteuid() != 0
+    if mapped_by_us:
+        libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     os.write(up_w, kind)
     answer = os.read(down_r, 256)
     os.close(up_w)
     os.close(down_r)
+    if mapped_by_us:
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     if kind == b"none":
         isolation.append(f"no-namespaces ({os.strerror(ctypes.get_errno())})")
         return None
@@ -384,11 +395,41 @@ def _load_modules(compiled):
         sys.modules[name] = module
 
 
+def load_pyseccomp(code, libraries, why):
+    """Load pyseccomp (the host's copy, compiled) as a module; None, or why it is not loaded
+    (`why`: the host's reason for sending no code).
+
+    pyseccomp looks its libraries up with ctypes.util.find_library, which would import
+    subprocess and run ldconfig in a child process here. The host has asked already
+    (`libraries`: {"c": ..., "seccomp": ...}), so while pyseccomp's top level runs, ctypes.util
+    is a stand-in that gives the host's answers; the real entries come back right after."""
+    if code is None:
+        return why
+    import ctypes
+    stand_in = type(sys)("ctypes.util")
+    stand_in.find_library = lambda name: libraries.get(name)
+    saved = sys.modules.get("ctypes.util"), ctypes.__dict__.get("util")
+    sys.modules["ctypes.util"] = ctypes.util = stand_in
+    module = type(sys)("pyseccomp")
+    try:
+        exec(code, module.__dict__)
+    except Exception as exc:  # e.g. libseccomp.so.2 will not load: the deny-list is the fallback
+        return f"pyseccomp failed to load: {type(exc).__name__}: {exc}"
+    finally:
+        for where, key, value in ((sys.modules, "ctypes.util", saved[0]), (ctypes.__dict__, "util", saved[1])):
+            if value is None:
+                where.pop(key, None)
+            else:
+                where[key] = value
+    sys.modules["pyseccomp"] = module
+    return None
+
+
 def _send(fd, nonce, **message):
     os.write(fd, (json.dumps(dict(message, nonce=nonce)) + "\n").encode())
 
 
-def confine(config, isolation):
+def confine(config, role, isolation):
     """Apply layers 1-6; returns the writable folder the code works in."""
     view, tmpdir = config["view"], config["tmpdir"]
     readable = [path for kind, path, _ in view if kind in ("dir", "file")]
@@ -404,6 +445,10 @@ def confine(config, isolation):
         tmpdir = "/tmp"
         os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)
         libc.sethostname(b"sandbox", 7)
+    else:  # the host's folder is shared: each process writes (and, under Landlock, reads) its own
+        tmpdir = os.path.join(tmpdir, role)
+        os.mkdir(tmpdir, 0o700)
+        os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)
     landlock(readable, [tmpdir], devices, isolation)
     drop_privileges(isolation)
     os.chdir(tmpdir)
@@ -426,12 +471,13 @@ def play(role, config, secret, channel, isolation):
     import sandbox_wire
     status_fd, nonce, tmpdir = config["fds"][role], config["nonce"], config["tmpdir"]
     if config["isolate"]:
-        tmpdir = confine(config, isolation)
+        tmpdir = confine(config, role, isolation)
     else:
         os.chdir(tmpdir)
         set_rlimits(config["limits"], False, isolation)
     if config["isolate"]:
-        isolation.append(sandbox_filter.install(libc, os.getpid()))
+        view = any(layer.startswith("minimal-root") for layer in isolation)
+        isolation.append(sandbox_filter.install(libc, os.getpid(), config["seccomp_missing"], view))
     if role == "candidate":
         violations = []
         if config["audit_hook"]:
@@ -462,6 +508,8 @@ def main(config):
     os.close(null)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     _load_modules(config.pop("modules"))
+    if config["isolate"]:  # before confinement: it loads libseccomp.so.2 from the host's folders
+        config["seccomp_missing"] = load_pyseccomp(*config.pop("pyseccomp"))
     fds = config["fds"]
     requests, answers = os.pipe(), os.pipe()
     tests_pid = os.fork()

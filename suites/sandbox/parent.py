@@ -21,16 +21,20 @@ PID, mount, network, IPC, UTS and cgroup namespaces; a minimal read-only root (t
 prefix and the library folders, Python package folders masked, a few devices, its own /proc)
 with a private tmpfs /tmp capped in size; Landlock (read the view, write /tmp, no TCP, no signals
 out); a memory + pids cgroup (cgroup v1, or v2 where delegated); no capabilities, no_new_privs,
-not dumpable; rlimits; seccomp (no processes, exec, sockets, io_uring, signals or limits aimed
-at other processes, SysV IPC, POSIX queues, keyrings, memfd, mknod, mounts); an audit hook for
-readable reasons (not a boundary). Linux only.
+not dumpable; rlimits; seccomp, an allow-list built with libseccomp (filter.py: what CPython
+needs; no processes, exec, sockets, io_uring, signals or limits aimed at other processes, IPC,
+keyrings, memfd, mknod, mounts, nor anything else unlisted), or the hand-encoded deny-list
+(denylist.py) where libseccomp is missing; an audit hook for readable reasons (not a boundary).
+Linux only.
 
 What stays possible inside: any computation within the CPU, memory, disk, thread and time caps;
 reading the view (the interpreter, the system's shared libraries, kernel facts such as
 /proc/cpuinfo); writing /tmp; printing (capped). Where the kernel refuses namespaces (an
 unprivileged container), the filesystem view, the PID and network isolation are gone, and
-Landlock (if present) is what keeps the host's files out of reach; without Landlock either, the
-code can read what the user can read. Without a user namespace RLIMIT_NPROC does not count
+Landlock (if present) is what keeps the host's files out of reach (seccomp then refuses chmod and
+utime too, which Landlock does not cover); the disk is then capped per file and by the wall clock
+only; without Landlock either, the code can read and write what the user can. Without a user
+namespace RLIMIT_NPROC does not count
 threads (root is exempt); without a cgroup memory is bounded per process (RLIMIT_AS), by the tmpfs
 size and by the denial of memfd and shared memory. The verdict stays in the tests' process in
 every case.
@@ -66,9 +70,10 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 # The preamble and its modules, compiled once here and sent as marshal data (trusted: from us):
 # the child imports what they need while we write, then reads them whole.
-# Inside the child they run as modules `sandbox_child`, `sandbox_wire` and `sandbox_filter`.
+# Inside the child they run as modules `sandbox_child`, `sandbox_wire`, `sandbox_denylist` and
+# `sandbox_filter` (loaded in that order: the filter falls back on the deny-list).
 _CODE = {f"sandbox_{name}": compile((_HERE / f"{name}.py").read_text(encoding="utf-8"), f"<sandbox_{name}>", "exec")
-         for name in ("child", "wire", "filter")}
+         for name in ("child", "wire", "denylist", "filter")}
 _BOOTSTRAP = ("import marshal, sys, ctypes, json, resource, signal\n"
               "code, config = marshal.loads(sys.stdin.buffer.read())\n"
               "namespace = {'__name__': 'sandbox_child'}\n"
@@ -167,6 +172,24 @@ def isolation_available() -> tuple[str, ...]:
 
 
 # --- what the confined interpreter sees ------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _seccomp_binding() -> tuple:
+    """(pyseccomp's code, {library name: what ctypes.util.find_library answers here}, why not):
+    what the child needs to build its seccomp allow-list with libseccomp. The child runs with
+    -I -S, so it cannot import pyseccomp from this environment: it gets the compiled module, and
+    our answers to where libc and libseccomp are (it loads them before it confines itself).
+    Without pyseccomp or libseccomp the code is None and the child falls back on the deny-list."""
+    import ctypes.util
+    import importlib.util
+    spec = importlib.util.find_spec("pyseccomp")
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None, {}, "pyseccomp not installed"
+    libraries = {name: ctypes.util.find_library(name) for name in ("c", "seccomp")}
+    if libraries["seccomp"] is None:
+        return None, {}, "libseccomp not found"
+    return compile(Path(spec.origin).read_text(encoding="utf-8"), spec.origin, "exec"), libraries, None
+
 
 @functools.lru_cache(maxsize=1)
 def _interpreter() -> str:
@@ -447,7 +470,8 @@ def _remove_tree(path):
 def _run(code, tests, prefix, names, limits, isolate, audit_hook, start) -> SandboxResult:
     config = {"nonce": secrets.token_hex(16), "limits": limits.child_config(), "isolate": isolate,
               "view": _view(), "code": code, "audit_hook": audit_hook,
-              "modules": {name: _CODE[name] for name in ("sandbox_wire", "sandbox_filter")}}
+              "modules": {name: _CODE[name] for name in ("sandbox_wire", "sandbox_denylist", "sandbox_filter")},
+              "pyseccomp": _seccomp_binding() if isolate else (None, {}, "not isolated")}
     secret = {"prefix": prefix, "tests": tests, "names": list(names)}  # for the tests' process only
     run = None
     try:
