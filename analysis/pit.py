@@ -35,7 +35,10 @@ Three statistics, combined by Bonferroni (p = 3 min):
 A token of probability 0 under the distribution it must follow is outright evidence (p = 0).
 ``detectable_tv`` is the smallest distortion the rank test would detect with 80% power at the
 given level, for one concrete shape: TV delta moved between the two likeliest tokens at every
-tested position (noncentral chi-square with the sample's own covariance).
+tested position (noncentral chi-square with the sample's own covariance). ``deviation`` is an
+effect size that, unlike a p-value, compares samples of different sizes: the total variation at
+the rank-class resolution, or the share of impossible tokens (the gate asks whether a candidate
+is further from the reference than the baseline control).
 
 Size and power (total variation 0.01-0.1, several distortion shapes, the shipped token counts):
 ``analysis/calibration/CALIBRATION.md``. Pure functions; randomness comes from ``rng``.
@@ -248,6 +251,22 @@ class PitTestResult:
     detectable_tv: float | None
     level: float
     note: str = ""
+    deviation: float | None = None
+
+
+def deviation(feat: PitFeatures) -> float | None:
+    """How far the tokens are from their distributions, in total variation at the resolution of
+    the rank classes: 1/2 sum_c |observed_c - expected_c| / n, or the share of tokens of
+    probability 0 when that is larger (each is a draw no exact sampler makes). Comparable across
+    samples of different sizes (unlike a p-value), noisy at O(sqrt(classes / n)); None without
+    tokens. Used to ask whether a candidate is further from the reference than a control."""
+    n = len(feat)
+    if n == 0:
+        return None
+    c = feat.class_probs.shape[1]
+    observed = np.bincount(feat.token_class, minlength=c)[:c].astype(float)
+    tv = 0.5 * float(np.abs(observed - feat.class_probs.sum(axis=0)).sum()) / n
+    return max(tv, float(np.sum(feat.p_token <= 0)) / n)
 
 
 def pit_test(feat: PitFeatures, *, level: float = 0.01, rng=None) -> PitTestResult:
@@ -263,11 +282,11 @@ def pit_test(feat: PitFeatures, *, level: float = 0.01, rng=None) -> PitTestResu
     if impossible:
         return PitTestResult(0.0, n, impossible, None, None, None, None, None, 0, observed, expected,
                              float(u.mean()) if u.size else None, None, level,
-                             f"{impossible} token(s) of probability 0")
+                             f"{impossible} token(s) of probability 0", deviation(feat))
     if n < MIN_TOKENS:
         return PitTestResult(None, n, 0, None, None, None, None, None, 0, observed, expected,
                              float(u.mean()) if u.size else None, None, level,
-                             f"{n} token(s): too few for a test (at least {MIN_TOKENS})")
+                             f"{n} token(s): too few for a test (at least {MIN_TOKENS})", deviation(feat))
     ney_stat, ney_p = neyman_smooth(u)
     _, id_p = neyman_smooth(pit_values(feat, v=v, order="id"))
     rank_stat, rank_p, df = rank_class_test(feat)
@@ -275,7 +294,7 @@ def pit_test(feat: PitFeatures, *, level: float = 0.01, rng=None) -> PitTestResu
         pvalue=min(1.0, 3.0 * min(ney_p, id_p, rank_p)), n=n, impossible=0, neyman_statistic=ney_stat,
         neyman_pvalue=ney_p, id_order_pvalue=id_p, rank_statistic=rank_stat, rank_pvalue=rank_p, rank_df=df,
         rank_observed=observed, rank_expected=expected, mean_u=float(u.mean()),
-        detectable_tv=detectable_tv(feat, level=level / 3), level=level,
+        detectable_tv=detectable_tv(feat, level=level / 3), level=level, deviation=deviation(feat),
     )
 
 

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import time
@@ -62,6 +63,82 @@ def forward(model, input_ids: torch.Tensor, cache, n_logits: int = 1) -> torch.T
     kw = {cache_kwarg(model): cache}
     out = model(input_ids=input_ids, use_cache=True, logits_to_keep=n_logits, **kw)
     return out.logits[0]
+
+
+# Profiling scopes: `bench --profile-round` turns them on to attribute kernel time to the parts
+# of a step (sampling, verification, drafting). Off, a scope is a shared null context: no cost.
+_PROFILING = [False]
+_NULL = contextlib.nullcontext()
+
+
+def scope(name: str):
+    if not _PROFILING[0]:
+        return _NULL
+    return torch.profiler.record_function(name)
+
+
+@contextlib.contextmanager
+def profiling_scopes():
+    _PROFILING[0] = True
+    try:
+        yield
+    finally:
+        _PROFILING[0] = False
+
+
+def pick_and_margin(logits: torch.Tensor, request: GenerationRequest, key: int, position: int,
+                    where: str) -> tuple[int, float]:
+    """`standard`'s choice at one position and the top-2 margin of logits (1, V), read from the
+    device in one transfer (the finiteness check rides along): the only host sync of a step,
+    and the one the stopping rule needs. Same token as `sampling.choose`, same margin as
+    `sampling.top2_margin`, same error as `sampling.check_finite`."""
+    from decoders.sampling import check_finite, choose, top2_margin
+    if logits.device.type == "cpu":
+        # On a CPU a read costs nothing, and packing the three into one costs more operators
+        # than it saves (measured: ~+50% on a 259-token vocabulary): read them one by one.
+        check_finite(logits, where)
+        return int(choose(logits, request, key, [position])[0]), float(top2_margin(logits[0]))
+    return pick_and_margin_one_read(logits, request, key, position, where)
+
+
+def pick_and_margin_one_read(logits, request, key, position, where) -> tuple[int, float]:
+    """`pick_and_margin` as one device-to-host transfer (the path on accelerators)."""
+    from decoders.sampling import check_finite, choose
+    row = logits[0]
+    top = torch.topk(row.float(), 2).values
+    token = choose(logits, request, key, [position])[0]
+    finite = torch.isfinite(row).all()
+    token_f, margin, ok = torch.stack([token.to(top.dtype), top[0] - top[1], finite.to(top.dtype)]).tolist()
+    if not ok:
+        check_finite(logits, where)  # raises with the NaN / inf wording
+    return int(token_f), margin
+
+
+_COMPILED: "weakref.WeakKeyDictionary" = None
+
+
+def step_function(model, compile: bool = False):
+    """The one-token decode step `(input_ids (1, 1), cache) -> logits (1, V)`: `forward`, or
+    with `compile` that forward through `torch.compile` (once per model, shapes dynamic, so a
+    growing cache does not recompile). Prefill and multi-token verification stay eager."""
+    if not compile:
+        return functools.partial(forward, model)
+    global _COMPILED
+    import weakref
+    if _COMPILED is None:
+        _COMPILED = weakref.WeakKeyDictionary()
+    if model not in _COMPILED:
+        kw = cache_kwarg(model)
+
+        def step(input_ids, cache):
+            return model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{kw: cache}).logits[0]
+        _COMPILED[model] = torch.compile(step, dynamic=True)
+    compiled = _COMPILED[model]
+
+    @torch.inference_mode()
+    def run(input_ids, cache):
+        return compiled(input_ids, cache)
+    return run
 
 
 def sync(device) -> None:

@@ -35,7 +35,8 @@ import torch
 
 from decoders.adapter import LayerAdapter
 from decoders.base import DecoderError
-from decoders.common import context_length, forward, new_cache, rollback
+from decoders.common import context_length, forward, rollback, scope, step_function
+from decoders.kv import DEFAULT_CACHE, CachePool
 
 # pick(logits (V,) on the target's device, absolute position) -> (token, q row (V,) or None)
 Pick = Callable[[torch.Tensor, int], "tuple[int, torch.Tensor | None]"]
@@ -52,7 +53,8 @@ class Drafter:
     def __init__(self):
         self.forwards = 0
 
-    def start(self, prompt_ids) -> None:
+    def start(self, prompt_ids, capacity: int | None = None) -> None:
+        """`capacity`: the most tokens of context the request can reach (a KV cache's size)."""
         self.forwards = 0
 
     def propose(self, context: list[int], k: int, pick: Pick) -> Draft:  # pragma: no cover
@@ -125,8 +127,10 @@ class DraftModel(Drafter):
 
     name = "model"
 
-    def __init__(self, draft, target):
+    def __init__(self, draft, target, cache: str = DEFAULT_CACHE, compile: bool = False):
         super().__init__()
+        self.pool = CachePool(draft.model, cache)
+        self.step = step_function(draft.model, compile)
         check_tokenizers(target.tokenizer, draft.tokenizer)
         self.loaded = draft
         self.name = f"model:{draft.name}"
@@ -140,9 +144,9 @@ class DraftModel(Drafter):
         self.limit = context_length(draft.model)
         self.cache, self.length = None, 0  # length: tokens of the context in self.cache
 
-    def start(self, prompt_ids) -> None:
+    def start(self, prompt_ids, capacity: int | None = None) -> None:
         super().start(prompt_ids)
-        self.cache, self.length = new_cache(self.loaded.model), 0
+        self.cache, self.length = self.pool.new(capacity or len(prompt_ids) + 1), 0
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, pick: Pick) -> Draft:
@@ -152,10 +156,13 @@ class DraftModel(Drafter):
         pending = context[self.length:]  # >= 1 token: the correction (and a kept last draft)
         for i in range(max(k, 0)):
             ids = torch.tensor([pending], device=self.loaded.device)
-            logits = forward(self.loaded.model, ids, self.cache, 1)[0]  # (V_d,)
+            with scope("draft_forward"):
+                logits = (self.step(ids, self.cache) if len(pending) == 1
+                          else forward(self.loaded.model, ids, self.cache, 1))[0]  # (V_d,)
             self.forwards += 1
             self.length += len(pending)
-            token, q_row = pick(align_vocab(logits.to(self.target_device), self.vocab), len(context) + i)
+            with scope("draft_pick"):
+                token, q_row = pick(align_vocab(logits.to(self.target_device), self.vocab), len(context) + i)
             tokens.append(token)
             q.append(q_row)
             pending = [token]
@@ -217,9 +224,10 @@ class SelfDraft(Drafter):
     L = N (every layer) is allowed: a draft identical to the target, useful in tests.
     """
 
-    def __init__(self, target, layers: int, exit_heads=None):
+    def __init__(self, target, layers: int, exit_heads=None, cache: str = DEFAULT_CACHE):
         super().__init__()
         self.adapter = LayerAdapter(target.model)
+        self.pool = CachePool(target.model, cache)
         n = self.adapter.num_layers
         if not 1 <= layers <= n:
             raise DecoderError(f"self-draft layers must be in 1..{n} for this model, got {layers}")
@@ -236,9 +244,9 @@ class SelfDraft(Drafter):
 
     # target side ------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, prompt_ids) -> torch.Tensor:
+    def prefill(self, prompt_ids, capacity: int | None = None) -> torch.Tensor:
         a = self.adapter
-        self.cache = new_cache(a.model)
+        self.cache = self.pool.new(capacity or len(prompt_ids) + 1)
         h = a.run_layers(a.embed(torch.tensor([list(prompt_ids)], device=self.device)), 0, a.num_layers,
                          self.cache, 0)
         self.up = self.low = len(prompt_ids)
@@ -315,9 +323,11 @@ def _fitted_head(exit_heads, target, layers: int):
 
 # ----------------------------------------------------------------------------------- factory
 
-def make_drafter(draft, target, *, ngram_max: int = 3, ngram_min: int = 1, exit_heads=None) -> Drafter:
+def make_drafter(draft, target, *, ngram_max: int = 3, ngram_min: int = 1, exit_heads=None,
+                 cache: str = DEFAULT_CACHE, compile: bool = False) -> Drafter:
     """`draft`: a loaded model (with .model and .tokenizer), 'prompt-lookup', or 'self:L'.
-    `exit_heads` (a folder or `ExitHeads`) applies to 'self:L' only."""
+    `exit_heads` (a folder or `ExitHeads`) applies to 'self:L' only. `cache`: the KV cache kind
+    of a model drafter; `compile`: torch.compile a draft model's one-token steps."""
     if exit_heads is not None and not (isinstance(draft, str) and draft.startswith("self:")):
         raise DecoderError(f"exit_heads apply to a self-draft ('self:L') only, not to draft {draft!r}")
     if draft is None:
@@ -331,8 +341,8 @@ def make_drafter(draft, target, *, ngram_max: int = 3, ngram_min: int = 1, exit_
                 layers = int(draft[len("self:"):])
             except ValueError:
                 raise DecoderError(f"self-draft must be 'self:L' with an integer L, got {draft!r}") from None
-            return SelfDraft(target, layers, exit_heads=exit_heads)
+            return SelfDraft(target, layers, exit_heads=exit_heads, cache=cache)
         raise DecoderError(f"unknown draft {draft!r}: give a model, 'prompt-lookup', or 'self:L'")
     if not (hasattr(draft, "model") and hasattr(draft, "tokenizer")):
         raise DecoderError(f"draft must be a loaded model, 'prompt-lookup' or 'self:L', got {type(draft).__name__}")
-    return DraftModel(draft, target)
+    return DraftModel(draft, target, cache=cache, compile=compile)

@@ -53,9 +53,10 @@ import torch
 
 from decoders.adapter import LayerAdapter
 from decoders.base import Decoder, DecoderError, GenerationRequest, GenerationResult
-from decoders.common import Emitter, check_prompt_fits, new_cache, reject_options, sync
+from decoders.common import Emitter, check_prompt_fits, pick_and_margin, reject_options, scope, sync
+from decoders.kv import DEFAULT_CACHE, CachePool, request_capacity
 from decoders.exit_heads import ExitHeads, heads_hash, load_exit_heads, model_fingerprint, read_marked_json
-from decoders.sampling import check_finite, choose, prompt_key, top2_margin
+from decoders.sampling import prompt_key
 
 CONFIDENCES = ("softmax", "margin", "saturation")
 DEFAULT_THRESHOLD = 0.9
@@ -290,15 +291,17 @@ class EarlyExitDecoder(Decoder):
     or "calibrated:DIR": the thresholds, confidence and exit heads that `decodegate
     calibrate-exits` wrote to DIR), `exit_layers` (list of ints in [1, num_layers)), `confidence`
     (softmax | margin | saturation), `exit_heads` (a folder in the `decoders.exit_heads` format,
-    or an `ExitHeads`; heads trained for another target are refused)."""
+    or an `ExitHeads`; heads trained for another target are refused), `cache` ("static", the
+    default, or "dynamic": see `decoders.kv`)."""
 
     name = "early-exit"
 
     def __init__(self, target, *, threshold=DEFAULT_THRESHOLD, exit_layers=None, confidence=DEFAULT_CONFIDENCE,
-                 exit_heads=None, **options):
+                 exit_heads=None, cache: str = DEFAULT_CACHE, **options):
         reject_options(self.name, options)
         self.target = target
         self.adapter = LayerAdapter(target.model)   # refuses unsupported architectures
+        self.pool = CachePool(target.model, cache)
         n = self.adapter.num_layers
         hidden_size = int(target.model.config.hidden_size)
         self.calibration = None
@@ -379,7 +382,7 @@ class EarlyExitDecoder(Decoder):
         token this decoder would have chosen there). A disagreement at position i is what
         early exit changes given the same prefix, with its own (propagated) cache."""
         device = self.target.device
-        cache = new_cache(self.target.model)
+        cache = self.pool.new(len(prompt_ids) + len(tokens) + 1)
         position = len(prompt_ids)
         ex = self.step(self.adapter.embed(torch.tensor([list(prompt_ids)], device=device)), cache, 0, full=True)
         layers, chosen = [], []
@@ -393,27 +396,33 @@ class EarlyExitDecoder(Decoder):
 
     # ----------------------------------------------------------------------------- loop
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        return self.generate_with_cache(request)[0]
+        return self._generate(request, private=False)[0]
+
+    def generate_with_cache(self, request: GenerationRequest):
+        """`generate`, also returning the KV cache it built (for tests and forensics); that
+        cache is the caller's: no later request writes into it."""
+        return self._generate(request, private=True)
 
     @torch.inference_mode()
-    def generate_with_cache(self, request: GenerationRequest):
-        """`generate`, also returning the KV cache it built (for tests and forensics)."""
+    def _generate(self, request: GenerationRequest, private: bool):
         model, device = self.target.model, self.target.device
         out = Emitter(request, self.target.tokenizer, check_prompt_fits(model, request))
         key = prompt_key(request.seed, request.prompt_ids)
-        cache = new_cache(model)
+        cache = self.pool.new(request_capacity(model, len(request.prompt_ids), out.max_new), private=private)
         position = len(request.prompt_ids)          # absolute position of the next new token
         ids = torch.tensor([request.prompt_ids], device=device)
-        ex = self.step(self.adapter.embed(ids), cache, 0, full=True)
+        with scope("prefill"):
+            ex = self.step(self.adapter.embed(ids), cache, 0, full=True)
         forwards, layers, confidences, checks, evals = 1, [], [], 0, 0
         while True:
-            check_finite(ex.logits, f"position {position} (layer {ex.layers})")
-            token = int(choose(ex.logits, request, key, [position])[0])
+            with scope("sampling"):
+                token, margin = pick_and_margin(ex.logits, request, key, position,
+                                                f"position {position} (layer {ex.layers})")
             layers.append(ex.layers)
             confidences.append(ex.confidence)
             checks += ex.checks
             evals += ex.evals
-            if out.emit(token, float(top2_margin(ex.logits[0]))):
+            if out.emit(token, margin):
                 break
             ex = self.step(self.adapter.embed(torch.tensor([[token]], device=device)), cache, position)
             forwards += 1

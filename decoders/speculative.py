@@ -25,11 +25,12 @@ from collections import deque
 import torch
 
 from decoders.base import Decoder, DecoderError, GenerationRequest, GenerationResult
-from decoders.common import (Emitter, check_prompt_fits, context_length, forward, new_cache, reject_options,
-                             rollback, sync)
+from decoders.common import (Emitter, check_prompt_fits, context_length, forward, pick_and_margin, reject_options,
+                             rollback, scope, step_function, sync)
 from decoders.drafters import Draft, make_drafter, output_size
-from decoders.sampling import (ACCEPT, RESIDUAL, check_finite, choose, gumbel, prompt_key, shape_logits,
-                               top2_margin, uniforms)
+from decoders.kv import DEFAULT_CACHE, CachePool, check_cache_kind, request_capacity
+from decoders.sampling import (ACCEPT, RESIDUAL, check_finite, gumbel, prompt_key, shape_logits, top2_margin,
+                               uniforms)
 from decoders.verify import Verdict, verify_coupled, verify_greedy, verify_rejection
 
 VERIFIERS = ("rejection", "coupled")
@@ -42,12 +43,14 @@ DEFAULT_VERIFIER = "rejection"
 class TargetScorer:
     """The target's side of the loop: one KV cache, one prefill, then blocks of tokens."""
 
-    def __init__(self, target):
+    def __init__(self, target, cache: str = DEFAULT_CACHE, compile: bool = False):
         self.model, self.device = target.model, target.device
+        self.pool = CachePool(self.model, cache)
+        self.step = step_function(self.model, compile)
         self.cache = None
 
-    def prefill(self, prompt_ids) -> torch.Tensor:
-        self.cache = new_cache(self.model)
+    def prefill(self, prompt_ids, capacity: int | None = None) -> torch.Tensor:
+        self.cache = self.pool.new(capacity or len(prompt_ids) + 1)
         return forward(self.model, torch.tensor([list(prompt_ids)], device=self.device), self.cache, 1)
 
     def score(self, tokens: list[int], position: int) -> torch.Tensor:
@@ -55,7 +58,10 @@ class TargetScorer:
         have = self.cache.get_seq_length()
         if have != position:
             raise RuntimeError(f"target cache holds {have} tokens, expected {position}")
-        return forward(self.model, torch.tensor([tokens], device=self.device), self.cache, len(tokens))
+        ids = torch.tensor([tokens], device=self.device)
+        if len(tokens) == 1:
+            return self.step(ids, self.cache)
+        return forward(self.model, ids, self.cache, len(tokens))
 
     def rollback(self, length: int) -> None:
         rollback(self.cache, length)
@@ -164,9 +170,10 @@ class SpeculativeDecoder(Decoder):
     def __init__(self, target, draft=None, k: int = 4, verify: str | None = None, adaptive_k: bool = False,
                  k_max: int | None = None, min_acceptance: float | None = None, window: int = 8,
                  cooldown: int | None = None, ngram_max: int = 3, ngram_min: int = 1, exit_heads=None,
-                 **options):
+                 cache: str = DEFAULT_CACHE, compile: bool = False, **options):
         reject_options(self.name, options)
         self.target = target
+        self.cache_kind, self.compile = check_cache_kind(cache), bool(compile)
         self.k = _positive_int("k", k)
         if verify is not None and verify not in VERIFIERS:
             raise DecoderError(f"verify must be one of {', '.join(VERIFIERS)} (or unset), got {verify!r}")
@@ -181,8 +188,9 @@ class SpeculativeDecoder(Decoder):
         self.window = _positive_int("window", window)
         self.cooldown = None if cooldown is None else _positive_int("cooldown", cooldown)
         self.drafter = make_drafter(draft, target, ngram_max=int(ngram_max), ngram_min=int(ngram_min),
-                                    exit_heads=exit_heads)
+                                    exit_heads=exit_heads, cache=self.cache_kind, compile=self.compile)
         self.vocab = output_size(target.model)
+        self.scorer = self.drafter.scorer() or TargetScorer(target, self.cache_kind, self.compile)
 
     # ---------------------------------------------------------------------------------- loop
     @torch.inference_mode()
@@ -211,7 +219,7 @@ class _Run:
         self.noise = Noise(self.key, dec.vocab, self.device)
         self.pick = Picker(request, self.verifier, self.noise)
         self.drafter = dec.drafter
-        self.scorer = self.drafter.scorer() or TargetScorer(target)
+        self.scorer = dec.scorer
         self.st = _Stats(dec.k_max)
         self.context = list(request.prompt_ids)
         self.k = dec.k
@@ -220,21 +228,23 @@ class _Run:
 
     def prefill(self) -> None:
         t = _clock(self.device)
-        logits = self.scorer.prefill(self.request.prompt_ids)  # (1, V)
-        self.drafter.start(self.request.prompt_ids)
+        prompt = self.request.prompt_ids
+        # Room for the prompt, the new tokens and one round's draft beyond them.
+        capacity = request_capacity(self.dec.target.model, len(prompt), self.out.max_new, self.dec.k_max)
+        with scope("prefill"):
+            logits = self.scorer.prefill(prompt, capacity)  # (1, V)
+            self.drafter.start(prompt, capacity)
         self.st.target_forwards, self.st.prefill_s = 1, _clock(self.device) - t
-        self._emit([self._choose(logits)], logits)
+        self._emit_one(logits)
 
     def standard_step(self) -> None:
         """A `standard` decoding step (kill switch engaged): no draft."""
         t = _clock(self.device)
         logits = self.scorer.score([self.context[-1]], len(self.context) - 1)  # (1, V)
-        token = self._choose(logits)
         self.st.target_forwards += 1
-        self.st.verify_s += _clock(self.device) - t
         self.st.fallback_tokens += 1
         self.fallback_left -= 1
-        self._emit([token], logits)
+        self._emit_one(logits, t)
 
     def speculate(self) -> None:
         """One round: draft up to K tokens, score K+1 positions in one target forward, verify,
@@ -252,17 +262,26 @@ class _Run:
         logits = self.scorer.score([self.context[-1]] + draft.tokens, position - 1)  # (n + 1, V)
         self.st.target_forwards += 1
         if n == 0:  # nothing to verify: a plain target step
-            accepted, token = 0, self._choose(logits)
+            self.st.record(0, 0, len(self.out.tokens), -1)
+            if self._emit_one(logits, t):
+                return
         else:
-            check_finite(logits, f"positions {position}..{position + n}")
-            verdict = self._verify(logits, draft, position)
-            accepted, token = int(verdict.accepted[0]), int(verdict.token[0])
-        self.st.verify_s += _clock(self.device) - t
-        # Where the round's tokens land and which draft token was turned down: the exactness
-        # check needs both to test the tokens the verifier produced (analysis/pit.py).
-        self.st.record(n, accepted, len(self.out.tokens), draft.tokens[accepted] if accepted < n else -1)
-        if self._emit(draft.tokens[:accepted] + [token], logits):
-            return
+            with scope("verify"):
+                verdict = self._verify(logits, draft, position)
+                # One read from the device for the whole block: the verdict, every row's margin
+                # and the finiteness check (the stopping rule needs the tokens on the host).
+                row = torch.cat([verdict.accepted.double(), verdict.token.double(),
+                                 torch.isfinite(logits).all().double()[None],
+                                 top2_margin(logits).double()]).tolist()
+            if not row[2]:
+                check_finite(logits, f"positions {position}..{position + n}")
+            accepted, token, margins = int(row[0]), int(row[1]), row[3:]
+            self.st.verify_s += _clock(self.device) - t
+            # Where the round's tokens land and which draft token was turned down: the exactness
+            # check needs both to test the tokens the verifier produced (analysis/pit.py).
+            self.st.record(n, accepted, len(self.out.tokens), draft.tokens[accepted] if accepted < n else -1)
+            if self._emit(draft.tokens[:accepted] + [token], margins):
+                return
         self.scorer.rollback(len(self.context) - 1)  # the target's cache holds context[:-1]
         self.drafter.rollback(len(self.context) - 1)
         self.noise.forget_before(len(self.context))
@@ -285,16 +304,20 @@ class _Run:
         u_sample = torch.cat([uniforms(self.key, p, 1, RESIDUAL) for p in positions]).to(device)[None]
         return verify_rejection(logp.exp()[None], q, d, u_accept, u_sample)
 
-    def _choose(self, logits: torch.Tensor) -> int:
-        """`standard`'s own choice for the next position from logits (1, V)."""
+    def _emit_one(self, logits: torch.Tensor, t: float | None = None) -> bool:
+        """`standard`'s own step from logits (1, V): choose, emit; True when the request is done.
+        `t`: when the step's target forward began (its time counts as verification)."""
         position = len(self.context)
-        check_finite(logits, f"position {position}")
-        return int(choose(logits, self.request, self.key, [position])[0])
+        with scope("sampling"):
+            token, margin = pick_and_margin(logits, self.request, self.key, position, f"position {position}")
+        if t is not None:
+            self.st.verify_s += _clock(self.device) - t
+        return self._emit([token], [margin])
 
-    def _emit(self, tokens: list[int], logits: torch.Tensor) -> bool:
-        """Emit tokens one at a time (row i of logits produced token i, for its margin); True
-        when the request is done. Only emitted tokens join the context."""
-        for token, margin in zip(tokens, top2_margin(logits[:len(tokens)]).tolist()):
+    def _emit(self, tokens: list[int], margins: list[float]) -> bool:
+        """Emit tokens one at a time (margin i: the target's top-2 margin of the row that chose
+        token i); True when the request is done. Only emitted tokens join the context."""
+        for token, margin in zip(tokens, margins):
             self.context.append(token)
             if self.out.emit(token, margin):
                 return True

@@ -16,6 +16,7 @@ COMMANDS = {
     "bench": ("harness.commands.bench", "speed side by side: our decoders vs transformers, vs theory"),
     "suites": ("suites.cli", "list or show the prompt suites"),
     "sync": ("harness.commands.sync", "upload a run folder to MLflow (after the server was down)"),
+    "history": ("harness.commands.history", "α, τ, speedup, identity and verdicts over the last runs in MLflow"),
     "lm-eval": ("harness.commands.lmeval", "run lm-eval tasks through decodegate's decoders"),
     "train-exits": ("harness.exits.train", "train exit heads for a target (distillation on its own text)"),
     "calibrate-exits": ("harness.exits.calibrate", "early-exit thresholds with a guarantee (Learn-then-Test)"),

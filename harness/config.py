@@ -58,6 +58,29 @@ class SuiteSpec:
 
 
 @dataclass(frozen=True)
+class Slo:
+    """Latency objectives per load level (seconds; None: not set), gated where the baseline meets them."""
+    ttft_p95_s: float | None = None
+    tpot_p95_s: float | None = None
+    e2e_p95_s: float | None = None
+
+    def items(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Load:
+    """Open-loop load (harness.run.load): requests arrive at `rates` per second on a seeded schedule."""
+    rates: tuple[float, ...]
+    burstiness: float = 1.0          # gamma shape of the gaps; 1: Poisson, < 1 burstier, > 1 more regular
+    max_in_flight: int | None = None  # a cap on requests in flight (None: none)
+    requests: int = 60               # requests per level (59 is the least with a 95% upper bound on a p95)
+    seed: int = 0
+    refine_levels: int = 2           # extra levels spent bracketing each crossover
+    slo: Slo = Slo()
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     subset: str                     # "smoke" or "full"
@@ -74,6 +97,37 @@ class Profile:
     # Baseline generations timed afresh beside the candidates when the rest comes from the store
     # (speed is compared on these only; quality and identity on all rows).
     speed_items: int = 30
+    load: Load | None = None           # open-loop arrival rates, SLOs (None: no load phase)
+
+
+LOAD_KEYS = {"rates", "burstiness", "max_in_flight", "load_requests", "load_seed", "refine_levels", "slo"}
+
+
+def _load(p: dict, where: str) -> Load | None:
+    """A profile's open-loop keys -> Load (None when it has no `rates`)."""
+    if "rates" not in p:
+        extra = sorted(set(p) & (LOAD_KEYS - {"rates"}))
+        if extra:
+            raise ConfigError(f"{where}: {', '.join(extra)} need rates = [...] (requests per second)")
+        return None
+    rates = p["rates"]
+    if not isinstance(rates, list) or not rates or len(set(rates)) != len(rates) or not all(
+            isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0 for r in rates):
+        raise ConfigError(f"{where}: rates must be a list of distinct request rates > 0 (per second), e.g. [0.5, 1, 2]")
+    _number(p, "burstiness", 0.0, float("inf"), where, "a positive gamma shape (1: Poisson)")
+    for key, low in (("max_in_flight", 1), ("load_requests", 1), ("load_seed", 0), ("refine_levels", 0)):
+        v = p.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
+            raise ConfigError(f"{where}: {key} must be an integer >= {low}, got {v!r}")
+    slo = p.get("slo", {})
+    if not isinstance(slo, dict):
+        raise ConfigError(f"{where}: slo must be a table of ttft_p95_s, tpot_p95_s, e2e_p95_s")
+    _take(slo, {"ttft_p95_s", "tpot_p95_s", "e2e_p95_s"}, f"{where} slo")
+    for key in slo:
+        _number(slo, key, 0.0, float("inf"), f"{where} slo", "a positive number of seconds")
+    return Load(rates=tuple(sorted(float(r) for r in rates)), burstiness=float(p.get("burstiness", 1.0)),
+                max_in_flight=p.get("max_in_flight"), requests=p.get("load_requests", 60), seed=p.get("load_seed", 0),
+                refine_levels=p.get("refine_levels", 2), slo=Slo(**{k: float(v) for k, v in slo.items()}))
 
 
 @dataclass(frozen=True)
@@ -86,6 +140,10 @@ class Gates:
     inconclusive: str = "fail"      # a comparison that shows neither pass nor failure: "fail" or "warn"
     spending: str = "obrien-fleming"  # alpha spending across a profile's looks (analysis.sequential)
     discordance: float = 0.2        # planning value of the discordant share, where no run observed it
+    # The A/A run is a floor only while it looks like noise (harness.verdict.floor): it diverges on at
+    # most this share of prompts, and moves the engine's top-2 margins by at most aa_noise_max logits.
+    aa_floor_max: float = 0.25
+    aa_noise_max: float = 1.0
 
 
 class ConfigWarning(UserWarning):
@@ -93,7 +151,7 @@ class ConfigWarning(UserWarning):
 
 
 ENGINE_KEYS = {"base_url", "launch", "model", "health_timeout_s", "request_timeout_s", "retries", "concurrency",
-               "api_key_env", "env"}
+               "api_key_env", "env", "reuse_baseline"}
 
 
 def _engine(name: str, table: dict, where: str):
@@ -121,11 +179,19 @@ def _engine(name: str, table: dict, where: str):
     for key, low in (("retries", 0), ("concurrency", 1)):
         if key in table and (not isinstance(table[key], int) or isinstance(table[key], bool) or table[key] < low):
             raise ConfigError(f"{where}: {key} must be an integer >= {low}, got {table[key]!r}")
+    if "reuse_baseline" in table:
+        # A URL does not identify the deployment behind it: its baseline rows are reused only
+        # where the config vouches that it is pinned (harness.run.reuse).
+        if not isinstance(table["reuse_baseline"], bool):
+            raise ConfigError(f"{where}: reuse_baseline must be true or false, got {table['reuse_baseline']!r}")
+        if table.get("launch"):
+            raise ConfigError(f"{where}: reuse_baseline is for a base_url engine; a launched engine is keyed "
+                              f"by its command, files and environment, and reused without it")
     key_env = table.get("api_key_env")
     if key_env and key_env not in os.environ:
         raise ConfigError(f"{where}: api_key_env names ${key_env}, which is not set")
-    kw = {k: table[k] for k in ("base_url", "model", "health_timeout_s", "request_timeout_s", "retries", "concurrency")
-          if k in table}
+    kw = {k: table[k] for k in ("base_url", "model", "health_timeout_s", "request_timeout_s", "retries", "concurrency",
+                                "reuse_baseline") if k in table}
     return EngineSpec(name=name, launch=tuple(launch) if launch else None,
                       api_key=os.environ.get(key_env) if key_env else None,
                       env={str(k): str(v) for k, v in table.get("env", {}).items()}, **kw)
@@ -146,6 +212,7 @@ class RegressConfig:
     labels: dict
     engines: dict = field(default_factory=dict)   # name -> decoders.engines.server.EngineSpec
     log_text: bool = True           # false: generated text stays in the run folder, never goes to MLflow
+    trace_limit: int = 100          # MLflow traces per decoder and run, divergent prompts first (0: none)
 
 
 KINDS = ("exact", "lossy")
@@ -208,8 +275,10 @@ def _number(table: dict, key: str, low: float, high: float, where: str, what: st
 
 def _gates(table: dict, where: str) -> Gates:
     g = dict(_take(table, {"alpha", "near_tie_epsilon", "exactness_pvalue", "inconclusive", "spending",
-                           "discordance"}, where))
+                           "discordance", "aa_floor_max", "aa_noise_max"}, where))
     _number(g, "alpha", 0.0, 0.5, where, "a level in (0, 0.5)")
+    _number(g, "aa_floor_max", -1e-300, 1.0 + 1e-12, where, "a share of prompts in [0, 1]")
+    _number(g, "aa_noise_max", 0.0, float("inf"), where, "a positive number of logits")
     _number(g, "exactness_pvalue", 0.0, 0.5, where, "a level in (0, 0.5)")
     _number(g, "discordance", 0.0, 1.0 + 1e-12, where, "a share of pairs in (0, 1]")
     if g.get("near_tie_epsilon") == "auto":
@@ -243,8 +312,12 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
     _take(raw, {"target", "device", "chat", "top_p", "baseline", "candidates", "suites", "profiles",
-                "gates", "labels", "engines", "log_text"}, str(path))
+                "gates", "labels", "engines", "log_text", "trace_limit"}, str(path))
     _typed(raw, "log_text", bool, str(path), "true or false")
+    if "trace_limit" in raw and (not isinstance(raw["trace_limit"], int) or isinstance(raw["trace_limit"], bool)
+                                 or raw["trace_limit"] < 0):
+        raise ConfigError(f"{path}: trace_limit must be an integer >= 0 (traces per decoder; 0: none), "
+                          f"got {raw['trace_limit']!r}")
     if "target" not in raw:
         raise ConfigError(f"{path}: missing key 'target'")
     baseline = _decoder(raw.get("baseline", {"decoder": "standard", "name": "baseline"}), f"{path} [baseline]", "exact")
@@ -275,7 +348,7 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
         raise ConfigError(f"{path}: unknown profile {profile!r}; defined: {', '.join(sorted(profiles)) or 'none'}")
     p = _take(profiles[profile], {"subset", "suites", "temperatures", "sample_suites", "seeds", "max_new_tokens",
                                   "exactness_prompts", "exactness_samples", "concurrency", "looks", "speed_items",
-                                  "candidates"}, f"{path} [profiles.{profile}]")
+                                  "candidates", *LOAD_KEYS}, f"{path} [profiles.{profile}]")
     suite_names = tuple(p.get("suites", list(suites)))
     for s in suite_names:
         suites.setdefault(s, SuiteSpec(s))
@@ -320,7 +393,8 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
                    sample_suites=tuple(p.get("sample_suites", suite_names)), seeds=tuple(p.get("seeds", [0])),
                    max_new_tokens=p.get("max_new_tokens"), exactness_prompts=int(p.get("exactness_prompts", 2)),
                    exactness_samples=int(p.get("exactness_samples", 200)), concurrency=tuple(levels),
-                   as_logged=as_logged, looks=p.get("looks", 1), speed_items=p.get("speed_items", 30))
+                   as_logged=as_logged, looks=p.get("looks", 1), speed_items=p.get("speed_items", 30),
+                   load=_load(p, where))
     if prof.subset not in ("smoke", "full"):
         raise ConfigError(f"{path} [profiles.{profile}]: subset must be 'smoke' or 'full'")
     gates = _gates(raw.get("gates", {}), f"{path} [gates]")
@@ -344,10 +418,16 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"{path}: {spec.name!r} names engine {name!r}{hint}, which no [engines.NAME] "
                               f"table defines (defined: {', '.join(sorted(engines)) or 'none'})")
+    if prof.load is not None and not (isinstance(baseline.options.get("engine"), str)
+                                      and any(isinstance(c.options.get("engine"), str) for c in candidates)):
+        # Open-loop arrivals need a server that queues and batches; in-process decoders are batch-1.
+        raise ConfigError(f"{where}: rates (open-loop load) need an engine baseline and at least one engine "
+                          f"candidate (options = {{ engine = \"NAME\" }})")
     for label in [*raw.get("labels", {}), *(k for c in candidates for k in c.labels)]:
         if not all(ch.isalnum() or ch in "_-./ " for ch in label):
             raise ConfigError(f"{path}: label name {label!r} may hold only letters, digits and _ - . / space")
     return RegressConfig(path=str(path), target=raw["target"], device=raw.get("device"), chat=raw.get("chat"),
                          top_p=float(raw.get("top_p", 1.0)), baseline=baseline, candidates=candidates,
                          suites=suites, profile=prof, gates=gates, labels=dict(raw.get("labels", {})),
-                         engines=engines, log_text=raw.get("log_text", True))
+                         engines=engines, log_text=raw.get("log_text", True),
+                         trace_limit=raw.get("trace_limit", 100))

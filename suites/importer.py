@@ -10,7 +10,8 @@ Input formats (`--format auto` tells them apart by the first non-blank line):
 What it does, in order: parse every line (a line that is not valid JSON, or lacks messages, fails
 naming file and line, and nothing is written); drop exact duplicates (the same messages, sampling
 and budget; the first is kept); assign categories from a metadata field (`--category-field`,
-dotted for nesting) or from prompt-length buckets in characters (`--length-buckets 200,1000`);
+dotted for nesting; `route` and `metadata.route` alike; a field that no request has is an error
+naming the keys they do have) or from prompt-length buckets in characters (`--length-buckets 200,1000`);
 take a stratified sample (`--sample N --seed S`: proportional to each category's share, largest
 remainders, every category at least one item while N allows); write the suite file atomically
 (a temporary file, validated by the suite loader, then renamed: whole or not at all).
@@ -49,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample", type=int, help="stratified sample of this many items")
     p.add_argument("--seed", type=int, default=0, help="seed of the sample (default: %(default)s)")
     cat = p.add_mutually_exclusive_group()
-    cat.add_argument("--category-field", help="metadata field (dotted for nesting) that names each item's category")
+    cat.add_argument("--category-field", help="metadata field that names each item's category, dotted for "
+                                              "nesting: route (or metadata.route), app.team")
     cat.add_argument("--length-buckets", help="categories by prompt length in characters: ascending edges, e.g. 200,1000")
     p.add_argument("--max-new-tokens", type=int, default=128,
                    help="budget of items whose request logged no max_tokens (default: %(default)s)")
@@ -141,14 +143,47 @@ def _category_name(value) -> str:
     return name or "unknown"
 
 
+def _lookup(metadata: dict, path: list[str]):
+    value = metadata
+    for part in path:
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _key_paths(value, prefix: str = "") -> list[str]:
+    """Dotted paths of the leaves of a metadata object: what --category-field can name."""
+    if not isinstance(value, dict) or not value:
+        return [prefix] if prefix else []
+    return [p for k, v in value.items() for p in _key_paths(v, f"{prefix}.{k}" if prefix else str(k))]
+
+
+def resolve_field(requests: list[dict], field: str, file: str = "<log>") -> list[str]:
+    """The path of `field` inside each request's `metadata`. `route` and `metadata.route` name the
+    same field (the second spells out the request's own key); a key literally called
+    `metadata` inside the metadata is taken first where requests have one. A field that no
+    request has is an error naming the keys they do have: silence would file every item under
+    "unknown"."""
+    parts = field.split(".")
+    if not all(parts):
+        _fail(f"--category-field {field!r} has an empty part: give a dotted path such as route or app.team", file)
+    paths = [parts] + ([parts[1:]] if parts[0] == "metadata" and len(parts) > 1 else [])
+    for path in paths:
+        if any(_lookup(r["metadata"], path) is not None for r in requests):
+            return path
+    keys = sorted({k for r in requests for k in _key_paths(r["metadata"])})
+    have = (f"the requests' metadata has {', '.join(keys[:20])}" + (f" and {len(keys) - 20} more" if len(keys) > 20
+                                                                      else "")) if keys else "no request has metadata"
+    _fail(f"--category-field {field!r} is found in no request's metadata; {have}", file)
+
+
 def categorize(requests: list[dict], *, field: str | None = None, buckets: list[int] | None = None,
-               file: str = "<log>") -> None:
-    """Set each request's `category` (in place) from a metadata field or length buckets."""
+               file: str = "<log>") -> str | None:
+    """Set each request's `category` (in place) from a metadata field or length buckets; returns
+    where the categories came from (`metadata.<path>` for a field)."""
+    path = resolve_field(requests, field, file) if field else None
     for r in requests:
         if field:
-            value = r["metadata"]
-            for part in field.split("."):
-                value = value.get(part) if isinstance(value, dict) else None
+            value = _lookup(r["metadata"], path)
             r["category"] = _category_name(value) if value is not None else "unknown"
         elif buckets:
             n = len(_text(r))
@@ -158,6 +193,7 @@ def categorize(requests: list[dict], *, field: str | None = None, buckets: list[
                              else f"len{low}-{high}")
         else:
             r["category"] = None
+    return "metadata." + ".".join(path) if path else None
 
 
 def stratified_sample(requests: list[dict], size: int, seed: int) -> list[dict]:
@@ -246,11 +282,11 @@ def import_log(path: str | Path, *, out: str | Path | None = None, name: str | N
         _fail("--category-field needs chat JSONL with metadata; a prompts file has none (use --length-buckets)", file)
     n_read = len(requests)
     requests, removed = dedupe(requests)
-    categorize(requests, field=category_field, buckets=length_buckets, file=file)
+    field_path = categorize(requests, field=category_field, buckets=length_buckets, file=file)
     kept = stratified_sample(requests, sample, seed) if sample else requests
     source = {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "format": fmt,
               "requests_read": n_read, "duplicates_removed": removed,
-              "categories_from": (f"metadata.{category_field}" if category_field else
+              "categories_from": (field_path if category_field else
                                   f"length buckets {length_buckets} (characters)" if length_buckets else None),
               "sampling": {"size": sample, "seed": seed, "method": "stratified by category, proportional",
                            "population": len(requests),

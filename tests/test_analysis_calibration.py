@@ -148,13 +148,23 @@ def test_public_non_inferiority_matches_vectorised_path():
 
 
 def test_calibrate_script_writes_report(tmp_path):
+    """Every section of CALIBRATION.md on its small grid (seconds); `make calibrate` runs the full one."""
     out = tmp_path / "CALIBRATION.md"
-    assert calreport.main(["--studies", "1000", "--out", str(out)]) == 0
+    assert calreport.main(["--studies", "1000", "--grid", "small", "--out", str(out)]) == 0
     text = out.read_text()
-    for heading in ("McNemar, A/A", "McNemar power", "Wilcoxon", "type I error", "power (pass rate)"):
-        assert heading in text
+    for heading in ("McNemar, A/A", "McNemar power", "Wilcoxon", "type I error", "power (pass rate)",
+                    "Gate verdicts under A/A", "passes every suite", "Speedup lower bound", "interval it replaced",
+                    "p95 at small n", "Sequential PIT test", "Sequence goodness of fit", "Group-sequential"):
+        assert heading in text, heading
+    assert "--grid small" in text  # a small-grid file says so
+    # the shipped speed bound covers on its rows; the bootstrap-t row it replaced does not reach 0.95
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| 10 | 2-7 | log-sd 0.8")]
+    shipped, old = float(rows[0][4].split()[0]), float(rows[1][5].split()[0])
+    assert rows[1][4] == "bootstrap-t (before)" and shipped >= 0.93 and old < 0.95, rows
     with pytest.raises(SystemExit):
         calreport.main(["--studies", "10", "--out", str(out)])
+    with pytest.raises(SystemExit):
+        calreport.main(["--studies", "1000", "--grid", "huge", "--out", str(out)])
 
 
 # --------------------------------------------------------------- the gate's verdicts (issue 16)
@@ -172,19 +182,39 @@ def test_aa_any_suite_worse_holds_the_level(n):
         assert cg.aa_any_worse(n, 0.3, rule="old", studies=2000, rng=0).exact > 0.4
 
 
-def test_aa_any_worse_through_the_gate():
-    """The counts-level rule of the calibration is the gate's own decision."""
+def _gate_quality_verdict(n, w, l):
     from harness.config import Gates
     from harness.verdict.gate import decide
     try:
         from test_gate import lossy, quality
     except ImportError:  # tests/ imported as a package
         from tests.test_gate import lossy, quality
-    for w, l in [(0, 0), (0, 3), (1, 6), (0, 7), (2, 9)]:
-        q = quality(n=40, wins=w, losses=l)
-        worse = any(r.detail.startswith("worse") for r in decide(lossy(a=q, b=quality(n=40), c=quality(n=40)),
-                                                                  Gates(inconclusive="warn")).results)
-        assert worse == bool(cg._loss_rejects(40, 3, 0.05)(w, l)), (w, l)
+    q = quality(n=n, wins=w, losses=l)
+    detail = decide(lossy(a=q, b=quality(n=n), c=quality(n=n)), Gates(inconclusive="warn")).results[0].detail
+    return cg.PASS if detail.startswith("non-inferior") else cg.WORSE if detail.startswith("worse") else cg.INCONCLUSIVE
+
+
+@pytest.mark.parametrize("n,counts", [
+    (40, [(0, 0), (0, 3), (1, 6), (0, 7), (2, 9)]),
+    # n = 200: a significant loss within the margin (0/10) is a pass for the gate, not "worse"
+    (200, [(0, 10), (2, 14), (0, 16), (5, 25), (0, 30), (10, 10), (0, 4)]),
+])
+def test_calibration_verdict_is_the_gates_decision(n, counts):
+    """The counts-level rule of the calibration is the gate's own decision."""
+    for w, l in counts:
+        assert int(cg.gate_verdict(w, l, n)) == _gate_quality_verdict(n, w, l), (n, w, l)
+
+
+def test_aa_any_worse_counts_what_the_gate_calls_worse():
+    """The A/A table once counted the loss test alone (0.0331 at n = 200, disc 0.1): a significant
+    loss within the margin is a pass for the gate. Its real rate is 0.0174."""
+    gate = cg.aa_any_worse(200, 0.1, studies=2000, rng=3)
+    alone = cg.aa_any_worse(200, 0.1, rule="loss-alone", studies=2000, rng=3)
+    assert gate.exact == pytest.approx(0.0174, abs=2e-4) and alone.exact == pytest.approx(0.0331, abs=2e-4)
+    assert abs(gate.simulated - gate.exact) <= 4 * gate.mc_se
+    looked = cg.aa_any_worse(200, 0.1, looks=3, studies=1000, rng=3)  # the decide profile's design
+    assert looked.exact <= 0.05 and looked.exact != pytest.approx(gate.exact, abs=1e-3)
+    assert abs(looked.simulated - looked.exact) <= 4 * looked.mc_se + 1e-3
 
 
 def test_intersection_union_passes_more_than_holm():
@@ -193,11 +223,59 @@ def test_intersection_union_passes_more_than_holm():
     assert iut.simulated > holm.simulated and abs(iut.simulated - iut.exact) < 4 * iut.mc_se
 
 
-def test_speedup_interval_covers_with_clustered_pairs():
-    truth = cg.speedup_truth(0, prompts=100_000)
-    clustered, _ = cg.speedup_coverage(studies=150, n_resamples=500, rng=5, truth=truth)
-    pairs, _ = cg.speedup_coverage(clustered=False, studies=150, n_resamples=500, rng=5, truth=truth)
-    assert clustered.simulated >= 0.89 and pairs.simulated < 0.75
+def test_pass_all_under_the_profiles_three_looks():
+    """The decide profile runs 3 looks: its pass probability is the sequential plan's, lower than the
+    fixed design's, and its simulation through the gate's look-by-look decision agrees."""
+    fixed = cg.aa_pass_all((217, 72, 84), 0.2, studies=1000, rng=2)
+    looked = cg.aa_pass_all((217, 72, 84), 0.2, looks=3, studies=1000, rng=2)
+    assert looked.exact < fixed.exact - 0.01
+    assert abs(looked.simulated - looked.exact) <= 4 * looked.mc_se
+
+
+# ------------------------------------------------------------------------ the speedup bound
+
+SPEED_CELLS = [cg.SpeedDesign(10), cg.SpeedDesign(45), cg.SpeedDesign(20, (7, 7)),
+               cg.SpeedDesign(45, (7, 7), None)]
+
+
+@pytest.mark.parametrize("design", SPEED_CELLS, ids=lambda d: d.label())
+def test_speedup_lower_bound_covers_on_the_design_grid(design):
+    """10-45 prompts, 2-7 pairs each, lengths log-sd 0.8 (and the earlier uniform design): the shipped
+    one-sided 95% bound covers at least 0.95 up to Monte Carlo error (one-sided, z = 2.576)."""
+    studies = 4000
+    _, one = cg.speedup_coverage(design, studies=studies, rng=design.prompts)
+    assert one.simulated >= 0.95 - Z_MC * np.sqrt(0.95 * 0.05 / studies), one
+    assert one.simulated < 0.99  # and not absurdly conservative
+
+
+def test_the_replaced_bootstrap_t_undercovers():
+    """The studentized bootstrap it replaced: at 10 prompts of 2-7 pairs its 95% bound covers about 0.90,
+    so min_speedup passed a candidate exactly at the minimum about 10% of the time."""
+    studies = 300
+    _, one = cg.speedup_coverage(cg.SpeedDesign(10), method="studentized", studies=studies, n_resamples=299,
+                                 rng=11)
+    assert one.simulated + 1.645 * np.sqrt(0.95 * 0.05 / studies) < 0.95, one
+
+
+def test_speedup_calibration_runs_the_gates_function():
+    """The vectorised coverage study computes exactly what paired_speedup gives the gate."""
+    from analysis.latency import jackknife_bounds, speedup_from_arrays
+    rng = np.random.default_rng(0)
+    design = cg.SpeedDesign(12)
+    bw, bn, cw, cn, study, prompt = cg.speed_world(design, 3, rng)
+    sums = [np.bincount(study * 12 + prompt, weights=x, minlength=36).reshape(3, 12) for x in (bw, bn, cw, cn)]
+    low, high, bound = jackknife_bounds(sums, confidence_level=0.95, bound_level=0.95)
+    for i in range(3):
+        at = study == i
+        res = speedup_from_arrays(bw[at], bn[at], cw[at], cn[at], prompt[at])
+        assert (res.ci_low, res.ci_high, res.lower_bound) == pytest.approx((low[i], high[i], bound[i]), rel=1e-12)
+
+
+def test_speedup_interval_needs_clustered_pairs():
+    design = cg.SpeedDesign(45, (7, 7), None)
+    clustered, _ = cg.speedup_coverage(design, studies=1000, rng=5)
+    pairs, _ = cg.speedup_coverage(design, clustered=False, studies=1000, rng=5)
+    assert clustered.simulated >= 0.93 and pairs.simulated < 0.75
 
 
 def test_p95_bias_at_small_n():

@@ -34,7 +34,7 @@ def test_size_holds_and_power_is_there():
     size = cg.pit_rejection(300, level=0.05, studies=300, rng=1)
     assert size.simulated <= 0.05 + 2.576 * np.sqrt(0.05 * 0.95 / 300)
     for shape in ("top-two", "spread", "sharpen", "id-shift"):
-        power = cg.pit_rejection(1200, 0.1, shape, level=0.0025, studies=40, rng=2)
+        power = cg.pit_rejection(1200, 0.1, shape, level=0.0025, studies=20, rng=2)
         assert power.simulated >= 0.8, (shape, power)
     weak = cg.pit_rejection(300, 0.01, "top-two", level=0.0025, studies=40, rng=3)
     assert weak.simulated < 0.5  # TV 0.01 at 300 tokens is out of reach, and the report says so
@@ -70,3 +70,24 @@ def test_verifier_positions_from_round_stats():
     assert pit.verifier_counts(stats) == (8, 1)
     with pytest.raises(KeyError):
         pit.verifier_positions({"proposed": 3}, 10)
+
+
+def test_deviation_measures_distance_and_compares_across_sizes():
+    """`deviation`: near 0 for exact draws, about the moved mass for a top-two exchange, whatever
+    n; the share of impossible tokens when that is larger (the gate compares a candidate's with
+    the baseline control's)."""
+    rng = np.random.default_rng(5)
+    p = cg.lm_rows(8000, 64, rng)
+    exact = pit.features(p, cg._draw(p, rng))
+    assert pit.deviation(exact) < 0.01
+    top = np.argsort(-p, axis=1)[:, :2]
+    q = p.copy()
+    rows = np.arange(len(p))
+    moved = np.minimum(0.05, p[rows, top[:, 0]])
+    q[rows, top[:, 0]] -= moved
+    q[rows, top[:, 1]] += moved
+    small, large = (pit.features(p[:n], cg._draw(q[:n], rng)) for n in (2000, 8000))
+    for f in (small, large):
+        assert 0.03 < pit.deviation(f) < 0.07
+    res = pit.pit_test(pit.features(np.tile([0.5, 0.5, 0.0], (20, 1)), [2] * 4 + [0, 1] * 8), rng=0)
+    assert res.deviation == pytest.approx(0.2) and pit.deviation(pit.empty_features()) is None

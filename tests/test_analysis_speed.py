@@ -208,3 +208,36 @@ def test_paired_speedup():
     res = paired_speedup(pair_records(base, noisy), rng=0, n_resamples=2000)
     assert res.ci_low < res.statistic < res.ci_high and 1.6 < res.statistic < 2.4
     assert res == paired_speedup(pair_records(base, noisy), rng=0, n_resamples=2000)
+
+
+def test_speedup_interval_is_the_jackknife_over_prompts_by_hand():
+    """Three prompts (one with two seeds): the bound from leave-one-prompt-out ratios, computed here
+    with plain loops; Student's t at the Satterthwaite df of the prompts' time shares."""
+    from scipy import stats
+    base, cand = [], []
+    timings = {"a": [(10, 1.0, 0.5), (12, 1.2, 0.5)], "b": [(30, 3.3, 2.0)], "c": [(5, 0.4, 0.3)]}
+    for item, rows in timings.items():
+        for seed, (n, bw, cw) in enumerate(rows):
+            base.append(make_record(item_id=item, seed=seed, tokens=list(range(n)), wall_s=bw))
+            cand.append(make_record(candidate="c", item_id=item, seed=seed, tokens=list(range(n)), wall_s=cw))
+    res = paired_speedup(pair_records(base, cand))
+    sums = {k: [sum(r[i] for r in rows) for i in range(3)] for k, rows in timings.items()}  # tokens, bw, cw
+    def ratio(keys):
+        n = sum(sums[k][0] for k in keys)
+        return (sum(sums[k][1] for k in keys) / n) / (sum(sums[k][2] for k in keys) / n)
+    keys = list(sums)
+    r = ratio(keys)
+    loo = [ratio([k for k in keys if k != out]) for out in keys]
+    mean = sum(loo) / 3
+    estimate = 3 * r - 2 * mean
+    se = (2 / 3 * sum((x - mean) ** 2 for x in loo)) ** 0.5
+    tb, tc = sum(v[1] for v in sums.values()), sum(v[2] for v in sums.values())
+    share = [0.5 * (v[1] / tb + v[2] / tc) for v in sums.values()]
+    df = sum(a * a for a in share) ** 2 / sum(a ** 4 for a in share) * 2 / 3
+    assert res.interval == "jackknife" and res.n_prompts == 3 and res.statistic == pytest.approx(r)
+    assert res.lower_bound == pytest.approx(max(estimate - stats.t.ppf(0.95, df) * se, 0.0))
+    assert (res.ci_low, res.ci_high) == pytest.approx((max(estimate - stats.t.ppf(0.975, df) * se, 0.0),
+                                                       estimate + stats.t.ppf(0.975, df) * se))
+    assert res.ci_low <= res.lower_bound  # the one-sided bound is the tighter one
+    old = paired_speedup(pair_records(base, cand), method="studentized", rng=0, n_resamples=999)
+    assert old.interval == "studentized" and old.lower_bound != pytest.approx(res.lower_bound)

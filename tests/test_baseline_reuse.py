@@ -383,3 +383,93 @@ def test_an_mlflow_store_on_a_server_that_is_down_is_refused_before_any_model_lo
                  "--no-progress", "--tracking-uri", "http://127.0.0.1:1", "--baseline-store", "mlflow:0123"]) == 2
     assert "baseline store mlflow:0123: tracking server http://127.0.0.1:1 is not reachable" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------- reuse that fails closed (issue 21)
+
+
+def test_a_tampered_store_row_is_caught_by_retiming_and_nothing_is_reused(tmp_path, echo_suite, capsys):
+    store = tmp_path / "store"
+    cfg = config(tmp_path, echo_suite, EXACT + SAME)
+    assert regress(cfg, tmp_path / "r1", "--baseline-store", str(store)) == 0
+    first = summary(tmp_path / "r1")
+    assert regress(cfg, tmp_path / "reused", "--baseline-store", str(store)) == 0    # takes 50 stored rows
+    # Every stored row's content is changed, its key is not: the file still hashes to its name.
+    for f in store.rglob("*.json"):
+        row = json.loads(f.read_text())
+        toks, margins = row["result"]["tokens"], row["result"]["margins"]
+        at = max(range(len(toks)), key=lambda i: margins[i] if margins[i] is not None else -1)
+        toks[at] = (toks[at] + 1) % 250                          # a flip where the baseline was sure
+        f.write_text(json.dumps(row))
+    # Resuming the run that took stored rows: its re-timed rows now differ, so the rows it took are
+    # suspect, and it stops naming the items instead of finishing on them.
+    capsys.readouterr()
+    assert regress(cfg, tmp_path / "reused", "--baseline-store", str(store)) == 2
+    err = capsys.readouterr().err
+    assert "rows of this run were taken from the baseline store" in err and "echo/e" in err
+    assert regress(cfg, tmp_path / "r2", "--baseline-store", str(store)) == 0
+    st = summary(tmp_path / "r2")["baseline_store"]
+    assert st["reused_rows"] == 0 and st["baseline_rows"] == N_ITEMS      # regenerated, not reused
+    assert st["retimed"] == 10 and len(st["retimed_disagreed"]) == 10
+    assert all(d.startswith("echo/e") for d in st["retimed_disagreed"])
+    assert st["reuse_refused"] and "differ from the stored" in st["reuse_refused"]
+    assert "differ from the stored" in capsys.readouterr().err
+    report = (tmp_path / "r2" / "report.txt").read_text()
+    assert "0 of 60 rows reused" in report and "differ from the stored" in report
+    assert verdicts(summary(tmp_path / "r2")) == verdicts(first)
+    # Nothing of the tampered content reached the records.
+    fresh = {r["item_id"]: r["tokens"] for r in rows(tmp_path / "r1", "baseline")}
+    assert all(r["tokens"] == fresh[r["item_id"]] for r in rows(tmp_path / "r2", "baseline"))
+
+
+def two_suites(tmp_path: Path, echo_suite: Path) -> tuple[Path, Path]:
+    """The echo items split into two suites, 40 and 20 items, each in two categories."""
+    head, *items = [json.loads(x) for x in echo_suite.read_text().splitlines()]
+    out = []
+    for name, part in (("alpha", items[:40]), ("beta", items[40:])):
+        rows_ = [{**head, "suite": name, "smoke": [part[0]["id"]]}]
+        rows_ += [{**it, "categories": ["odd" if i % 2 else "even"]} for i, it in enumerate(part)]
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("\n".join(json.dumps(r) for r in rows_) + "\n")
+        out.append(path)
+    return out[0], out[1]
+
+
+def test_the_speed_subset_of_a_multi_suite_profile_covers_every_suite(tmp_path, echo_suite):
+    a, b = two_suites(tmp_path, echo_suite)
+    cfg = tmp_path / "two.toml"
+    cfg.write_text(f"""
+target = "tiny-llama"
+[baseline]
+name = "baseline"
+decoder = "standard"
+{EXACT}
+[suites.alpha]
+path = "{a}"
+[suites.beta]
+path = "{b}"
+[profiles.full]
+subset = "full"
+suites = ["alpha", "beta"]
+temperatures = [0.0]
+seeds = [0]
+speed_items = 9
+""")
+    store = tmp_path / "store"
+    assert regress(cfg, tmp_path / "r1", "--baseline-store", str(store)) == 0
+    assert regress(cfg, tmp_path / "r2", "--baseline-store", str(store)) == 0
+    s = summary(tmp_path / "r2")
+    fresh = [r for r in rows(tmp_path / "r2", "baseline") if not r.get("reused")]
+    by_suite = {n: sum(r["suite"] == n for r in fresh) for n in ("alpha", "beta")}
+    assert by_suite == {"alpha": 6, "beta": 3}                               # 40:20, in proportion
+    assert all(r.get("speed_sample") for r in fresh)
+    assert {r["categories"][0] for r in fresh if r["suite"] == "alpha"} == {"odd", "even"}
+    sp = s["candidates"]["spec"]["speedup"]
+    assert sp["n"] == 9 and sp["rests_on"]["by_suite"] == {"alpha": 6, "beta": 3}
+    assert s["baseline_store"]["speed_sample"]["by_suite"] == {"alpha": 6, "beta": 3}
+    assert "speed rests on 9 items (alpha 6, beta 3)" in (tmp_path / "r2" / "report.txt").read_text()
+    # Another run draws other items (seeded by the run), still in proportion.
+    assert regress(cfg, tmp_path / "r3", "--baseline-store", str(store)) == 0
+    again = {(r["suite"], r["item_id"]) for r in rows(tmp_path / "r3", "baseline") if not r.get("reused")}
+    assert again != {(r["suite"], r["item_id"]) for r in fresh}
+    assert summary(tmp_path / "r3")["baseline_store"]["speed_sample"]["by_suite"] == {"alpha": 6, "beta": 3}

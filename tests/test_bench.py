@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from harness.cli import main
 
 
@@ -25,6 +27,38 @@ def test_bench_reports_every_decoder(tmp_path, capsys):
     # The kill switch stops an unrelated draft and leaves the target's own layers drafting.
     assert res["decoders"]["spec[tiny-qwen2]"]["T=0"]["fallbacks"] > 0
     assert set(res["profile"]) == {"spec[tiny-qwen2]", "spec[prompt-lookup]", "spec[self:2]"}
+    # The torch-profiler split of a step, for standard and every in-process candidate.
+    assert {"standard", "spec[tiny-qwen2]", "spec[prompt-lookup]", "early-exit[0.5]"} <= set(res["step_profile"])
+    for label, prof in res["step_profile"].items():
+        fr = prof["fractions"]
+        assert all(0 <= v <= 1 for v in fr.values()) and sum(fr.values()) == pytest.approx(1, abs=0.02), label
+        assert prof["steps"] >= 1 and prof["ms_per_step"] > 0
+    std = res["step_profile"]["standard"]["fractions"]
+    assert std["lm_head"] > 0 and std["attention"] > 0 and std["mlp"] > 0 and std["kv_cache"] > 0
+    assert std["sampling"] > 0 and std["verify"] == 0
+    assert res["step_profile"]["spec[tiny-qwen2]"]["fractions"]["verify"] > 0
+    assert res["step_profile"]["spec[tiny-qwen2]"]["fractions"]["draft_forward"] > 0
+    assert "step profile standard" in text
+
+
+def test_bench_compare_old_runs_both_caches_side_by_side(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--target", "tiny-llama", "--draft", "prompt-lookup", "--thresholds", "", "--max-new-tokens",
+               "12", "--rounds", "1", "--temperatures", "0", "--compare-old", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert {"standard", "standard@dynamic", "spec[prompt-lookup]", "spec[prompt-lookup]@dynamic",
+            "hf-assisted[prompt-lookup]"} <= set(res["decoders"])
+    assert res["decoders"]["standard@dynamic"]["options"] == {"cache": "dynamic"}
+    # Same tokens whichever cache: the old path is the reference of the new one.
+    assert res["decoders"]["standard@dynamic"]["T=0"]["identity"] == 1.0
+    assert res["decoders"]["spec[prompt-lookup]@dynamic"]["T=0"]["identity"] == 1.0
+    g = res["goals"]
+    for name in ("standard_over_roofline", "verify_k1_in_steps", "greedy_lookup_over_theory",
+                 "spec[prompt-lookup] over hf-assisted[prompt-lookup] T=0"):
+        assert set(g[name]) == {"new", "old"} and all(v > 0 for v in g[name].values()), name
+    assert "goals (issue 26)" in text and "(dynamic cache)" in text
 
 
 def test_bench_bad_k_is_an_input_error(capsys):

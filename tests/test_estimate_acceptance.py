@@ -87,3 +87,23 @@ def test_dynamic_int8_draft_is_teacher_forced_incrementally(tiny_llama, items):
     alpha_hat = \
         summarize_estimates(rows, k=3, c=None, rng=0)["all"].alpha
     assert abs(alpha_hat - measured_alpha(tiny_llama, int8, items, 3)) < 0.03
+
+
+def test_estimate_reports_the_measured_verify_cost_beside_the_formula(tiny_llama, items, capsys):
+    """The cost v of verifying K+1 tokens (one K+1 forward over one step, timed here) and the
+    speedup with it, beside Leviathan's (which takes v = 1). Its value is the machine's; only
+    that it is there, positive, and what the formula gives with it are asserted."""
+    import math
+
+    from analysis.acceptance import theoretical_speedup
+    from harness.commands.estimate import table
+    outputs = baseline_outputs(tiny_llama, items, run_dir=None, suite_name="t", cap=12)
+    est = estimate(tiny_llama, "prompt-lookup", items, outputs, k=3)
+    v = est["verify_cost"]
+    assert math.isfinite(v) and v > 0 and est["verify_block_s"] > 0 and est["verify_step_s"] > 0
+    for g in est["groups"].values():
+        want = theoretical_speedup(g["alpha"], 3, est["c"], verify_cost=v)
+        assert g["theoretical_speedup_measured_verify"] == pytest.approx(want)
+        assert g["theoretical_speedup"] == pytest.approx(theoretical_speedup(g["alpha"], 3, est["c"]))
+    text = table(est)
+    assert "with v" in text and f"v = {v:.2f}" in text

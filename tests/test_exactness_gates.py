@@ -222,3 +222,22 @@ def test_broken_rejection_verifier_fails(bug, smoke_config, clean_run, tmp_path,
             assert cand["verdict"] == "pass", caught
         else:
             assert caught, f"{bug.__name__} with the {name} draft passed every exactness gate"
+
+
+def test_a_top_p_bug_in_the_shared_sampler_is_named(smoke_config, tmp_path, monkeypatch):
+    """A bug in `decoders.sampling` (which the baseline and both candidates sample with) fails the
+    run, and the verdict names the harness's sampler: the reference does not share that code."""
+    from tests.test_exactness_reference import shortcut_bug
+    import decoders.sampling as sampling
+
+    monkeypatch.setattr(sampling, "_top_p_drop", shortcut_bug)
+    run = tmp_path / "run"
+    assert main(["regress", "--config", str(smoke_config), "--run-dir", str(run), "--no-progress",
+                 "--no-tracking"]) == 1
+    summary = json.loads((run / "summary.json").read_text())
+    for name in ("lookup", "model"):
+        cand = summary["candidates"][name]
+        assert cand["verdict"] == "fail"
+        control = next(g for g in cand["gates"] if g["name"] == "exactness control")
+        assert control["status"] == "fail" and "harness's sampler is wrong" in control["detail"], control
+        assert "decoders.sampling" in control["detail"]

@@ -11,11 +11,17 @@ from harness.verdict import floor
 from harness.verdict.gate import _identity_gates
 
 
-def block(n: int, diverged: list[int], kind: str = "real") -> dict:
-    divs = [{"item_id": f"p{i}", "seed": 0, "temperature": 0.0, "position": 3, "margin": 0.5, "kind": kind,
+def block(n: int, diverged: list[int], kind: str = "real", margin: float = 0.05) -> dict:
+    divs = [{"item_id": f"p{i}", "seed": 0, "temperature": 0.0, "position": 3, "margin": margin, "kind": kind,
              "baseline_token": 1, "candidate_token": 2} for i in diverged]
     return {"rate": 1 - len(diverged) / n, "n": n, "identical": n - len(diverged), "divergences": divs,
-            "near_ties": 0, "real_divergences": len(divs)}
+            "near_ties": sum(kind == "near-tie" for _ in divs), "real_divergences": len(divs)}
+
+
+def level(scale: float) -> dict:
+    """An A/A run of one level whose margins moved by up to `scale` (harness.verdict.floor)."""
+    return {"aa": "base~aa", "valid": True, "problems": [], "scale": scale, "eps": 1e-3, "positions": 400,
+            "flips": 6}
 
 
 def cand_with(ident: dict) -> dict:
@@ -23,11 +29,11 @@ def cand_with(ident: dict) -> dict:
 
 
 def test_candidate_within_a_nonzero_floor_passes():
-    aa = block(40, [1, 2, 3, 4, 5, 6])            # the engine disagrees with itself on 6/40
+    aa = block(40, [1, 2, 3, 4, 5, 6])            # the engine disagrees with itself on 6/40, at margin 0.05
     cand = block(40, [1, 2, 3, 7, 8, 9])          # 3 shared, 3 of its own: no more than the floor
-    f = cand["floor"] = floor.compare(cand, aa, alpha=0.05)
+    f = cand["floor"] = floor.compare(cand, aa, level(0.1), alpha=0.05)
     assert f["rate"] == pytest.approx(0.15) and not f["exceeds"]
-    assert cand["within_floor"] == 3 and cand["real_divergences"] == 3
+    assert cand["within_noise"] == 6 and cand["real_divergences"] == 0
     [g] = _identity_gates(cand_with(cand), check_sampled=False)
     assert g.status == "pass" and "within the floor" in g.detail
 
@@ -35,7 +41,7 @@ def test_candidate_within_a_nonzero_floor_passes():
 def test_candidate_beyond_the_floor_fails():
     aa = block(40, [1, 2])
     broken = block(40, list(range(1, 21)))        # half the prompts move: a lossy decoder called exact
-    f = broken["floor"] = floor.compare(broken, aa, alpha=0.05)
+    f = broken["floor"] = floor.compare(broken, aa, level(0.1), alpha=0.05)
     assert f["exceeds"] and f["pvalue"] < 1e-4 and f["difference_lower_bound"] > 0.2
     [g] = _identity_gates(cand_with(broken), check_sampled=False)
     assert g.status == "fail" and "more than the floor" in g.detail
@@ -43,12 +49,12 @@ def test_candidate_beyond_the_floor_fails():
 
 def test_zero_floor_is_strict_identity():
     aa = block(40, [])
-    one = block(40, [5])
-    one["floor"] = floor.compare(one, aa, alpha=0.05)
+    one = block(40, [5], margin=0.5)
+    one["floor"] = floor.compare(one, aa, level(0.0), alpha=0.05)
     [g] = _identity_gates(cand_with(one), check_sampled=False)
-    assert g.status == "fail" and "1 real divergence" in g.detail
-    tie = block(40, [5], kind="near-tie")
-    tie["floor"] = floor.compare(tie, aa, alpha=0.05)
+    assert g.status == "fail" and "1 divergence(s) beyond the engine's own noise" in g.detail
+    tie = block(40, [5], kind="near-tie", margin=1e-4)
+    tie["floor"] = floor.compare(tie, aa, level(0.0), alpha=0.05)
     assert _identity_gates(cand_with(tie), check_sampled=False)[0].status == "pass"
 
 
@@ -72,11 +78,13 @@ def test_sweep_through_regress_on_llama_cpp(tmp_path):
         r = rows[("ngram", level)]
         assert r["n"] == 4 and r["throughput_tok_s"] > 0 and r["latency_p95_s"] >= r["latency_p50_s"] > 0
         assert r["aa_floor_rate"] is not None and r["speedup"] > 0
+        assert r["aa_noise"] is not None and r["aa_floor_valid"] is not None
         ident = summary["candidates"][f"ngram@c{level}"]["suites"]["mini"]["identity"]["T=0"]
         assert "floor" in ident and ident["floor"]["n"] == 4
     assert summary["candidates"]["base~aa@c1"]["verdict"] == "floor"
     assert (run_dir / "figures" / "sweep.png").stat().st_size > 1000
     assert "concurrency sweep" in (run_dir / "report.txt").read_text()
+    assert "A/A floor base~aa@c2: noise" in (run_dir / "report.txt").read_text()
     records = [json.loads(x) for x in (run_dir / "records.jsonl").read_text().splitlines()]
     assert {r["candidate"] for r in records} == {"base@c1", "base~aa@c1", "ngram@c1", "base@c2", "base~aa@c2", "ngram@c2"}
     assert code in (0, 1)  # the verdict is the engine's; the sweep's shape is what is tested here
@@ -101,3 +109,66 @@ def test_aa_run_on_another_engine_and_sweep_specs():
     names = [s.name for s in all_specs(swept)]
     assert names[:4] == ["llama@c1", "llama~aa@c1", "llama-ngram@c1", "llama-draft@c1"] and "llama-draft@c4" in names
     assert level_config(swept, 4).candidates[1].options["concurrency"] == 4
+
+
+def _aa_config(tmp_path, n: int, aa_args: list[str] | None):
+    """Baseline llama.cpp (Q4_1, one slot), its A/A run on a server started with `aa_args` (None:
+    on the candidate's server), and a candidate that serves the weights quantized again to Q2_K
+    under the same name, declared exact: outputs that move for a reason no batch noise explains."""
+    from harness.run.engines import gguf
+    from test_engines import engine_config, launch_args, write_suite
+    suite = write_suite(tmp_path, n=n)
+    plain = launch_args("-np", "1", "--spec-type", "none")
+    q2k = [a if a != gguf("smollm2-135m") else gguf("smollm2-135m-q2k") for a in plain]
+    engines = {"plain": plain, "q2k": q2k, **({"other": launch_args(*aa_args)} if aa_args else {})}
+    cfg = engine_config(tmp_path, suite, engines, [("q2k-as-exact", "q2k")])
+    aa = "other" if aa_args else "q2k"
+    text = cfg.read_text().replace('options = { engine = "plain" }',
+                                   f'options = {{ engine = "plain", aa_engine = "{aa}" }}', 1)
+    cfg.write_text(text.replace('seeds = [0]\n', 'seeds = [0]\nmax_new_tokens = 16\n'))
+    return cfg
+
+
+@pytest.mark.slow
+def test_regress_with_an_aa_server_refusing_every_request_does_not_pass_a_lossy_candidate(tmp_path):
+    """Issue 21 through `regress`: the A/A run goes to a server that refuses every request (it
+    wants an API key). Before, its error rows counted as divergences at token 0, the floor was 1.0
+    and the Q2_K server declared exact passed "within the floor" (exit 0). Now the A/A run is no
+    floor: the candidate is inconclusive, which fails under inconclusive = "fail", naming the A/A run."""
+    cfg = _aa_config(tmp_path, 3, ["-np", "1", "--spec-type", "none", "--api-key", "k"])
+    run_dir = tmp_path / "run"
+    code = main_regress(cfg, run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    aa = summary["candidates"]["base~aa"]
+    assert not aa["floor"]["valid"] and "3 of 3 A/A pairs are errors" in aa["floor"]["problems"][0]
+    cand = summary["candidates"]["q2k-as-exact"]
+    [g] = [g for g in cand["gates"] if g["name"].startswith("identity")]
+    assert g["status"] == "fail" and g["detail"].startswith("inconclusive: the A/A run base~aa is not a valid floor")
+    assert "HTTP 401" in g["detail"]
+    assert code == 1 and cand["verdict"] == "fail"
+    assert "NOT A VALID FLOOR" in (run_dir / "report.txt").read_text()
+
+
+def main_regress(cfg, run_dir) -> int:
+    from harness.cli import main
+    return main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-tracking", "--no-progress"])
+
+
+@pytest.mark.slow
+def test_regress_with_an_aa_run_on_another_quantization_does_not_pass_it(tmp_path):
+    """Issue 21 through `regress`: the A/A run lands on a server with another quantization behind
+    the same alias (here the Q2_K server the candidate also uses). Before, its divergences were
+    the floor, the candidate's matched them one for one, and a lossy candidate declared exact
+    passed "within the floor" (exit 0). Now such an A/A run is no floor: it diverges on more
+    prompts than aa_floor_max and its margins move more than aa_noise_max logits."""
+    cfg = _aa_config(tmp_path, 3, None)
+    run_dir = tmp_path / "run"
+    code = main_regress(cfg, run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    level = summary["candidates"]["base~aa"]["floor"]
+    assert not level["valid"] and level["diverged"] >= 1, level
+    assert any("aa_floor_max" in p or "aa_noise_max" in p for p in level["problems"]), level
+    cand = summary["candidates"]["q2k-as-exact"]
+    [g] = [g for g in cand["gates"] if g["name"].startswith("identity")]
+    assert g["status"] == "fail" and g["detail"].startswith("inconclusive: the A/A run base~aa"), g
+    assert code == 1

@@ -168,7 +168,8 @@ def test_exactness_without_rejections_shows_nothing():
 def test_exactness_control_failure_is_not_the_candidate():
     d = decide(rej({"all": pit(1e-6)}, control=pit(1e-7)), Gates())
     assert not d.passed and "baseline's own samples fail" in d.failures[0].detail
-    assert decide(rej({"all": pit(1e-6)}, control=pit(1e-7)), Gates(inconclusive="warn")).passed
+    # a failing control fails closed, whatever `inconclusive` says (tests/test_exactness_reference.py)
+    assert not decide(rej({"all": pit(1e-6)}, control=pit(1e-7)), Gates(inconclusive="warn")).passed
     assert "not the target's distribution" in decide(rej({"all": pit(1e-6)}, control=pit(0.4)), Gates()).failures[0].detail
 
 
@@ -244,3 +245,45 @@ def test_exact_candidate_with_identical_outputs_passes_quality_without_a_test():
     c = cand(suites={"f": {"identity": {"T=0": identity()}, "quality_identical": 10}})
     d = decide(c, Gates())
     assert d.passed and "quality f" in names(d, "pass")
+
+
+# --------------------------------------------------------------- no evidence, no pass (issue 21)
+
+FAST = {"statistic": 2.0, "ci_low": 1.8, "ci_high": 2.2, "lower_bound": 1.85, "lower_bound_level": 0.95,
+        "median_prompt_speedup": 2.0, "share_prompts_slower": 0.0, "n_prompts": 20}
+
+
+def test_lossy_candidate_without_a_quality_test_fails_even_when_fast():
+    """A lossy decoder changes outputs by design: speed alone shows nothing of its quality."""
+    fast = cand(kind="lossy", decoder="early-exit", suites={"longform": {"n_pairs": 20}}, min_speedup=1.2,
+                speedup=FAST)
+    d = decide(fast, Gates())
+    assert "speed" in names(d, "pass")
+    assert not d.passed and "quality" in names(d, "fail")
+    assert "no quality test" in next(r.detail for r in d.failures if r.name == "quality")
+    # With a quality test that passes, the same speed passes.
+    tested = dict(fast, suites={"f": {"quality": quality(n=400, wins=4, losses=4)}})
+    assert decide(tested, Gates()).passed
+
+
+def test_gated_suite_with_no_items_fails():
+    suites = {"f": {"identity": {"T=0": identity()}, "quality_identical": 10},
+              "code": {"n_pairs": 0, "no_items": "suite 'code' has no items: 0 pairs"}}
+    d = decide(cand(suites=suites), Gates())
+    assert not d.passed and names(d, "fail") == {"quality code"}
+    assert "no items" in d.failures[0].detail
+
+
+@pytest.mark.parametrize("where", ["candidate", "suite"])
+@pytest.mark.parametrize("step", ["exits", "latency", "speedup", "acceptance"])
+def test_a_summary_step_without_data_is_a_failed_gate(where, step):
+    err = {"error": "no exit layers recorded (no tokens)"}
+    c = cand(suites={"f": {"identity": {"T=0": identity()}, "quality_identical": 10}})
+    assert decide(c, Gates()).passed
+    if where == "candidate":
+        c[step] = err
+    else:
+        c["suites"]["f"][step] = err
+    d = decide(c, Gates())
+    assert not d.passed and names(d, "fail") == {f"analysis {step}"}
+    assert "no exit layers recorded" in d.failures[0].detail

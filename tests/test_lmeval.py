@@ -343,3 +343,57 @@ def test_unsafe_tasks_need_confirmation(tiny_llama, tmp_path):
     with pytest.raises(LmEvalError, match="confirm_run_unsafe_code"):
         lmeval_records("decodegate_code_smoke", tiny_llama, "standard", {}, candidate="b",
                        include_path=str(tmp_path), limit=1)
+
+
+# ----------------------------------------------------------------------------- as regress suites
+
+def _regress_lmeval(tmp_path, suites: dict, looks: int = 1) -> tuple[int, dict]:
+    """`decodegate regress` on lm-eval suites {name: include_path}, a lossy candidate that happens
+    to give the baseline's tokens (speculative, greedy), margin 0.9."""
+    tables = "".join(f'[suites."lmeval:{n}"]\nmargin = 0.9\ninclude_path = "{p}"\n' for n, p in suites.items())
+    cfg = tmp_path / "regress.toml"
+    cfg.write_text(f"""
+target = "tiny-llama"
+[[candidates]]
+name = "lossy"
+decoder = "speculative"
+kind = "lossy"
+options = {{ draft = "tiny-llama", k = 3 }}
+{tables}
+[profiles.smoke]
+subset = "smoke"
+suites = {json.dumps([f"lmeval:{n}" for n in suites])}
+temperatures = [0.0]
+looks = {looks}
+""")
+    code = main(["regress", "--config", str(cfg), "--run-dir", str(tmp_path / "run"), "--no-progress",
+                 "--no-tracking"])
+    summary = tmp_path / "run" / "summary.json"
+    return code, json.loads(summary.read_text()) if summary.exists() else {}
+
+
+def test_lmeval_suite_under_three_looks_decides(tmp_path):
+    """The look sets hold the ids the records carry (before: ints 0..n-1 against the records'
+    strings, so no look was ever reached and every lm-eval suite was inconclusive)."""
+    code, s = _regress_lmeval(tmp_path, {GEN: LOCAL}, looks=3)
+    cand = s["candidates"]["lossy"]
+    seq = cand["suites"][f"lmeval:{GEN}"]["quality"]["sequential"]
+    assert seq["of"] == 3 and seq["looks"] and seq["decided"] == "non-inferior"
+    gate = next(g for g in cand["gates"] if g["name"] == f"quality lmeval:{GEN}")
+    assert gate["status"] == "pass" and gate["detail"].startswith("non-inferior at look")
+    assert code == 0
+
+
+def test_lmeval_task_with_no_docs_fails_with_no_items(tmp_path):
+    empty = tmp_path / "tasks"
+    empty.mkdir()
+    (empty / "_local.py").write_text((LOCAL / "_local.py").read_text())
+    (empty / "empty.jsonl").write_text("")
+    (empty / "empty.yaml").write_text((LOCAL / "tiny_gen.yaml").read_text()
+                                      .replace("decodegate_tiny_gen", "decodegate_empty")
+                                      .replace("tiny_gen.jsonl", "empty.jsonl"))
+    code, s = _regress_lmeval(tmp_path, {"decodegate_empty": empty})
+    assert code == 1  # before: exit 3, lm-eval's IndexError on the empty split
+    gate = next(g for g in s["candidates"]["lossy"]["gates"] if g["name"] == "quality lmeval:decodegate_empty")
+    assert gate["status"] == "fail" and "no items" in gate["detail"]
+    assert s["suites"]["lmeval:decodegate_empty"]["n_items"] == 0

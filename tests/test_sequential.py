@@ -243,16 +243,48 @@ def test_look_sizes_need_as_many_items_as_looks():
 
 
 def test_calibration_section_and_only_option(tmp_path):
-    lines = cs.report_lines(studies=1000, rng=0)
+    lines = cs.report_lines(studies=1000, rng=0, grid_size="small")  # the full grid is `make calibrate`'s
     text = "\n".join(lines)
     assert cs.HEADING in text and "naive" in text and "Simulated cross-check" in text
+    assert "| 217 | 0.3 |" in text and "| 120 |" not in text
     out = tmp_path / "CALIBRATION.md"
     out.write_text("# Calibration\n\n## Earlier\n\nbody\n")
-    assert calreport.main(["--studies", "1000", "--only", "sequential", "--out", str(out)]) == 0
+    assert calreport.main(["--studies", "1000", "--grid", "small", "--only", "sequential", "--out", str(out)]) == 0
     once = out.read_text()
     assert once.startswith("# Calibration\n\n## Earlier\n\nbody\n\n" + cs.HEADING)
     out.write_text(once + "\n## Later\n\nkept\n")
-    assert calreport.main(["--studies", "1000", "--only", "sequential", "--out", str(out)]) == 0
+    assert calreport.main(["--studies", "1000", "--grid", "small", "--only", "sequential", "--out", str(out)]) == 0
     assert out.read_text() == once + "\n## Later\n\nkept\n"  # replaced in place, the rest kept
     with pytest.raises(SystemExit):
         calreport.main(["--studies", "1000", "--only", "sequential", "--out", str(tmp_path / "missing.md")])
+
+
+# ---------------------------------------------------------------- the plan printed before a run
+
+
+def test_sample_size_plan_uses_the_profiles_looks():
+    """The decide profile runs 3 looks: the plan's needed n and P(pass) are the sequential plan's exact
+    operating figures (the gate's boundaries and loss level), not the fixed design's n times an
+    inflation factor, which asked for 147 items at discordance 0.2 where 141 give 80%."""
+    from harness.config import load_config
+    from harness.run import runner
+    from harness.verdict import power
+    config = load_config("regress.toml", "decide")
+    assert config.profile.looks == 3
+    p = power.plan(config, runner.load_suites(config))
+    gate_plan = seq.Plan.make(3, ALPHA, ALPHA / 3, "obrien-fleming")
+    assert p["rows"] and {r["suite"] for r in p["rows"]} == {"factual", "code", "refusal"}
+    for r in p["rows"]:
+        exact = seq.exact_operating(gate_plan, r["planned"], r["discordance"], 0.0, r["margin"]).non_inferior
+        assert r["pass_probability"] == pytest.approx(exact, abs=1e-12)
+        fixed = seq.exact_operating(plan(looks=1), r["planned"], r["discordance"], 0.0, r["margin"]).non_inferior
+        assert exact < fixed  # the looks cost power, and the plan now says so
+        need = r["needed"]
+        assert seq.exact_operating(gate_plan, need, r["discordance"], 0.0, r["margin"]).non_inferior >= 0.8
+        assert seq.exact_operating(gate_plan, need - 1, r["discordance"], 0.0, r["margin"]).non_inferior < 0.8
+        assert r["decides"] == (r["planned"] >= need)
+    assert {r["needed"] for r in p["rows"]} == {141}
+    text = power.table(p, config)
+    assert "P(pass)" in text and "looks included" in text
+    code = next(line for line in text.splitlines() if " code " in line)
+    assert f"{p['rows'][1]['pass_probability']:.3f}" in code and "cannot decide: about 141 items would" in code

@@ -130,3 +130,35 @@ seeds = [0, 1]
     greedy = {it.id for it in suite.items if it.sampling and it.sampling.get("temperature") == 0.0}
     assert greedy and all(seen[i] == {0} for i in greedy)                          # greedy: one seed
     assert all(seeds == {0, 1} for i, seeds in seen.items() if i not in greedy)   # sampled: every seed
+
+
+def batch_log(path: Path) -> Path:
+    """A batch-API log: each request in a `body`, routed by `body.metadata.route`."""
+    lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"model": "x", "messages": [{"role": "user", "content": f"Ask {i}"}],
+                                  "metadata": {"route": "search" if i % 3 else "support", "team": "core"}}})
+             for i in range(9)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_category_field_with_or_without_the_metadata_prefix(tmp_path):
+    log = batch_log(tmp_path / "batch.jsonl")
+    cats = {}
+    for field in ("route", "metadata.route"):
+        out = tmp_path / f"{field}.jsonl"
+        assert main(["suites", "import", str(log), "--out", str(out), "--category-field", field]) == 0
+        cats[field] = [it.categories for it in load_suite(out).items]
+        assert json.loads(out.read_text().splitlines()[0])["source"]["categories_from"] == "metadata.route"
+    assert cats["route"] == cats["metadata.route"]
+    assert cats["route"].count(("support",)) == 3 and cats["route"].count(("search",)) == 6
+
+
+def test_category_field_found_in_no_request_is_an_error(tmp_path, capsys):
+    log = batch_log(tmp_path / "batch.jsonl")
+    out = tmp_path / "s.jsonl"
+    assert main(["suites", "import", str(log), "--out", str(out), "--category-field", "app.team"]) == 2
+    err = capsys.readouterr().err
+    assert "app.team" in err and "found in no request" in err
+    assert "route" in err and "team" in err  # the keys the requests do have
+    assert not out.exists()

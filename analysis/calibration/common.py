@@ -39,3 +39,14 @@ def trinomial_grid(n: int, p_win: float, p_loss: float):
 def fmt(rate: Rate) -> str:
     exact = f"{rate.exact:.4f}" if rate.exact is not None else "-"
     return f"{exact} / {rate.simulated:.4f} ± {1.96 * rate.mc_se:.4f}"
+
+
+GRIDS = ("full", "small")
+
+
+def pick(full, small, grid: str):
+    """A report's grid: the full one (``make calibrate``) or a small one that runs every section in
+    seconds (the unit tests)."""
+    if grid not in GRIDS:
+        raise ValueError(f"grid must be one of {GRIDS}, not {grid!r}")
+    return small if grid == "small" else full

@@ -14,13 +14,15 @@ few cells end to end by simulation: trinomial draws per look, cumulative counts 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
 from scipy import stats
 
 from analysis import sequential as seq
+
+from .common import pick
 
 ALPHA = 0.05
 SUITES = 3
@@ -84,6 +86,7 @@ class Simulated:
     expected_n: float
     expected_n_se: float
     studies: int
+    verdicts: np.ndarray | None = field(default=None, repr=False, compare=False)  # per study; None: undecided
 
     def se(self, p: float) -> float:
         """Monte Carlo standard error of a share whose true value is p."""
@@ -110,7 +113,7 @@ def simulate_operating(p: seq.Plan, n: int, disc: float, delta: float, margin: f
         prev = nk
     return Simulated(float(np.mean(verdict == "non-inferior")), float(np.mean(verdict == "worse")),
                      float(np.mean(verdict == None)), float(used.mean()),  # noqa: E711
-                     float(used.std(ddof=1) / np.sqrt(studies)), studies)
+                     float(used.std(ddof=1) / np.sqrt(studies)), studies, verdict)
 
 
 def _exact(design: str, n: int, disc: float, delta: float) -> seq.Operating | None:
@@ -123,9 +126,9 @@ def grid(designs=DESIGNS, ns=NS, discs=DISCS) -> dict:
             for d in designs for n in ns for c in discs for delta in (-MARGIN, 0.0, -2 * MARGIN)}
 
 
-def summary(g: dict) -> str:
+def summary(g: dict, ns=NS, discs=DISCS) -> str:
     """What the figures of :func:`grid` say, in one paragraph (every number computed here)."""
-    m, cells = -MARGIN, [(n, c) for n in NS for c in DISCS]
+    m, cells = -MARGIN, [(n, c) for n in ns for c in discs]
 
     def get(d, n, c, delta, attr):
         return getattr(g[(d, n, c, delta)], attr)
@@ -138,7 +141,7 @@ def summary(g: dict) -> str:
     drop = {d: {(n, c): get("fixed", n, c, 0.0, "non_inferior") - get(d, n, c, 0.0, "non_inferior")
                 for n, c in cells} for d in ("obrien-fleming", "pocock")}
     at = {d: max(drop[d], key=drop[d].get) for d in drop}
-    big = {d: max(v for (n, _), v in drop[d].items() if n >= 120) for d in drop}
+    big = {d: max([v for (n, _), v in drop[d].items() if n >= 120] or [float("nan")]) for d in drop}
     en = {d: [get(d, n, c, 0.0, "expected_n") / n for n, c in cells] for d in drop}
     worse_n = [get("obrien-fleming", n, c, 2 * m, "expected_n") / n for n, c in cells if feasible(c, 2 * m)]
     worse_drop = {d: max(get("fixed", n, c, 2 * m, "worse") - get(d, n, c, 2 * m, "worse")
@@ -168,10 +171,12 @@ def summary(g: dict) -> str:
     )
 
 
-def report_lines(*, studies: int = 10_000, rng=None) -> list[str]:
-    """The CALIBRATION.md section on the group-sequential quality gates."""
+def report_lines(*, studies: int = 10_000, rng=None, grid_size: str = "full") -> list[str]:
+    """The CALIBRATION.md section on the group-sequential quality gates (``grid_size`` "small":
+    two sizes and two discordances, for the unit tests)."""
     rng = np.random.default_rng(rng)
-    g = grid()
+    ns, discs = pick(NS, (30, 217), grid_size), pick(DISCS, (0.1, 0.3), grid_size)
+    g = grid(ns=ns, discs=discs)
     m, m2 = -MARGIN, -2 * MARGIN
 
     def val(d, n, c, delta, f):
@@ -200,7 +205,7 @@ def report_lines(*, studies: int = 10_000, rng=None) -> list[str]:
         "`disc` = P(pair discordant); delta = P(win) - P(loss); '—' where the discordance cannot hold "
         "the change (|delta| > disc).",
         "",
-        summary(g),
+        summary(g, ns, discs),
         "",
         "### Type I error",
         "",
@@ -210,8 +215,8 @@ def report_lines(*, studies: int = 10_000, rng=None) -> list[str]:
         "| n | disc | non-inferior: fixed | OBF | Pocock | naive | worse: fixed | OBF | Pocock | naive |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for n in NS:
-        for c in DISCS:
+    for n in ns:
+        for c in discs:
             cells = [val(d, n, c, m, lambda o: f"{o.non_inferior:.4f}") for d in DESIGNS]
             cells += [val(d, n, c, 0.0, lambda o: f"{o.worse:.4f}") for d in DESIGNS]
             out.append(f"| {n} | {c:.1f} | " + " | ".join(cells) + " |")
@@ -230,8 +235,8 @@ def report_lines(*, studies: int = 10_000, rng=None) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     share = lambda n: (lambda o: f"{o.expected_n / n:.2f}")  # noqa: E731
-    for n in NS:
-        for c in DISCS:
+    for n in ns:
+        for c in discs:
             cells = [val(d, n, c, 0.0, lambda o: f"{o.non_inferior:.3f}") for d in DESIGNS[:3]]
             for delta in (0.0, m):
                 cells += [val(d, n, c, delta, share(n)) for d in DESIGNS[1:3]]
@@ -245,8 +250,8 @@ def report_lines(*, studies: int = 10_000, rng=None) -> list[str]:
         "| n | disc | worse: fixed | OBF | Pocock | E[n]/n: OBF | Pocock | stop at look 1: OBF | Pocock |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for n in NS:
-        for c in DISCS:
+    for n in ns:
+        for c in discs:
             if not feasible(c, m2):
                 continue
             cells = [val(d, n, c, m2, lambda o: f"{o.worse:.3f}") for d in DESIGNS[:3]]
@@ -263,9 +268,10 @@ def report_lines(*, studies: int = 10_000, rng=None) -> list[str]:
         "| plan | n | disc | delta | P(non-inferior) | P(worse) | E[n]/n |",
         "|---|---|---|---|---|---|---|",
     ]
-    for d, n, c, delta in (("obrien-fleming", 217, 0.3, m), ("obrien-fleming", 217, 0.3, 0.0),
-                           ("obrien-fleming", 120, 0.5, m2), ("pocock", 217, 0.5, m), ("naive", 217, 0.5, m)):
-        ex, sim = g[(d, n, c, delta)], simulate_operating(plan(d), n, c, delta, studies=studies, rng=rng)
+    checks = (("obrien-fleming", 217, 0.3, m), ("obrien-fleming", 217, 0.3, 0.0),
+              ("obrien-fleming", 120, 0.5, m2), ("pocock", 217, 0.5, m), ("naive", 217, 0.5, m))
+    for d, n, c, delta in pick(checks, checks[:1], grid_size):
+        ex, sim = _exact(d, n, c, delta), simulate_operating(plan(d), n, c, delta, studies=studies, rng=rng)
         out.append(
             f"| {LABELS[d]} | {n} | {c:.1f} | {delta:+.2f} | {ex.non_inferior:.4f} / {sim.non_inferior:.4f} ± "
             f"{1.96 * sim.se(ex.non_inferior):.4f} | {ex.worse:.4f} / {sim.worse:.4f} ± {1.96 * sim.se(ex.worse):.4f} "

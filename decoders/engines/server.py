@@ -45,6 +45,7 @@ class EngineSpec:
     concurrency: int = 1                        # requests in flight at once
     api_key: str | None = None                  # sent as a bearer token (OpenAI routes)
     env: dict = field(default_factory=dict)     # extra environment for the launched process
+    reuse_baseline: bool = False                # base_url: its rows may come from the baseline store
 
 
 def free_port() -> int:

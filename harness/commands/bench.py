@@ -6,7 +6,12 @@ and `early-exit` at a few thresholds — interleaved (A B C A B C ...) after a w
 machine noise hits every decoder alike. Reports tokens/s, per-token latency p50/p95, the paired
 speedup over `standard` with a bootstrap interval, α, τ, c, the theoretical speedup and
 achieved/theoretical, per category; a roofline line (weight bytes per token / measured memory
-bandwidth); and a profile of where a speculative round spends its time.
+bandwidth); the measured cost of verifying K+1 tokens in one-token steps; and with
+`--profile-round` a torch-profiler split of a step (LM head, attention, MLPs, norms, KV-cache
+writes, sampling, verification, drafting, Python overhead) per decoder, and where a speculative
+round spends its time. `--compare-old` runs every in-process decoder a second time with the
+previous KV cache (`cache="dynamic"`, labels ending in `@dynamic`) in the same interleaved rounds,
+and `--compile` adds `standard[compiled]`; the goals section prints the ratios side by side.
 Timings are measurements on this machine in this run; compare ratios, not absolute numbers.
 """
 from __future__ import annotations
@@ -17,6 +22,7 @@ import sys
 import time
 
 DEFAULT_DRAFTS = "smollm2-135m-int8,prompt-lookup,self:12"
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 CATEGORIES = ("summary", "rewrite", "explain", "list")
 
 
@@ -41,8 +47,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperatures", default="0,0.7", help="comma-separated (default: %(default)s: greedy and sampled)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers peers")
     p.add_argument("--profile-round", action="store_true",
-                   help="also profile one speculative request per drafter (where a round spends its time)")
+                   help="also profile one request per decoder: a torch-profiler split of a step, and where a "
+                        "speculative round spends its time")
+    p.add_argument("--compare-old", action="store_true",
+                   help="also run every in-process decoder with the previous KV cache (cache=dynamic, labels "
+                        "ending in @dynamic), interleaved with the new one, and print old and new goal ratios")
+    p.add_argument("--compile", action="store_true",
+                   help="also run standard with its one-token step compiled (torch.compile; the first request "
+                        "compiles, in the warm-up)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="weights' dtype (default: bf16 on cuda, fp32 on cpu)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", help="also write the JSON result to this file")
     p.add_argument("--tracking-uri", help="log the result to MLflow at this URI (default: not logged)")
@@ -100,7 +115,15 @@ def lineup(args) -> list[tuple[str, str, dict]]:
         out.append((f"early-exit[{t}]", "early-exit", {"threshold": float(t)}))
         if heads:
             out.append((f"early-exit[{t}+heads]", "early-exit", {"threshold": float(t), "exit_heads": heads}))
+    if getattr(args, "compile", False):
+        out.insert(1, ("standard[compiled]", "standard", {"compile": True}))
+    if getattr(args, "compare_old", False):  # the previous cache, side by side in the same rounds
+        out += [(f"{label}@dynamic", backend, {**opts, "cache": "dynamic"})
+                for label, backend, opts in out if backend in IN_PROCESS and not opts.get("compile")]
     return out
+
+
+IN_PROCESS = ("standard", "speculative", "early-exit")
 
 
 def pick_prompts(per_category: int, target, max_new: int):
@@ -129,7 +152,7 @@ def run_bench(args) -> dict:
     from decoders import GenerationRequest
     from harness.build import build_decoder, get_model
 
-    target = get_model(args.target, args.device)
+    target = bench_target(args)
     suite, prompts = pick_prompts(args.prompts_per_category, target, args.max_new_tokens)
     temps = [float(t) for t in args.temperatures.split(",") if t != ""]
     decoders = {label: (backend, opts, build_decoder(backend, target, opts))
@@ -162,7 +185,8 @@ def run_bench(args) -> dict:
 
     by = analysis.split_by_candidate(rows)
     rng = np.random.default_rng(0)
-    result = {"target": target.name, "k": args.k, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+    result = {"target": target.name, "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+              "k": args.k, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
               "temperatures": temps, "prompts": [f"{c}:{i.id}" for c, i in prompts], "decoders": {}}
     base_step = analysis.latency.decode_step_seconds(by["standard"])
     for label, (backend, opts, _) in decoders.items():
@@ -209,10 +233,72 @@ def run_bench(args) -> dict:
     bound = wb / (bw * 1e9)
     result["roofline"] = {"weight_bytes_per_token": wb, "memory_bandwidth_gbs": bw, "step_lower_bound_s": bound,
                           "standard_step_s": base_step, "standard_over_bound": base_step / bound}
+    for label in decoders:
+        if decoders[label][0] == "standard" and label != "standard":
+            step = analysis.latency.decode_step_seconds(by[label])
+            result["roofline"][f"{label}_step_s"] = step
+            result["roofline"][f"{label}_over_bound"] = step / bound
+    from decoders.measure import block_cost
+    context = target.encode(prompts[0][1].messages or prompts[0][1].prompt)
+    kinds = ("static", "dynamic") if getattr(args, "compare_old", False) else ("static",)
+    result["verify_cost"] = {kind: block_cost(target.model, target.device, context, args.k, cache=kind).ratio
+                             for kind in kinds}
+    result["goals"] = goals(result)
     if args.profile_round:
+        from decoders.profile import profile_request as profile_step
         result["profile"] = {label: profile_request(dec, request(prompts[0][1], 0.0))
                              for label, (backend, _, dec) in decoders.items() if backend == "speculative"}
+        result["step_profile"] = {}
+        for label, (backend, opts, dec) in decoders.items():
+            if backend in IN_PROCESS:
+                loaded = getattr(getattr(dec, "drafter", None), "loaded", None)  # a draft model's own parts
+                models = [target.model] + ([loaded.model] if loaded is not None else [])
+                result["step_profile"][label] = profile_step(dec, request(prompts[0][1], 0.0), models=models)
     return result
+
+
+def bench_target(args):
+    """The target, in --dtype when one is given (drafts named as models load in their default)."""
+    from harness.build import get_model
+    if not getattr(args, "dtype", None):
+        return get_model(args.target, args.device)
+    import torch
+
+    from harness.models import load_model
+    return load_model(args.target, device=args.device, dtype=getattr(torch, DTYPES[args.dtype]))
+
+
+def goals(result: dict) -> dict:
+    """The ratios issue 26 sets goals for, for the new decoders and (with --compare-old) the old:
+    standard's step over the roofline (goal <= 1.5), the K+1 verification in one-token steps
+    (<= 1.2), greedy prompt lookup's achieved over theoretical speedup (>= 0.8), and each exact
+    in-process speculative decoder's tokens/s over transformers' own with the same draft (>= 1)."""
+    r, ds = result["roofline"], result["decoders"]
+    out = {"standard_over_roofline": {"new": r["standard_over_bound"]},
+           "verify_k1_in_steps": {"new": result["verify_cost"].get("static")}}
+    if "standard@dynamic_over_bound" in r:
+        out["standard_over_roofline"]["old"] = r["standard@dynamic_over_bound"]
+        out["verify_k1_in_steps"]["old"] = result["verify_cost"].get("dynamic")
+    if "standard[compiled]_over_bound" in r:
+        out["standard_over_roofline"]["compiled"] = r["standard[compiled]_over_bound"]
+    for suffix, which in (("", "new"), ("@dynamic", "old")):
+        e = ds.get(f"spec[prompt-lookup]{suffix}", {}).get("T=0", {})
+        if e.get("achieved_over_theoretical") is not None:
+            out.setdefault("greedy_lookup_over_theory", {})[which] = e["achieved_over_theoretical"]
+    for label, e in ds.items():
+        if e["decoder"] != "speculative":
+            continue
+        base, _, suffix = label.partition("@")
+        peer_label = "hf-assisted" + base[len("spec"):]
+        peer = ds.get(peer_label)
+        if peer is None:
+            continue
+        for t in result["temperatures"]:
+            tag = f"T={t:g}"
+            mine, theirs = e.get(tag, {}).get("tokens_per_s"), peer.get(tag, {}).get("tokens_per_s")
+            if mine and theirs:
+                out.setdefault(f"{base} over {peer_label} {tag}", {})["old" if suffix else "new"] = mine / theirs
+    return out
 
 
 def profile_request(decoder, request) -> dict:
@@ -269,6 +355,16 @@ def table(result: dict) -> str:
                  f"{r['memory_bandwidth_gbs']:.1f} GB/s measured copy bandwidth = {r['step_lower_bound_s'] * 1e3:.1f} ms "
                  f"lower bound per step; standard takes {r['standard_step_s'] * 1e3:.1f} ms "
                  f"({r['standard_over_bound']:.1f}x the bound)")
+    lines.append("verifying K+1 tokens costs " + ", ".join(f"{v:.2f} steps ({k} cache)"
+                                                        for k, v in result["verify_cost"].items()))
+    lines.append("\ngoals (issue 26): standard/roofline <= 1.5, verify K+1 <= 1.2 steps, greedy lookup "
+                 "achieved/theory >= 0.8, in-process over transformers' own >= 1")
+    for name, vals in result["goals"].items():
+        lines.append(f"  {name:<56} " + "  ".join(f"{k} {v:.2f}" for k, v in vals.items() if v is not None))
+    for label, prof in result.get("step_profile", {}).items():
+        fr = prof["fractions"]
+        lines.append(f"step profile {label}: {prof['ms_per_step']:.1f} ms/step, " + ", ".join(
+            f"{k} {v:.0%}" for k, v in sorted(fr.items(), key=lambda kv: -kv[1]) if v >= 0.005))
     for label, prof in result.get("profile", {}).items():
         tot = prof["total"] or 1.0
         lines.append(f"profile {label}: " + ", ".join(f"{k} {v / tot:.0%}" for k, v in prof.items() if k != "total")

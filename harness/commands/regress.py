@@ -1,11 +1,12 @@
 """Run the regression: baseline vs candidates on the suites, analysis, gates, report, MLflow.
 
-Writes a run folder (records.jsonl, summary.json, per_prompt.csv, report.txt, figures/), the
-source of truth; MLflow gets a copy. Rerunning with the same --run-dir resumes: finished
-generations are not run again (refused when the models' fingerprints changed). Before any model
-loads it prints the sample-size plan (harness.verdict.power). Baseline rows come from the store
+Writes a run folder (records.jsonl, summary.json, per_prompt.csv, report.txt, report.md, figures/),
+the source of truth; MLflow gets a copy (harness.run.tracking), CI gets --junit-xml and
+--summary-md. Rerunning with the same --run-dir resumes: finished generations are not run again
+(refused when the models' fingerprints changed). Before any model loads it prints the sample-size plan (harness.verdict.power). Baseline rows come from the store
 where their content key matches (harness.run.store), except a freshly timed subset. Exit code 0
-when every gate passes, 1 when one fails, 2 on a usage or input error.
+when every gate passes, 1 when one fails, 2 on a usage or input error (the CI files do not change
+it).
 """
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a previous run folder: plan sample sizes from the discordance it observed")
     p.add_argument("--plan-only", action="store_true",
                    help="print the sample-size plan (what each gated suite needs, what the profile runs) and exit")
+    p.add_argument("--junit-xml", metavar="PATH", help="write JUnit XML: one testcase per gate, a failed gate a "
+                                                        "failure with its detail (exit codes are unchanged)")
+    p.add_argument("--summary-md", metavar="PATH", help="write the verdict table and gates in Markdown; also "
+                                                         "appended to $GITHUB_STEP_SUMMARY when that is set")
 
 
 def code_version() -> str:
@@ -90,6 +95,8 @@ def run(args) -> int:
     from harness.config import load_config
     config = load_config(args.config, args.profile)
     # Everything that can be wrong with the input is found before any model is loaded.
+    from harness.verdict.report import check_ci_paths
+    check_ci_paths(getattr(args, "junit_xml", None), getattr(args, "summary_md", None))
     from harness.run import runner
     suites = runner.load_suites(config)
     from decoders import get_decoder_class
@@ -125,6 +132,9 @@ def run(args) -> int:
         if any(n.startswith("lmeval:") for n in config.profile.suites):
             suites = suites + runner.run_lmeval(config, run_dir, lineup, progress=not args.no_progress)
             records = read_records(run_dir)
+        if config.profile.load is not None:  # open-loop arrivals at each rate (harness.run.load)
+            from harness.run import load as load_run
+            load_run.run(config, run_dir, lineup, suites, progress=not args.no_progress)
         from harness.run import exactness as exactness_run
         exactness = exactness_run.run_checks(config, run_dir, lineup, suites, progress=not args.no_progress)
         numerics = exactness_run.margin_noise(config, lineup, suites, records)
@@ -160,6 +170,11 @@ def store_summary(reuse, records, lineup) -> dict:
     out["baseline_rows"] = len(base)
     out["reused_rows"] = sum(1 for r in base if r.get("reused"))
     out["from_runs"] = sorted({r["reused"].get("run_uid") or "?" for r in base if r.get("reused")})
+    from harness.run.speed_sample import composition, rests_on
+    first = next(s.name for s in lineup.specs if s.name in lineup.baseline_names)  # each level times the same items
+    timed = rests_on([b for b in base if b["candidate"] == first])
+    out["speed_sample"] = {"n": len(timed), "by_suite": composition(timed), "seed": out.get("speed_seed"),
+                           "sampled": out["reused_rows"] > 0}
     return out
 
 
@@ -175,7 +190,7 @@ def summarize_levels(config, records, suites, exactness, head_cost=None, numeric
         part = summarize(cfg, records, suites, exactness, lm_head_cost=head_cost, numerics=numerics, stops=stops)
         aa = [c.name for c in cfg.candidates if c.role == "aa-floor"]
         if aa:
-            floor.apply(part, aa[0], [c.name for c in cfg.candidates if c.role != "aa-floor"], config.gates.alpha)
+            floor.apply(part, aa[0], [c.name for c in cfg.candidates if c.role != "aa-floor"], config.gates)
         for spec in cfg.candidates:
             part["candidates"][spec.name].update(role=spec.role, concurrency=level)
         if summary is None:
@@ -199,6 +214,7 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
     from harness.verdict import acceptance_ref
     acceptance_ref.attach(summary, config, records, suites, getattr(args, "tracking_uri", None))
     summary["log_text"] = config.log_text
+    summary["trace_limit"] = config.trace_limit
     for key in ("baseline_store", "plan", "fingerprints"):
         if meta.get(key) is not None:
             summary[key] = meta[key]
@@ -217,6 +233,9 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
         cand["verdict"] = "pass" if decision.passed else "fail"
         cand["gates"] = [{"name": r.name, "status": r.status, "detail": r.detail} for r in decision.results]
         all_pass &= decision.passed
+    if config.profile.load is not None:  # latency under load, SLO gates, crossovers (harness.verdict.load)
+        from harness.verdict import load as load_verdict
+        all_pass &= load_verdict.apply(summary, config, run_dir)
     summary["verdict"] = "pass" if all_pass else "fail"
     if "sweep" in summary:
         from harness.run.sweep import figure
@@ -230,12 +249,15 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
     report.figures(summary, records, run_dir)
     text = report.table(summary)
     (run_dir / "report.txt").write_text(text + "\n")
+    (run_dir / "report.md").write_text(report.markdown(summary, text))  # MLflow's run description
+    report.write_ci(summary, text, getattr(args, "junit_xml", None), getattr(args, "summary_md", None))
     print(text)
     if not getattr(args, "no_tracking", False):
         from harness.run import tracking
         try:
             tracking.log_run(run_dir, args.tracking_uri)
-            print(f"decodegate: logged to MLflow at {tracking.resolve_uri(args.tracking_uri)}", file=sys.stderr)
+            print(f"decodegate: logged to MLflow at {tracking.resolve_uri(args.tracking_uri)}; review: "
+                  f"{json.loads((run_dir / tracking.STATE).read_text())['review_url']}", file=sys.stderr)
         except Exception as e:  # noqa: BLE001 - tracking is a copy; the run folder has everything
             print(f"decodegate: warning: MLflow logging failed ({e}); results are kept in {run_dir}; "
                   f"upload later with: decodegate sync {run_dir}", file=sys.stderr)

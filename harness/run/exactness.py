@@ -1,15 +1,19 @@
 """Distribution checks for rejection-sampling candidates (speculative decoding, verify = "rejection"),
-against the target's exact shaped probabilities (a teacher-forced forward, shaped by the same
-`decoders.sampling` functions the decoders sample with).
+against the target's exact shaped probabilities from an independent reference
+(`harness/run/reference.py`: transformers' logits warpers on teacher-forced logits; nothing here
+uses `decoders.sampling`, the shaping the baseline and every candidate sample with).
 
 1. The sequential PIT test (`analysis/pit.py`) over every token the candidate sampled (its sampled
    records and the window samples below); restricted to the positions where the verifier tested a
    draft token (still under p); and at the positions where it rejected one, under the residual
-   normalize(max(p - q, 0)) (q: a point mass at the rejected token for prompt lookup, the draft
-   model's shaped distribution by teacher forcing for a model draft; a self-draft's q is not
-   rebuilt, so that subset is not tested for it). The baseline's own sampled records go through
-   the same test as a control: if they fail, teacher forcing does not reproduce the sampler
-   (numerics) and a candidate's failure there means nothing.
+   normalize(max(p - q, 0)) (q: a point mass at the rejected token for prompt lookup; for a model
+   draft, the draft's shaped distribution replayed the way it computed it while decoding; a
+   self-draft's q is not rebuilt, so that subset is not tested for it). Two controls:
+   - the baseline's own sampled records through the same test: if they fail, the harness's
+     sampler (or the reference's numerics) is wrong, which no candidate verdict can rest on;
+   - for a model draft, the draft's proposals (each round's accepted drafts and its rejected one)
+     under the rebuilt q: every one must have q > 0 and their PIT must pass, or the rebuilt q is
+     not the q the draft sampled from, and the residual test cannot be read.
 2. Goodness of fit of SEQ_LEN-token sequences in windows chosen where the verifier works: positions
    in the baseline's sampled continuations where the target is uncertain, ranked by the drafts the
    candidate rejects in a few trial runs (seeds apart from the test's), then `exactness_samples`
@@ -34,8 +38,8 @@ import torch
 import analysis
 from analysis import pit
 from analysis.exactness import detectable_tv as gof_detectable_tv
-from decoders.drafters import align_vocab, output_size
-from decoders.sampling import probs, shape_logits, top2_margin
+from harness.run import reference
+from harness.run.reference import output_size, shaped_probs, teacher_forced_logits, to_vocab
 from harness.run.runner import WorkItem, make_request
 
 FILE = "exactness.jsonl"
@@ -47,34 +51,9 @@ WINDOWS_PER_ITEM = 2
 TEST_SEED, TRIAL_SEED = 10_000, 20_000
 BOUNDARY_TOL = 1e-4   # a token this close to the top-p boundary may fall either side numerically
 RESIDUAL_TOL = 1e-5   # p(x) this close to q(x): the residual's support is numerically ambiguous
-CHUNK = 16            # sequences per teacher-forced forward
 STATS_KEPT = ("round_offsets", "proposed_per_round", "accepted_per_round", "rejected_draft_tokens")
-
-
-# ----------------------------------------------------------------------------- teacher forcing
-
-
-@torch.inference_mode()
-def logits_after(loaded, context, seqs: list[list[int]]) -> list[torch.Tensor]:
-    """For each sequence s continuing `context`, the model's logits (len(s), V) at the positions
-    of s's tokens: one batched forward per chunk of equal-length sequences."""
-    out: list[torch.Tensor | None] = [None] * len(seqs)
-    by_len: dict[int, list[int]] = {}
-    for i, s in enumerate(seqs):
-        by_len.setdefault(len(s), []).append(i)
-    context = list(context)
-    for length, idx in by_len.items():
-        if length == 0:
-            for i in idx:
-                out[i] = torch.empty(0, output_size(loaded.model))
-            continue
-        for start in range(0, len(idx), CHUNK):
-            part = idx[start:start + CHUNK]
-            ids = torch.tensor([context + list(seqs[i][:-1]) for i in part], device=loaded.device)
-            logits = loaded.model(input_ids=ids, logits_to_keep=length).logits.float().cpu()  # (B, T, V)
-            for j, i in enumerate(part):
-                out[i] = logits[j]
-    return out
+REFERENCE = ("transformers' TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper (float64) on "
+             "teacher-forced logits")
 
 
 def _request_at(base, context, temperature=None):
@@ -84,12 +63,7 @@ def _request_at(base, context, temperature=None):
 
 
 def _ambiguous_at_boundary(logits_row: torch.Tensor, token: int, request) -> bool:
-    """A token of shaped probability 0 that sits at the top-p boundary within BOUNDARY_TOL."""
-    if request.top_p >= 1.0:
-        return False
-    pt = shape_logits(logits_row[None], request.temperature, request.top_k, 1.0).exp()[0].double()
-    before = float(pt[pt > pt[token]].sum())
-    return before < request.top_p + BOUNDARY_TOL
+    return reference.at_top_p_boundary(logits_row, token, request, BOUNDARY_TOL)
 
 
 class Sequence:
@@ -99,38 +73,74 @@ class Sequence:
         self.context, self.tokens, self.request, self.stats = list(context), list(tokens), request, stats or {}
 
 
-def _draft_model(spec):
+def _draft_model(spec, target):
+    """The draft model a candidate decodes with (as `harness.build.build_decoder` resolves it)."""
     draft = spec.options.get("draft")
     if not isinstance(draft, str) or draft == "prompt-lookup" or draft.startswith("self:"):
         return None
+    device = spec.options.get("draft_device")
+    if draft == target.name and device in (None, str(target.device)):
+        return target
     from harness.build import get_model
-    return get_model(draft)
+    return get_model(draft, device or str(target.device))
 
 
-def sequence_features(target, seqs: list[Sequence], draft=None, kind: str = "auto") -> dict:
-    """Per subset ("all", "drafted", "rejected"): PitFeatures pooled over seqs, with counts.
-    `kind`: how q at a rejection is rebuilt: "point" (prompt lookup), "model" (`draft`), None."""
-    parts: dict[str, list] = {"all": [], "drafted": [], "rejected": []}
-    counts = {"proposed": 0, "rejected": 0, "ambiguous": 0, "no_rounds": 0}
+def _keep_possible(p: torch.Tensor, logits: torch.Tensor, x: torch.Tensor, req) -> torch.Tensor:
+    """Mask (T,) of the tokens to test: all but those of probability 0 that sit at the top-p
+    boundary within BOUNDARY_TOL (rounding may put them on either side)."""
+    keep = torch.ones(len(x), dtype=torch.bool)
+    for t in torch.nonzero(p[torch.arange(len(x)), x] <= 0).flatten().tolist():
+        if _ambiguous_at_boundary(logits[t], int(x[t]), req):
+            keep[t] = False
+    return keep
+
+
+def _draft_side(draft, s: Sequence, tested: np.ndarray, rejected: np.ndarray, drafted_tok: np.ndarray,
+                vocab: int) -> tuple[dict[int, torch.Tensor], pit.PitFeatures, int]:
+    """The rebuilt q (shaped) at each tested position, the features of the draft's proposals
+    under it (the draft-side control) and how many proposals sat at the top-p boundary."""
+    rows = reference.replayed_draft_logits(draft, s.context, s.tokens, s.stats)
+    q, props, logits = {}, [], []
+    for t in np.flatnonzero(tested).tolist():
+        if t not in rows:
+            continue
+        row = to_vocab(rows[t], vocab)
+        q[t] = shaped_probs(row, s.request)
+        d = int(drafted_tok[t]) if rejected[t] else int(s.tokens[t])
+        if d >= 0:  # -1: the rejected draft token was not recorded (older records)
+            props.append((t, d))
+            logits.append(row)
+    if not props:
+        return q, pit.empty_features(), 0
+    qm = torch.stack([q[t] for t, _ in props])                                  # (M, V)
+    d = torch.tensor([d for _, d in props])
+    keep = _keep_possible(qm, torch.stack(logits), d, s.request)
+    feat = pit.features(qm.numpy(), d.numpy()).select(keep.numpy())
+    return q, feat, int((~keep).sum())
+
+
+def sequence_features(target, seqs: list[Sequence], draft=None, kind: str | None = None) -> dict:
+    """Per subset ("all", "drafted", "rejected"): PitFeatures pooled over seqs, with counts; and
+    "proposals": the draft's proposals under the rebuilt q (a model draft only).
+    `kind`: how q at a rejection is rebuilt: "point" (prompt lookup), "model" (`draft`, replayed),
+    None (not rebuilt)."""
+    parts: dict[str, list] = {"all": [], "drafted": [], "rejected": [], "proposals": []}
+    counts = {"proposed": 0, "rejected": 0, "ambiguous": 0, "no_rounds": 0, "ambiguous_proposals": 0}
     vocab = output_size(target.model)
     groups: dict[tuple, list[int]] = {}
     for i, s in enumerate(seqs):
         groups.setdefault((tuple(s.context), s.request.temperature, s.request.top_p, s.request.top_k), []).append(i)
     for key, idx in groups.items():
         req = seqs[idx[0]].request
-        logits = logits_after(target, key[0], [seqs[i].tokens for i in idx])
-        dlogits = None
+        logits = teacher_forced_logits(target, key[0], [seqs[i].tokens for i in idx])
         for j, i in enumerate(idx):
             s, lg = seqs[i], logits[j]
             if not s.tokens:
                 continue
-            p = probs(lg, req).double()                                      # (T, V)
+            p = shaped_probs(lg, req)                                        # (T, V) float64
             x = torch.tensor(s.tokens)
-            keep = torch.ones(len(s.tokens), dtype=torch.bool)
-            for t in torch.nonzero(p[torch.arange(len(x)), x] <= 0).flatten().tolist():
-                if _ambiguous_at_boundary(lg[t], int(x[t]), req):
-                    keep[t] = False
-                    counts["ambiguous"] += 1
+            keep = _keep_possible(p, lg, x, req)
+            counts["ambiguous"] += int((~keep).sum())
             feat = pit.features(p.numpy(), s.tokens)
             parts["all"].append(feat.select(keep.numpy()))
             n_prop, n_rej = pit.verifier_counts(s.stats)
@@ -142,16 +152,20 @@ def sequence_features(target, seqs: list[Sequence], draft=None, kind: str = "aut
                 counts["no_rounds"] += 1
                 continue
             parts["drafted"].append(feat.select(tested & keep.numpy()))
+            if kind == "model":
+                q_at, props, n_amb = _draft_side(draft, s, tested, rejected, drafted_tok, vocab)
+                parts["proposals"].append(props)
+                counts["ambiguous_proposals"] += n_amb
             at = np.flatnonzero(rejected & keep.numpy())
+            if kind == "model":
+                at = np.asarray([t for t in at.tolist() if t in q_at], dtype=np.int64)
             if not at.size or kind is None:
                 continue
             if kind == "point":
                 q = torch.zeros(len(at), p.shape[1], dtype=torch.float64)
                 q[torch.arange(len(at)), torch.as_tensor(drafted_tok[at])] = 1.0
             else:
-                if dlogits is None:
-                    dlogits = logits_after(draft, key[0], [seqs[i].tokens for i in idx])
-                q = probs(align_vocab(dlogits[j][at], vocab), req).double()
+                q = torch.stack([q_at[t] for t in at.tolist()])
             residual = (p[at] - q).clamp_min(0)                              # (R, V)
             rx = residual[torch.arange(len(at)), x[at]]
             # p(x) and q(x) equal within rounding: the residual's support there is a coin toss.
@@ -193,7 +207,7 @@ def categories(target, request, n: int, depth: int = 3, min_expected: float = 5.
         if not frontier:
             break
         batch = torch.tensor([prompt + list(pre) for pre, _ in frontier], device=device)
-        rows = probs(model(batch).logits[:, -1], request).double().cpu()  # (len(frontier), V)
+        rows = shaped_probs(model(batch).logits[:, -1].float().cpu(), request)  # (len(frontier), V)
         nxt = []
         for (pre, mass), row in zip(frontier, rows):
             split.add(pre)
@@ -297,8 +311,8 @@ def _record_sequences(config, lineup, name: str, rows, items) -> tuple[list[Sequ
 def _top1(target, seqs: list[Sequence]) -> list[np.ndarray]:
     out = []
     for s in seqs:
-        lg = logits_after(target, s.context, [s.tokens])[0]
-        out.append(probs(lg, s.request).max(dim=-1).values.double().numpy())
+        lg = teacher_forced_logits(target, s.context, [s.tokens])[0]
+        out.append(shaped_probs(lg, s.request).max(dim=-1).values.numpy())
     return out
 
 
@@ -391,12 +405,14 @@ def run_checks(config, run_dir: Path, lineup, suites, progress: bool = True) -> 
             tests.append(_gof(target, w, req))
             win_seqs += [Sequence(req.prompt_ids, s["tokens"], req, s["stats"]) for s in w["samples"]]
         kind = _q_kind(spec)
-        draft = _draft_model(spec) if kind == "model" else None
+        draft = _draft_model(spec, lineup.targets[spec.name]) if kind == "model" else None
         cand = sequence_features(target, cand_seqs + win_seqs, draft=draft, kind=kind)
         control = sequence_features(target, base_seqs, kind=None)
         feats = cand["features"]
-        runnable = [k for k in ("all", "drafted", "rejected") if len(feats[k]) >= pit.MIN_TOKENS]
-        n_checks = len(runnable) + sum(t.get("pvalue") is not None for t in tests)
+        # The family: the candidate's checks and the controls, Bonferroni at exactness_pvalue.
+        runnable = [k for k in ("all", "drafted", "rejected", "proposals") if len(feats[k]) >= pit.MIN_TOKENS]
+        n_checks = (len(runnable) + sum(t.get("pvalue") is not None for t in tests)
+                    + int(len(control["features"]["all"]) >= pit.MIN_TOKENS))
         level = config.gates.exactness_pvalue / max(n_checks, 1)
         rng = np.random.default_rng(20_250_916)
         subsets = {}
@@ -412,16 +428,24 @@ def run_checks(config, run_dir: Path, lineup, suites, progress: bool = True) -> 
             if t.get("pvalue") is not None:
                 t["detectable_tv"] = gof_detectable_tv(t.pop("bin_probabilities"), t["n"], level=level)
         ctrl = analysis.pit_test(control["features"]["all"], level=level, rng=rng)
-        out[spec.name] = {
+        result = {
             "tests": tests,
-            "pit": {"subsets": subsets, "control": dataclasses.asdict(ctrl), "level": level,
+            "pit": {"subsets": subsets, "control": {**dataclasses.asdict(ctrl), "ambiguous": control["ambiguous"]},
+                    "level": level, "reference": REFERENCE,
                     "sources": f"{len(cand_seqs)} sampled records and {len(win_seqs)} window samples "
                                f"({len(feats['all'])} tokens); control: the baseline's {len(base_seqs)} records",
                     "ambiguous": cand["ambiguous"], "records_without_rounds": cand["no_rounds"],
                     "residual_q": {"point": "point mass at the rejected draft token", "model":
-                                   f"draft model {spec.options.get('draft')!r}, teacher-forced",
+                                   f"draft model {spec.options.get('draft')!r}, replayed on its KV cache in the "
+                                   f"chunks it was fed while decoding",
                                    None: "not rebuilt (self-draft): the rejected subset is not tested"}[kind]},
         }
+        if kind == "model":
+            dc = analysis.pit_test(feats["proposals"], level=level, rng=rng)
+            result["pit"]["draft_control"] = {
+                **dataclasses.asdict(dc), "ambiguous": cand["ambiguous_proposals"],
+                "what": f"the draft's {len(feats['proposals'])} tested proposals under the rebuilt q"}
+        out[spec.name] = result
     return out
 
 
@@ -448,8 +472,8 @@ def margin_noise(config, lineup, suites, records, limit: int = 16) -> dict:
             continue
         suite, item = items[(r["suite"], r["item_id"])]
         req = make_request(config, target, WorkItem(suite, item, 0.0, r["seed"]))
-        lg = logits_after(target, req.prompt_ids, [r["tokens"]])[0]
-        m = top2_margin(lg).double().numpy()
+        lg = teacher_forced_logits(target, req.prompt_ids, [r["tokens"]])[0]
+        m = torch.diff(torch.topk(lg.double(), 2, dim=-1).values, dim=-1)[..., 0].neg().numpy()  # top-1 - top-2
         rec = np.asarray([np.nan if v is None else v for v in r["margins"]], dtype=float)[: m.size]
         ok = np.isfinite(rec)
         diffs.append(np.abs(m[: rec.size][ok] - rec[ok]))

@@ -14,17 +14,25 @@ from pathlib import Path
 
 import torch
 
-FORMAT = 1  # bump when the meaning of a stored row changes
+FORMAT = 2  # bump when the meaning of a stored row changes
 
 
 def _weights(model) -> str:
-    """Every float tensor (decoders.exit_heads.model_fingerprint) plus the integer weights and
-    scales of quantized modules, which a state dict keeps out of sight in packed params."""
+    """Every float tensor (decoders.exit_heads.model_fingerprint), the buffers a state dict does not
+    keep, and the integer weights and scales of quantized modules, which a state dict keeps out
+    of sight in packed params."""
     cached = getattr(model, "_decodegate_weights_fp", None)
     if cached is not None:
         return cached
     from decoders.exit_heads import model_fingerprint
     h = hashlib.sha256(model_fingerprint(model).encode())
+    # Buffers a state dict leaves out (non-persistent ones: rotary inv_freq, ...) shape the output too.
+    saved = set(model.state_dict())
+    for name, buf in model.named_buffers():
+        if name not in saved and isinstance(buf, torch.Tensor):
+            h.update(name.encode() + str(buf.dtype).encode())
+            h.update(buf.detach().to("cpu", torch.float64 if buf.is_floating_point() else torch.int64)
+                     .contiguous().numpy().tobytes())
     for name, mod in model.named_modules():
         weight = getattr(mod, "weight", None)
         if "_packed_params" in mod._modules or hasattr(mod, "_packed_params"):
@@ -56,12 +64,25 @@ def tokenizer_fingerprint(tok) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
 
 
+def config_fingerprint(model) -> str:
+    """The model's config (rope_theta, rope_scaling, sliding window, attention implementation, ...)
+    and generation config: fields that change the output without touching a weight. Where the
+    model was loaded from is left out, and the transformers version is keyed on its own."""
+    drop = {"_name_or_path", "_commit_hash", "transformers_version"}
+    parts = []
+    for cfg in (getattr(model, "config", None), getattr(model, "generation_config", None)):
+        if cfg is not None and hasattr(cfg, "to_dict"):
+            parts.append({k: v for k, v in cfg.to_dict().items() if k not in drop})
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def model_fingerprint(loaded) -> str:
-    """A loaded target or draft: its weights (quantized ones included) and its tokenizer."""
+    """A loaded target or draft: its weights (quantized ones and buffers included), its config and
+    its tokenizer."""
     cached = getattr(loaded, "_decodegate_fp", None)
     if cached is None:
-        cached = hashlib.sha256(f"{_weights(loaded.model)}:{tokenizer_fingerprint(loaded.tokenizer)}".encode()
-                                ).hexdigest()[:16]
+        cached = hashlib.sha256(f"{_weights(loaded.model)}:{config_fingerprint(loaded.model)}:"
+                                f"{tokenizer_fingerprint(loaded.tokenizer)}".encode()).hexdigest()[:16]
         loaded._decodegate_fp = cached
     return cached
 
@@ -90,19 +111,87 @@ def file_digest(path: Path) -> str:
     return memo[ident]
 
 
+# Environment variables a launched engine reads as flags or device choices (llama.cpp's LLAMA_ARG_*
+# set any flag; vLLM and SGLang read their own; the visible devices pick the GPU).
+ENGINE_ENV_PREFIXES = ("LLAMA_ARG_", "GGML_", "VLLM_", "SGLANG_", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                       "ROCR_VISIBLE_DEVICES")
+
+
+def _named_files(args) -> dict:
+    """Every file an argument names, `PATH` or `--flag=PATH`, by its full path, with its digest."""
+    files = {}
+    for a in args:
+        for candidate in (a, a.split("=", 1)[1] if a.startswith("-") and "=" in a else None):
+            if candidate and Path(candidate).is_file():
+                path = Path(candidate).resolve()
+                files[str(path)] = file_digest(path)
+    return files
+
+
+def launch_environment(spec) -> dict:
+    """The environment the engine was launched with, as far as it can change the output: the
+    spec's `env`, and the engine variables it inherits from ours."""
+    inherited = {k: v for k, v in os.environ.items() if k.startswith(ENGINE_ENV_PREFIXES)}
+    return dict(sorted({**inherited, **(getattr(spec, "env", None) or {})}.items()))
+
+
+def host_processors() -> dict:
+    """The CPU model and the GPUs this machine shows: where a launched engine computes."""
+    gpus = []
+    try:
+        if torch.cuda.is_available():
+            gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except RuntimeError:  # pragma: no cover - a driver that answers with an error
+        gpus = ["unknown"]
+    return {"cpu": _processor("cpu"), "gpus": gpus}
+
+
 def engine_fingerprint(server) -> dict:
-    """What an engine run depends on: the engine build, its launch flags (the port left out) and
-    the model file it serves, hashed; for an engine given by URL, what it reports about itself."""
+    """What an engine run depends on: the engine build, its launch flags (the port left out), its
+    launch environment, the processors of this machine, and every file the command names, by full
+    path and content; for an engine given by URL, only what it reports about itself (which does
+    not identify a deployment: see harness.run.reuse)."""
     info = server.info or {}
-    launch = list(getattr(server.spec, "launch", None) or ())   # the template: {port}, not the port
+    spec = server.spec
+    launch = list(getattr(spec, "launch", None) or ())   # the template: {port}, not the port
     command = list(getattr(server, "command", None) or ())
-    # Every file the resolved command names (the binary, the model, a draft model), by content.
-    files = {Path(a).name: file_digest(Path(a)) for a in command if Path(a).is_file()}
+    files = _named_files(command)
     model_file = (info.get("props") or {}).get("model_path")
-    if model_file and Path(model_file).is_file():
-        files.setdefault(Path(model_file).name, file_digest(Path(model_file)))
-    return {"engine": info.get("engine"), "version": info.get("version"), "launch": launch,
-            "models": info.get("models"), "files": files}
+    if model_file:
+        files.update(_named_files([model_file]))
+    out = {"engine": info.get("engine"), "version": info.get("version"), "launch": launch,
+           "models": info.get("models"), "files": dict(sorted(files.items()))}
+    if launch:
+        out.update(env=launch_environment(spec), processor=host_processors())
+    else:
+        out.update(base_url=getattr(server, "base_url", None) or getattr(spec, "base_url", None))
+    return out
+
+
+def _engines_dir() -> Path:
+    import decoders.engines
+    return Path(decoders.engines.__file__).resolve().parent
+
+
+ENGINE_CLIENT_DIR = _engines_dir()   # where the client's modules are read from (a test points it at an edited copy)
+
+
+def engine_client_fingerprint(decoder_class) -> str:
+    """The source of the code that builds an engine's requests and reads its answers: every module
+    of decoders/engines/, the decoder contract, and the decoder class's own file where it lives
+    elsewhere. A fix to how a request is built invalidates the rows built the old way."""
+    import inspect
+    import decoders
+    files = {f"engines/{f.name}": f for f in sorted(Path(ENGINE_CLIENT_DIR).glob("*.py"))}
+    files["base.py"] = Path(decoders.__file__).parent / "base.py"
+    own = Path(inspect.getfile(decoder_class)).resolve()
+    if own.parent != _engines_dir():
+        files[f"class/{own.name}"] = own
+    h = hashlib.sha256()
+    for name, f in sorted(files.items()):
+        if f.is_file():
+            h.update(name.encode() + b"\x00" + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def code_fingerprint(decoder) -> str:

@@ -56,6 +56,11 @@ class LmEvalError(ValueError):
     decoders cannot honour, a task whose metric is not per sample."""
 
 
+class LmEvalEmpty(LmEvalError):
+    """A task with no evaluation documents: as a regress suite it has no items, which its gate
+    fails ("no items"); it is not a reason to abandon the other suites."""
+
+
 # ------------------------------------------------------------------------------ model args
 
 def _as_int(name, value):
@@ -448,7 +453,11 @@ def lmeval_records(task: str, target, decoder_name: str, decoder_options: dict, 
     if limit is not None and (isinstance(limit, bool) or int(limit) != limit or limit < 1):
         raise LmEvalError(f"limit must be a positive integer or None, got {limit!r}")
     tm = find_task_manager(task, include_path)
-    loaded = tm.load([task])
+    try:
+        loaded = tm.load([task])
+    except IndexError as e:  # lm-eval reads a task's first evaluation doc while building it
+        raise LmEvalEmpty(f"lm-eval task {task!r} has no evaluation documents: lm-eval could not read "
+                          f"its first one ({e})") from None
     if task in loaded["groups"]:
         objs = [loaded["groups"][task]]
     else:

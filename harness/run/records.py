@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 RECORDS = "records.jsonl"
+LOAD, LOAD_LEVELS = "load.jsonl", "load_levels.jsonl"  # open-loop requests and levels (harness.run.load)
 # Only these fields of a record are kept in an acceptance reference (harness.verdict.acceptance_ref) (no text, no tokens' content).
 KEEP = ("candidate", "suite", "suite_hash", "item_id", "categories", "seed", "temperature", "error")
 STATS = ("accepted_per_round", "proposed_per_round", "target_forwards", "proposed", "accepted", "drafter")

@@ -250,8 +250,13 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
     still hits all decoders alike. Every record is written as it finishes.
 
     `reuse` (harness.run.reuse.Reuse): baseline rows found in the store are taken, not generated,
-    except the first `profile.speed_items` baseline items, which are generated afresh beside the
-    candidates so that speed is compared on one clock.
+    except the speed sample (harness.run.speed_sample: `profile.speed_items` items of the first
+    stage, stratified over suites and categories, seeded by the run), which is generated afresh
+    beside the candidates, so that speed is compared on one clock, and checked against the store.
+    The sample runs first, and no stored row is taken before all of it is checked: a sample row
+    that differs from its stored row turns reuse off for the run (`reuse.valid`). Within a stage
+    the items are ordered so that the baseline's store misses fill whole blocks: an engine
+    baseline then runs at the concurrency its candidates run at.
 
     `looks` (the regress command passes harness.verdict.looks.LookPlan): the stages, and after
     each the question "stop now?" (`looks.decisions(records, stops)`: stop rows of candidates whose
@@ -259,6 +264,7 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
     candidate stops at its first real divergence.
     """
     from tqdm import tqdm
+    from harness.run import speed_sample
     rows = read_records(run_dir)
     done = {record_key(r) for r in rows}
     base_names = lineup.baseline_names
@@ -266,9 +272,6 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
     stops = Stops(run_dir)
     stages = staged_work(config, suites, looks)
     cands = [s for s in lineup.specs if s.name not in base_names]
-    budget = config.profile.speed_items if config.profile.speed_items is not None else float("inf")
-    # Per baseline (one per concurrency level): generations timed afresh in this run folder so far.
-    speed_left = {b: budget - sum(1 for r in rows if r["candidate"] == b and not r.get("reused")) for b in base_names}
 
     def wanted(spec, w) -> bool:
         if w.key(spec.name) in done or not runs_on(spec, w.suite.name):
@@ -278,14 +281,41 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
                        for c in cands) or not cands
         return not stops.stopped(spec.name, w.suite.name)
 
+    sample: set = set()
+    found: dict = {}  # (baseline, work key) -> (store key, key parts, stored row or None)
+    if reuse is not None:
+        # Drawn from the first stage: every run reaches it, whatever its looks decide later.
+        population = [w for w in stages[0] if not cands or any(runs_on(c, w.suite.name) for c in cands)]
+        sample = speed_sample.choose(population, config.profile.speed_items, reuse.seed)
+        _recheck_resumed(run_dir, rows, reuse, lineup, stages[0], sample, found)
+
+    def stored(spec, w):
+        if (spec.name, w.key(spec.name)) not in found:
+            key, parts = reuse.key(spec, make_request(config, lineup.targets[spec.name], w))
+            found[spec.name, w.key(spec.name)] = (key, parts, reuse.lookup(spec, key))
+        return found[spec.name, w.key(spec.name)]
+
+    def ordered(pending: list) -> list:
+        """The sample first; then items by which baselines would take a stored row (none first),
+        so that the items each baseline generates sit together in whole blocks."""
+        if reuse is None:
+            return pending
+
+        def order(entry):
+            w, specs = entry
+            if speed_sample.key(w) in sample:
+                return (0, 0, ())
+            takes = tuple(stored(s, w)[2] is not None for s in specs if s.name in base_names)
+            return (1, sum(takes), takes)
+        return sorted(pending, key=order)  # stable: work order within each group
+
     def take_stored(spec, items, requests):
-        """Write the stored rows of a baseline block (once its re-timed subset is spent); return
-        the items still to generate, their requests, and (key, parts, stored row or None)."""
+        """Write the stored rows of a baseline block (once the whole sample is checked and agreed);
+        return the items still to generate, their requests, and (key, parts, stored row or None)."""
         fresh = []
         for w, req in zip(items, requests):
-            key, parts = reuse.key(spec, req)
-            hit = reuse.lookup(key)
-            if hit is None or speed_left[spec.name] > 0:
+            key, parts, hit = stored(spec, w)
+            if hit is None or unchecked or not reuse.valid or speed_sample.key(w) in sample:
                 fresh.append((w, req, (key, parts, hit)))
                 continue
             source = hit.get("source", {})
@@ -295,7 +325,7 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
             done.add(w.key(spec.name))
             base_rows[record_key(row)[1:]] = row
             reuse.reused += 1
-            reuse.put(key, parts, row, reused_from=source)
+            reuse.put(spec, key, parts, row, reused_from=source)
             bar.update(1)
         return [f[0] for f in fresh], [f[1] for f in fresh], [f[2] for f in fresh]
 
@@ -313,7 +343,10 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
             skipped = sum(runs_on(s, w.suite.name) and w.key(s.name) not in done for w in stage
                           for s in lineup.specs) - sum(len(specs) for _, specs in pending)
             bar.total -= skipped  # stopped candidates: their remaining items will not run
-            pending = [(w, specs) for w, specs in pending if specs]
+            pending = ordered([(w, specs) for w, specs in pending if specs])
+            # Sample rows still to generate: until they are all checked, nothing is taken from the store.
+            unchecked = {w.key(s.name) for w, specs in pending for s in specs
+                         if s.name in base_names and speed_sample.key(w) in sample}
             for start in range(0, len(pending), size):
                 block = pending[start:start + size]
                 for spec in lineup.specs:
@@ -333,16 +366,19 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
                     for i, result in decoder.generate_many(requests):
                         w = items[i]
                         row = {**make_row(spec, w, result, block=block_no), **lineup.fingerprints[spec.name]}
+                        if spec.name in base_names and speed_sample.key(w) in sample:
+                            row["speed_sample"] = True
                         writer.write(row)
                         done.add(w.key(spec.name))
                         bar.update(1)
                         if spec.name in base_names:
                             base_rows[record_key(row)[1:]] = row
-                            speed_left[spec.name] -= 1
                             if reuse is not None and keys[i] is not None:
                                 key, parts, hit = keys[i]
-                                reuse.compare(hit, row, f"{w.suite.name}/{w.item.id} seed={w.seed} T={w.temperature:g}")
-                                reuse.put(key, parts, row)
+                                if speed_sample.key(w) in sample:
+                                    reuse.compare(spec, hit, row, _label(w))
+                                unchecked.discard(w.key(spec.name))
+                                reuse.put(spec, key, parts, row)
                         elif fail_fast and _checks_identity(spec, row) and not stops.stopped(spec.name, "*"):
                             base = base_rows.get(record_key(row)[1:])
                             why = base is not None and _real_divergence(config, target, base, row)
@@ -364,27 +400,59 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
     return read_records(run_dir)
 
 
+def _label(w: WorkItem) -> str:
+    return f"{w.suite.name}/{w.item.id} seed={w.seed} T={w.temperature:g}"
+
+
+def _recheck_resumed(run_dir: Path, rows: list[dict], reuse, lineup: Lineup, stage: list, sample: set,
+                     found: dict) -> None:
+    """A resumed run: the sample rows it already generated are checked against the store again
+    (the check lives in memory). Should they now differ while rows were already taken from the
+    store, those rows cannot be trusted, and the run stops naming the items."""
+    from harness.run.speed_sample import key as work_key
+    from harness.run.store import StoreError
+    by_key = {record_key(r): r for r in rows}
+    for w in stage:
+        if work_key(w) not in sample:
+            continue
+        for spec in (s for s in lineup.specs if s.name in lineup.baseline_names):
+            row = by_key.get(w.key(spec.name))
+            if row is None or row.get("reused"):
+                continue
+            target = lineup.targets[spec.name]
+            key, parts = reuse.key(spec, make_request(lineup.config, target, w))
+            hit = reuse.lookup(spec, key)
+            found[spec.name, w.key(spec.name)] = (key, parts, hit)
+            reuse.compare(spec, hit, row, _label(w))
+    if not reuse.valid and any(r.get("reused") for r in rows):
+        raise StoreError(f"{run_dir}: rows of this run were taken from the baseline store, but {reuse.refusal()}; "
+                         f"the rows already taken cannot be trusted: rerun with a new --run-dir")
+
+
 ENGINE_BATCHES = "engine_batches.jsonl"
 
 
 class LmEvalSuite:
-    """What the summary needs to know of an lm-eval task run as a suite."""
+    """What the summary needs to know of an lm-eval task run as a suite. `select` gives the item
+    ids the records carry ("3", or "subtask:3" in a group), so that look sets
+    (harness.verdict.looks) match the pairs; they are plain strings, not prompt items, so the
+    checks that rebuild requests from items (harness.run.exactness) pass them by."""
 
     def __init__(self, name: str, rows: list[dict]):
         self.name = name
         base = rows[0] if rows else {}
         self.version = base.get("suite_version", "?")
         self.hash = base.get("suite_hash", "?")
-        self._n = len({r["item_id"] for r in rows})
+        self._ids = sorted({str(r["item_id"]) for r in rows})
 
-    def select(self, subset):
-        return range(self._n)
+    def select(self, subset) -> list[str]:
+        return list(self._ids)
 
 
 def run_lmeval(config: RegressConfig, run_dir: Path, lineup: Lineup, progress: bool = True) -> list:
     """`lmeval:<task>` suites: each decoder runs the task through lm-eval (generation through our
     decoder), and its per-sample records join records.jsonl like any other suite's."""
-    from harness.run.lmeval import lmeval_records
+    from harness.run.lmeval import LmEvalEmpty, lmeval_records
     # A task counts as done for a decoder only once its completion marker is written: a run
     # killed inside lm-eval reruns that task from the start (its rows are replaced).
     marks = read_records(run_dir, LMEVAL_DONE)
@@ -404,10 +472,15 @@ def run_lmeval(config: RegressConfig, run_dir: Path, lineup: Lineup, progress: b
                             continue
                         if progress:
                             print(f"decodegate: lm-eval {task} · {spec.name} · T={t:g}", flush=True)
-                        rows = lmeval_records(task, lineup.targets[spec.name], spec.decoder, dict(spec.options),
-                                              candidate=spec.name, seed=seed, temperature=t, limit=spec_s.limit,
-                                              include_path=spec_s.include_path,
-                                              gen_kwargs={"max_gen_toks": spec_s.max_gen_toks} if spec_s.max_gen_toks else None)
+                        try:
+                            rows = lmeval_records(task, lineup.targets[spec.name], spec.decoder, dict(spec.options),
+                                                  candidate=spec.name, seed=seed, temperature=t, limit=spec_s.limit,
+                                                  include_path=spec_s.include_path,
+                                                  gen_kwargs={"max_gen_toks": spec_s.max_gen_toks}
+                                                  if spec_s.max_gen_toks else None)
+                        except LmEvalEmpty as e:  # no rows: the summary fails its gate with "no items"
+                            print(f"decodegate: warning: {e}", file=sys.stderr)
+                            rows = []
                         stale = {(spec.name, name, seed, t)}
                         if any(record_key(r)[:2] == (spec.name, name) for r in read_records(run_dir)):
                             _drop_rows(run_dir, lambda r: (r["candidate"], r["suite"], r["seed"], r["temperature"]) in stale)

@@ -3,7 +3,10 @@
 A row's key is a hash of everything the generation depends on (`key_parts`): the target's
 fingerprint (weights and tokenizer, harness.run.fingerprint), the decoder, its options and
 source, the request (prompt ids, sampling, seed, budget, stops), the device, its processor model
-and dtype, and torch and transformers versions, or for an engine its build, launch flags and model file. Equal key,
+and dtype, and torch and transformers versions, or for an engine its build, launch flags and
+environment, this machine's processors, the files its command names (by full path and content)
+and the client code that builds its requests (harness.run.reuse refuses engines given only by a
+URL unless the config opts in). Equal key,
 equal output (for a deterministic baseline), so a regress run takes the rows it finds and
 generates the rest. A changed fingerprint matches nothing: nothing is reused.
 
@@ -15,12 +18,15 @@ uploaded (artifact `baseline_store/`), read-only.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
+
+from harness.run.records import _finite as finite
 
 
 class StoreError(ValueError):
@@ -86,24 +92,37 @@ class BaselineStore:
         _warn(f"row {path} skipped: {why}; the baseline is generated for it")
 
     def put(self, key: str, parts: dict, result: dict, source: dict) -> bool:
-        """Write one row atomically; False (with a warning, once) where the store cannot take it."""
+        """Write one row atomically; False (with a warning) where the store cannot take it.
+
+        The row is serialized as the run records are (harness.run.records: NaN and infinities
+        become null), before any file is opened; a write that fails removes its temporary file.
+        A folder that cannot be written is given up for the run (warned once); a row that cannot
+        be serialized is skipped alone."""
         if not self.writable:
             return False
         path = self._path(key)
         row = {"key": key, "key_parts": parts, "result": result, "source": source,
                "stored": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         try:
+            body = json.dumps(finite(row), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            _warn(f"row {path} not stored: it cannot be written as JSON ({e})")
+            return False
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             with open(tmp, "w", encoding="utf-8") as f:
-                f.write(json.dumps(row, allow_nan=False))
+                f.write(body)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
             return True
-        except (OSError, ValueError) as e:
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
             self.writable = False
-            _warn(f"cannot write to {self.root} ({e}); this run's baseline rows are not stored")
+            _warn(f"cannot write row {path} ({e.strerror or e}); this run's further baseline rows are not "
+                  f"stored in {self.label}")
             return False
 
 

@@ -3,9 +3,9 @@
 An engine is judged under load: `concurrency = [1, 4, 16]` in a profile runs the baseline and
 every engine candidate at each level, and each level is its own paired comparison (candidate
 `spec@c4` against baseline `base@c4`). At each level the baseline also runs a second time
-(`base~aa@c4`, role "aa-floor"): how often the engine disagrees with itself is the floor an
-exact candidate is judged against (harness.verdict.floor). In-process decoders are batch-1 and
-deterministic: they run once, at no level, and get no A/A run.
+(`base~aa@c4`, role "aa-floor"): how far the engine's own margins move, and how often it
+flips a token, is the floor an exact candidate is judged against (harness.verdict.floor).
+In-process decoders are batch-1 and deterministic: they run once, at no level, and get no A/A run.
 
 Everything else (records, resume, summary, gates, MLflow) sees ordinary candidate names.
 """
@@ -90,8 +90,12 @@ def sweep_table(config: RegressConfig, summary: dict, records: list[dict]) -> li
         if level is None:
             continue
         cfg = level_config(config, level)
-        base_tp = throughput(by_name.get(cfg.baseline.name, []))
-        floor_rate = _divergence_rate(summary["candidates"].get(f"{config.baseline.name}{AA}@c{level}", {}))
+        # Throughput compares like with like: the items the baseline was timed on in this run (all,
+        # or the speed sample where the rest came from the store), on both sides.
+        from harness.run.speed_sample import key_of_row, rests_on
+        base_timed = {key_of_row(r): r for r in rests_on(by_name.get(cfg.baseline.name, []))}
+        aa = summary["candidates"].get(f"{config.baseline.name}{AA}@c{level}", {})
+        floor_rate, aa_floor = _divergence_rate(aa), aa.get("floor") or {}
         for spec in cfg.candidates:
             if spec.role == "aa-floor":
                 continue
@@ -101,16 +105,20 @@ def sweep_table(config: RegressConfig, summary: dict, records: list[dict]) -> li
             ttft = [r["timing"]["ttft_s"] for r in rows]
             itl = [x for r in rows for x in (r["timing"].get("token_times_s") or [])[1:]]
             sp, acc = cand.get("speedup") or {}, cand.get("acceptance") or {}
-            tp = throughput(rows)
+            same = [r for r in rows if key_of_row(r) in base_timed]
+            tp = throughput(same)
+            base_tp = throughput([base_timed[key_of_row(r)] for r in same])
             out.append({
                 "candidate": config_name(spec.name), "level": level, "n": len(rows),
-                "throughput_tok_s": tp, "baseline_throughput_tok_s": base_tp,
+                "throughput_tok_s": tp, "baseline_throughput_tok_s": base_tp, "throughput_n": len(same),
                 "throughput_ratio": tp / base_tp if tp and base_tp else None,
                 "latency_p50_s": _q(walls, 50), "latency_p95_s": _q(walls, 95),
                 "ttft_p50_s": _q(ttft, 50), "ttft_p95_s": _q(ttft, 95), "itl_p50_s": _q(itl, 50),
                 "speedup": sp.get("statistic"), "speedup_ci": [sp.get("ci_low"), sp.get("ci_high")],
                 "alpha": acc.get("alpha"), "tau": acc.get("tau"),
                 "aa_floor_rate": floor_rate, "divergence_rate": _divergence_rate(cand),
+                # the engine's own margin noise at this level, and whether its A/A run is a floor
+                "aa_noise": aa_floor.get("scale"), "aa_floor_valid": aa_floor.get("valid"),
             })
     return out
 

@@ -1,4 +1,5 @@
-"""MLflow logging: the only module that imports mlflow.
+"""MLflow logging: with harness.run.tracking_views (the review views: tables, traces,
+assessments, descriptions), the only modules that import mlflow.
 
 The run folder is the source of truth; MLflow holds a copy. One parent run per regress, one child
 run per candidate. Every MLflow run carries the tag `decodegate.run_uid` (the run folder's id plus
@@ -72,61 +73,103 @@ def _log(client, run_id: str, params: dict, metrics: dict, tags: dict) -> None:
         client.log_batch(run_id, metrics=ms[i:i + 1000])
 
 
+DEFAULT_TRACE_LIMIT = 100  # traces per decoder and run, when summary.json predates trace_limit
+
+
 def log_run(run_dir: Path, uri: str | None = None) -> dict:
-    """Upload a finished run folder (summary.json, records, figures). Idempotent. Returns the
-    MLflow run ids, also written to the folder's tracking.json."""
+    """Upload a finished run folder (summary.json, records, figures, the review views of
+    harness.run.tracking_views). Idempotent. Returns the MLflow run ids, also written to the
+    folder's tracking.json."""
+    from harness.run import review, tracking_views as views
     run_dir = Path(run_dir)
     uri = resolve_uri(uri)
     check_health(uri)
     summary = json.loads((run_dir / "summary.json").read_text())
     client = _client(uri)
     exp_id = _experiment_id(client)
+    views.label_experiment(client, exp_id)
     uid = summary["run_uid"]
+    log_text = summary.get("log_text", True)
+    trace_limit = summary.get("trace_limit", DEFAULT_TRACE_LIMIT)
+    records = read_records(run_dir)
+    prompt_text = review.prompts(run_dir, summary) if log_text else {}
+    rows = {name: review.pair_rows(records, summary, name, prompt_text, log_text) for name in summary["candidates"]}
+    t0 = views.start_ns(summary)
     parent = _existing(client, exp_id, uid)
     ids = {}
-    if parent is None or parent.info.status != "FINISHED":
-        parent_id = parent.info.run_id if parent else client.create_run(
-            exp_id, run_name=f"regress {summary['profile']} {summary['target']}",
-            tags={"decodegate.run_uid": uid}).info.run_id
-        _log(client, parent_id, params=summary_params(summary), metrics={"verdict_pass": summary["verdict"] == "pass"},
-             tags={"decodegate.verdict": summary["verdict"], "optimization": "baseline",
-                   **{f"label.{k}": v for k, v in summary.get("labels", {}).items()}})
-        # log_text = false: records.jsonl (the only file holding generated text) stays in the folder.
-        text = ("records.jsonl",) if summary.get("log_text", True) else ()
-        for name in ("summary.json", *text, "per_prompt.csv", "report.txt"):
-            if (run_dir / name).exists():
-                client.log_artifact(parent_id, str(run_dir / name))
-        store = run_dir / "baseline_store"
-        if store.is_dir() and summary.get("log_text", True):  # `--baseline-store mlflow:<run id>` reads it back
-            client.log_artifacts(parent_id, str(store), artifact_path="baseline_store")
-        if (run_dir / "figures" / "sweep.png").exists():  # speedup and p95 against concurrency
-            client.log_artifact(parent_id, str(run_dir / "figures" / "sweep.png"), artifact_path="figures")
-        ids["parent"] = parent_id
-    else:
-        parent_id = ids["parent"] = parent.info.run_id
-    for name, cand in summary["candidates"].items():
-        cuid = f"{uid}/{name}"
-        child = _existing(client, exp_id, cuid)
-        if child is not None and child.info.status == "FINISHED":
-            ids[name] = child.info.run_id
-            continue
-        run_id = child.info.run_id if child else client.create_run(
-            exp_id, run_name=name, tags={"decodegate.run_uid": cuid, "mlflow.parentRunId": parent_id}).info.run_id
-        metrics: dict = {}
-        _flat("", cand.get("metrics", {}), metrics)
-        metrics["verdict_pass"] = float(cand["verdict"] == "pass")
-        _log(client, run_id, params={"decoder": cand["decoder"], "kind": cand["kind"], "target": cand["target"],
-                                     **{f"option.{k}": v for k, v in cand.get("options", {}).items()}},
-             metrics=metrics, tags={**candidate_tags(cand, summary), "decodegate.candidate": name})
-        figures = run_dir / "figures" / name
-        if figures.is_dir():
-            client.log_artifacts(run_id, str(figures), artifact_path="figures")
-        _log_acceptance_rows(client, run_id, run_dir, name, cand, summary)
-        client.set_terminated(run_id, "FINISHED")
-        ids[name] = run_id
+    with views.tracing_to(uri):
+        if parent is None or parent.info.status != "FINISHED":
+            parent_id = parent.info.run_id if parent else client.create_run(
+                exp_id, run_name=f"regress {summary['profile']} {summary['target']}",
+                tags={"decodegate.run_uid": uid}).info.run_id
+            _log(client, parent_id, params=summary_params(summary),
+                 metrics={"verdict_pass": summary["verdict"] == "pass"},
+                 tags={"decodegate.verdict": summary["verdict"], "optimization": "baseline",
+                       **{f"label.{k}": v for k, v in summary.get("labels", {}).items()}})
+            report_md = run_dir / "report.md"
+            client.set_tag(parent_id, views.NOTE, views.note(
+                report_md.read_text() if report_md.exists() else f"verdict: **{summary['verdict'].upper()}**"))
+            # log_text = false: records.jsonl (the only file holding generated text) stays in the folder.
+            text = ("records.jsonl",) if log_text else ()
+            for name in ("summary.json", *text, "per_prompt.csv", "report.txt", "report.md"):
+                if (run_dir / name).exists():
+                    client.log_artifact(parent_id, str(run_dir / name))
+            store = run_dir / "baseline_store"
+            if store.is_dir() and log_text:  # `--baseline-store mlflow:<run id>` reads it back
+                client.log_artifacts(parent_id, str(store), artifact_path="baseline_store")
+            for fig in ("sweep.png", "load.png"):  # speedup against concurrency; speedup and goodput against rate
+                if (run_dir / "figures" / fig).exists():
+                    client.log_artifact(parent_id, str(run_dir / "figures" / fig), artifact_path="figures")
+            base_attrs = {"optimization": "baseline",
+                          **{f"label.{k}": v for k, v in (summary.get("labels") or {}).items()}}
+            views.log_baseline(client, exp_id, parent_id, summary["baseline"],
+                               review.baseline_rows(records, summary["baseline"], prompt_text, log_text), records,
+                               views.baseline_keys(rows, trace_limit), base_attrs, log_text, t0)
+            ids["parent"] = parent_id
+        else:
+            parent_id = ids["parent"] = parent.info.run_id
+        for name, cand in summary["candidates"].items():
+            cuid = f"{uid}/{name}"
+            child = _existing(client, exp_id, cuid)
+            if child is not None and child.info.status == "FINISHED":
+                ids[name] = child.info.run_id
+                continue
+            run_id = child.info.run_id if child else client.create_run(
+                exp_id, run_name=name, tags={"decodegate.run_uid": cuid, "mlflow.parentRunId": parent_id}).info.run_id
+            metrics: dict = {}
+            _flat("", cand.get("metrics", {}), metrics)
+            metrics["verdict_pass"] = float(cand["verdict"] == "pass")
+            metrics.update(views.category_metrics(rows[name]))
+            tags = {**candidate_tags(cand, summary), "decodegate.candidate": name}
+            _log(client, run_id, params={"decoder": cand["decoder"], "kind": cand["kind"], "target": cand["target"],
+                                         **{f"option.{k}": v for k, v in cand.get("options", {}).items()}},
+                 metrics=metrics, tags={**tags, **fingerprint_tags(summary, name)})
+            figures = run_dir / "figures" / name
+            if figures.is_dir():
+                client.log_artifacts(run_id, str(figures), artifact_path="figures")
+            _log_acceptance_rows(client, run_id, run_dir, name, cand, summary)
+            views.log_candidate(client, exp_id, run_id, parent_id, name, cand, rows[name], records, tags, trace_limit,
+                                log_text, t0)
+            client.set_terminated(run_id, "FINISHED")
+            ids[name] = run_id
     client.set_terminated(parent_id, "FINISHED")
-    (run_dir / STATE).write_text(json.dumps({"uri": uri, "runs": ids}, indent=2))
+    (run_dir / STATE).write_text(json.dumps({"uri": uri, "runs": ids,
+                                             "review_url": views.review_url(uri, exp_id)}, indent=2))
     return ids
+
+
+def fingerprint_tags(summary: dict, name: str) -> dict:
+    """What the candidate and its baseline ran on, by content: `decodegate history` marks runs
+    whose target changed (a new tokenizer or fine-tune under the same name)."""
+    fps = summary.get("fingerprints") or {}
+    out = {}
+    cand = (fps.get(name) or {}).get("target_fingerprint")
+    base = (fps.get(summary["baseline"]) or {}).get("target_fingerprint")
+    if cand:
+        out["decodegate.target_fingerprint"] = cand
+    if base:
+        out["decodegate.baseline_fingerprint"] = base
+    return out
 
 
 def summary_params(summary: dict) -> dict:

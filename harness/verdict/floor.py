@@ -1,46 +1,175 @@
 """The nondeterminism floor: an exact candidate judged against the engine's disagreement with itself.
 
 Under concurrency an engine need not be batch-invariant: its baseline run twice (A/A) can differ.
-For each suite and temperature, per prompt: did the A/A run diverge from the baseline (floor),
-did the candidate? The identity question becomes "does the candidate diverge more often than
-the baseline diverges from itself?", a one-sided exact test on the discordant prompts
-(candidate diverged and A/A did not, vs the reverse; Binomial(b + c, 1/2) under the null), with
-Tango's one-sided bound on the difference in rates at the same level. Each divergence is then
-"near-tie" (baseline top-2 margin below epsilon), "within-floor" (the A/A run also diverged on
-that prompt) or "real". With a floor of zero (a batch-invariant engine, or concurrency 1) this is
-today's strict identity: any real divergence fails.
+The floor is measured in the units a divergence is judged in, logit margins, not only as a rate:
+- Noise. Where the two runs agree on a token, the A/A run shows how far the engine's own top-2
+  margin moves (|m_base - m_aa|); where they flip, the gap between the two tokens moved by at
+  least m_base + m_aa. The largest such move is the engine's noise scale at that level
+  (`noise` per suite, pooled per level in `apply`).
+- Beyond the noise is real. A candidate divergence whose baseline margin is above the noise scale
+  (or that has no margin) fails the identity gate, whatever any rate test says: batch
+  nondeterminism flips tokens at its own noise level, not at margin 0.5.
+- Within the noise, a rate test. Divergences at margins between the near-tie epsilon and the
+  noise scale are compared with the A/A run's own flips at such margins, prompt by prompt: an
+  exact one-sided binomial test on the discordant prompts (candidate-only b against A/A-only c).
+  The decision is the Clopper-Pearson lower bound on b / (b + c) above 1/2, which is exactly
+  p < alpha; the bound printed is that one (and the difference in rates it implies given the
+  discordant count), so the verdict and its bound never contradict.
+- The A/A run is gated itself: error rows, missing margins, fewer pairs than the candidate, a
+  divergence rate above `gates.aa_floor_max` or a noise scale above `gates.aa_noise_max` make the
+  floor invalid. A candidate that needs the floor (a divergence above the near-tie epsilon) is
+  then inconclusive, the A/A run named as the cause; one that is token-identical needs none.
+With an A/A run that never moves (concurrency 1, a batch-invariant engine) the noise is zero and
+this is today's strict identity: any divergence above the near-tie epsilon fails.
+The noise is measured on greedy pairs (a flip under sampling bounds no margin).
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
 from scipy import stats
 
-from analysis import tango_interval
+from analysis.identity import common_prefix_length
+
+MAX_LISTED = 3  # errors and flips named in a message
 
 
-def compare(ident: dict, floor_ident: dict, alpha: float) -> dict:
-    """Floor statistics for one identity block; re-labels the candidate's divergences in place."""
+# ------------------------------------------------------------------ measuring the A/A run
+
+
+def _margin(margins, i: int) -> float | None:
+    if margins is None or i >= len(margins) or margins[i] is None:
+        return None
+    m = float(margins[i])
+    return m if math.isfinite(m) else None
+
+
+def noise(pairs) -> dict:
+    """How far the engine's numbers move between the baseline and its A/A run, on one suite's
+    pairs (baseline = the first run, candidate = the A/A run)."""
+    shifts, flips, errors, missing, missing_at = [], [], [], 0, []
+    greedy = [p for p in pairs if p.key.temperature == 0]
+    for p in greedy:
+        b, a = p.baseline, p.candidate
+        if b.get("error") or a.get("error"):
+            errors.append(f"{p.key.item_id}: {a.get('error') or b.get('error')}")
+            continue
+        tb, ta = b.get("tokens") or [], a.get("tokens") or []
+        pos = common_prefix_length(tb, ta)
+        for i in range(pos):
+            x, y = _margin(b.get("margins"), i), _margin(a.get("margins"), i)
+            if x is None or y is None:
+                missing += 1
+                missing_at.append(f"{p.key.item_id}@{i}")
+            else:
+                shifts.append(abs(x - y))
+        if pos < max(len(tb), len(ta)):
+            x, y = _margin(b.get("margins"), pos), _margin(a.get("margins"), pos)
+            if x is None or y is None:
+                missing += 1
+                missing_at.append(f"{p.key.item_id}@{pos} (a flip)")
+            flips.append({"item_id": p.key.item_id, "seed": p.key.seed, "position": pos, "margin": x,
+                          "aa_margin": y, "shift": x + y if x is not None and y is not None else None})
+    s = np.asarray(shifts, dtype=float)
+    return {"pairs": len(greedy), "errors": errors, "positions": int(s.size), "missing_margins": missing,
+            "missing_at": missing_at[:MAX_LISTED], "flips": flips,
+            "max_shift": float(s.max()) if s.size else 0.0,
+            "p99_shift": float(np.quantile(s, 0.99)) if s.size else 0.0}
+
+
+def level_floor(aa_name: str, aa: dict, eps: float, gates) -> dict:
+    """The A/A run of one level pooled over its suites: noise scale, rate, and whether it is a floor."""
+    parts = [s["aa_noise"] for s in aa["suites"].values() if "aa_noise" in s]
+    pairs = sum(p["pairs"] for p in parts)
+    errors = [e for p in parts for e in p["errors"]]
+    flips = [f for p in parts for f in p["flips"]]
+    positions = sum(p["positions"] for p in parts)
+    missing = sum(p["missing_margins"] for p in parts)
+    shifts = [p["max_shift"] for p in parts] + [f["shift"] for f in flips if f["shift"] is not None]
+    scale = max(shifts, default=0.0)
+    idents = [i for s in aa["suites"].values() for i in (s.get("identity") or {}).values()]
+    n = sum(i["n"] for i in idents)
+    diverged = sum(i["n"] - i["identical"] for i in idents)
+    problems = []
+    if errors:
+        problems.append(f"{len(errors)} of {pairs} A/A pairs are errors (first: {errors[0]})")
+    if missing:
+        where = ", ".join(m for p in parts for m in p["missing_at"])
+        problems.append(f"{missing} compared position(s) of {positions + missing} have no margin ({where})")
+    if not pairs:
+        problems.append("no greedy A/A pairs")
+    rate = diverged / n if n else 0.0
+    if not errors and rate > gates.aa_floor_max:
+        problems.append(f"it diverged on {diverged} of {n} prompts ({rate:.3g} > aa_floor_max {gates.aa_floor_max:g})")
+    if scale > gates.aa_noise_max:
+        problems.append(f"its margins moved by up to {scale:.3g} logits ({scale:.3g} > aa_noise_max "
+                        f"{gates.aa_noise_max:g}): not batch noise (another model or quantization?)")
+    return {"aa": aa_name, "valid": not problems, "problems": problems, "scale": float(scale), "eps": float(eps),
+            "positions": positions, "flips": len(flips), "flips_listed": flips[:MAX_LISTED],
+            "p99_shift": max((p["p99_shift"] for p in parts), default=0.0), "rate": rate, "n": n,
+            "diverged": diverged, "errors": len(errors), "missing_margins": missing,
+            "max": {"aa_floor_max": gates.aa_floor_max, "aa_noise_max": gates.aa_noise_max}}
+
+
+# ------------------------------------------------------------------ judging a candidate
+
+
+def rate_test(b: int, c: int, n: int, alpha: float) -> dict:
+    """One-sided exact test that the candidate diverges (within the noise) on more prompts than
+    the A/A run: b candidate-only and c A/A-only discordant prompts, Binomial(b + c, 1/2) under
+    the null. The decision is its Clopper-Pearson lower bound on b / (b + c) above 1/2."""
+    if b + c == 0:
+        return {"candidate_only": b, "floor_only": c, "pvalue": 1.0, "share_lower_bound": 0.0,
+                "difference_lower_bound": 0.0 if n else float("nan"), "alpha": alpha, "exceeds": False}
+    t = stats.binomtest(b, b + c, 0.5, alternative="greater")
+    low = float(t.proportion_ci(confidence_level=1 - alpha, method="exact").low)
+    return {"candidate_only": b, "floor_only": c, "pvalue": float(t.pvalue), "share_lower_bound": low,
+            # (b - c) / n with b / (b + c) at its bound, given the discordant count
+            "difference_lower_bound": (b + c) * (2 * low - 1) / n, "alpha": alpha, "exceeds": low > 0.5}
+
+
+def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float) -> dict:
+    """Floor statistics for one identity block; re-labels the candidate's divergences in place:
+    "near-tie" (below eps), "within-floor" (up to the A/A noise scale), "real" (beyond it), or
+    "unknown" (no margin: never excused)."""
     key = lambda d: (d["item_id"], d["seed"])  # noqa: E731
-    floor = {key(d) for d in floor_ident["divergences"]}
+    problems = list(level["problems"])
+    if floor_ident is None:
+        problems.append("it has no pairs on this suite and temperature")
+    elif floor_ident["n"] != ident["n"]:
+        problems.append(f"it has {floor_ident['n']} pairs here, the candidate {ident['n']}")
+    valid = not problems
+    scale, eps = level["scale"], level["eps"]
     for d in ident["divergences"]:
-        if d["kind"] != "near-tie" and key(d) in floor:
-            d["kind"] = "within-floor"
-    mine = {key(d) for d in ident["divergences"]}
+        m = d["margin"]
+        if d["kind"] == "near-tie" or m is None or not math.isfinite(m):
+            continue
+        d["kind"] = "within-floor" if valid and m <= scale else "real"
+    mine = {key(d) for d in ident["divergences"] if d["kind"] == "within-floor"}
+    aa = {key(d) for d in (floor_ident or {}).get("divergences", [])
+          if d["kind"] != "near-tie" and d["margin"] is not None and d["margin"] >= eps}
     n = ident["n"]
-    b, c = len(mine - floor), len(floor - mine)  # candidate-only and A/A-only divergences
-    p = float(stats.binomtest(b, b + c, 0.5, alternative="greater").pvalue) if b + c else 1.0
-    low = tango_interval(b, c, n, confidence_level=1 - alpha, alternative="greater").low if n else float("nan")
-    ident["real_divergences"] = sum(d["kind"] == "real" for d in ident["divergences"])
-    ident["within_floor"] = sum(d["kind"] == "within-floor" for d in ident["divergences"])
-    return {"rate": len(floor) / n if n else 0.0, "candidate_rate": len(mine) / n if n else 0.0,
-            "n": n, "candidate_only": b, "floor_only": c, "pvalue": p, "alpha": alpha,
-            "difference_lower_bound": low, "exceeds": p < alpha}
+    counts = {k: sum(d["kind"] == k for d in ident["divergences"]) for k in ("real", "unknown", "within-floor")}
+    ident["real_divergences"] = counts["real"] + counts["unknown"]
+    ident["within_noise"] = counts["within-floor"]
+    rate = len(floor_ident["divergences"]) / floor_ident["n"] if floor_ident and floor_ident["n"] else 0.0
+    return {"aa": level["aa"], "valid": valid, "problems": problems, "noise": scale, "eps": eps,
+            "positions": level["positions"], "aa_flips": level["flips"], "n": n, "rate": rate,
+            "candidate_rate": (n - ident["identical"]) / n if n else 0.0,
+            "beyond_noise": counts["real"], "no_margin": counts["unknown"], "within_noise": counts["within-floor"],
+            **rate_test(len(mine - aa), len(aa - mine), n, alpha)}
 
 
-def apply(summary: dict, floor_name: str, candidates: list[str], alpha: float) -> None:
-    """Attach `identity[...]["floor"]` to each exact candidate in `candidates` of one level."""
+def apply(summary: dict, floor_name: str, candidates: list[str], gates) -> None:
+    """Measure the A/A run `floor_name` of one level (`summary["candidates"][floor_name]["floor"]`)
+    and attach `identity[...]["floor"]` to each exact candidate in `candidates` of that level."""
     aa = summary["candidates"].get(floor_name)
     if aa is None:
         return
+    eps = (summary.get("near_tie_epsilon") or {}).get("value", 0.0)
+    level = aa["floor"] = level_floor(floor_name, aa, eps, gates)
+    aa.setdefault("metrics", {})["aa_noise"] = level["scale"]
     for name in candidates:
         cand = summary["candidates"].get(name)
         if cand is None or cand["kind"] != "exact":
@@ -48,17 +177,63 @@ def apply(summary: dict, floor_name: str, candidates: list[str], alpha: float) -
         for suite, s in cand["suites"].items():
             for t, ident in s.get("identity", {}).items():
                 floor_ident = aa["suites"].get(suite, {}).get("identity", {}).get(t)
-                if floor_ident is not None and floor_ident["n"] == ident["n"]:
-                    ident["floor"] = compare(ident, floor_ident, alpha)
+                ident["floor"] = compare(ident, floor_ident, level, gates.alpha)
+                if f"{suite}.real_divergences.{t}" in cand.get("metrics", {}):
+                    cand["metrics"][f"{suite}.real_divergences.{t}"] = ident["real_divergences"]
 
 
-def gate_detail(ident: dict) -> tuple[bool, str] | None:
-    """(fails, detail) when a nonzero floor decides this block; None: strict identity applies."""
+# ------------------------------------------------------------------ the gate's words
+
+
+def _first(divs: list[dict]) -> str:
+    d = divs[0]
+    m = "no margin" if d["margin"] is None else f"baseline margin {d['margin']:.3g}"
+    return f"item {d['item_id']} at token {d['position']}, {m}"
+
+
+def _noise_s(f: dict) -> str:
+    return (f"the largest margin move the A/A run {f['aa']} showed over {f['positions']} agreeing positions "
+            f"and {f['aa_flips']} flip(s)")
+
+
+def gate_detail(ident: dict) -> tuple[str, str] | None:
+    """(status, detail) when an A/A floor judges this block: status "pass", "fail" or
+    "inconclusive" (the gate maps it by `gates.inconclusive`); None: no floor, strict identity."""
     f = ident.get("floor")
-    if not f or f["rate"] == 0:
+    if not f:
         return None
-    detail = (f"divergence {f['candidate_rate']:.3f} vs A/A floor {f['rate']:.3f} over {f['n']} prompts "
-              f"({f['candidate_only']} candidate-only, {f['floor_only']} floor-only); one-sided p={f['pvalue']:.3g}, "
-              f"difference >= {f['difference_lower_bound']:+.3f} at {1 - f['alpha']:.0%}; "
-              f"{ident.get('within_floor', 0)} within the floor, {ident.get('real_divergences', 0)} real")
-    return f["exceeds"], ("more than the floor: " if f["exceeds"] else "within the floor: ") + detail
+    divs = ident["divergences"]
+    unknown = [d for d in divs if d["kind"] == "unknown"]
+    if unknown:
+        return "fail", (f"{len(unknown)} divergence(s) with no margin to judge them by: no noise excuses them; "
+                        f"first: {_first(unknown)}")
+    above = [d for d in divs if d["kind"] != "near-tie"]
+    if not f["valid"]:
+        why = f"the A/A run {f['aa']} is not a valid floor: {'; '.join(f['problems'])}"
+        if above:
+            return "inconclusive", (f"inconclusive: {why}; {len(above)} divergence(s) above the near-tie epsilon "
+                                    f"{f['eps']:g} cannot be judged against it; first: {_first(above)}")
+        return "pass", (f"{ident['identical']}/{ident['n']} identical, {ident['near_ties']} near-tie divergence(s); "
+                        f"{why} (none was needed)")
+    real = [d for d in divs if d["kind"] == "real"]
+    if real:
+        d = real[0]
+        return "fail", (f"{len(real)} divergence(s) beyond the engine's own noise; first: item {d['item_id']} at "
+                        f"token {d['position']}, baseline margin {d['margin']:.3g} > A/A noise {f['noise']:.3g} "
+                        f"({_noise_s(f)}); {f['within_noise']} within the noise")
+    head = (f"{f['within_noise']} divergence(s) within the A/A noise {f['noise']:.3g} ({_noise_s(f)}), "
+            f"{ident['near_ties']} near-tie(s), over {f['n']} prompts")
+    if f["candidate_only"] + f["floor_only"] == 0:
+        return "pass", f"within the floor: {head}; no divergence above the near-tie epsilon {f['eps']:g} on either side"
+    detail = (f"{head}: {f['candidate_only']} candidate-only, {f['floor_only']} A/A-only; share of the candidate's "
+              f">= {f['share_lower_bound']:.3f} (one-sided {1 - f['alpha']:.0%} exact bound; more than the floor "
+              f"above 0.5), difference in rates >= {f['difference_lower_bound']:+.3f}, p={f['pvalue']:.3g}")
+    return ("fail", "more than the floor: " + detail) if f["exceeds"] else ("pass", "within the floor: " + detail)
+
+
+def describe(level: dict) -> str:
+    """One line for the report: the A/A run's noise and whether it is a floor."""
+    head = (f"A/A floor {level['aa']}: noise {level['scale']:.3g} logits (max margin move over "
+            f"{level['positions']} agreeing positions and {level['flips']} flip(s); p99 {level['p99_shift']:.3g}), "
+            f"diverged on {level['diverged']} of {level['n']} prompts")
+    return head + ("" if level["valid"] else f"; NOT A VALID FLOOR: {'; '.join(level['problems'])}")

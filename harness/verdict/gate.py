@@ -17,14 +17,24 @@ Every verdict says what a test at the stated level showed, and prints the bound 
   has identical grades by construction; its quality gate passes without a test.
 - Identity (exact candidates): every greedy divergence and every coupled-sampling divergence
   must be a numerical near-tie. A sampled identity check needs two seeds, one not 0 (a decoder
-  that ignores the seed passes at seed 0 alone): with fewer it warns.
+  that ignores the seed passes at seed 0 alone): with fewer it warns. An engine's divergences
+  are judged against its A/A run (harness.verdict.floor): beyond the engine's own margin noise
+  they fail, within it a rate test decides, and an invalid A/A run makes them inconclusive.
 - Exactness (rejection sampling): the sequential PIT tests over the sampled tokens and the
   goodness-of-fit windows, Bonferroni at `gates.exactness_pvalue` over those that ran; a token
   of target probability 0 fails outright; a check in which the verifier never rejected a draft
-  shows nothing and is inconclusive; a check the baseline itself fails says the numerics, not
-  the candidate, are off (inconclusive).
-- Speed (`min_speedup`): the one-sided (1 - alpha) lower bound of the speedup (bootstrap over
-  prompts) must reach the minimum; the point estimate alone is a coin flip at the threshold.
+  shows nothing and is inconclusive, and so is one without a p-value where drafts were rejected.
+  The reference is independent of the decoders (transformers' warpers) and has two controls, in
+  the same Bonferroni family: the baseline's own samples failing it fails the run, naming the
+  harness's sampler, and excuses a candidate's failing PIT check only where the candidate is no
+  further from the reference (`deviation`) than the baseline; a model draft's proposals not
+  explained by the rebuilt q make the residual test inconclusive (the reference is broken).
+- Speed (`min_speedup`): the one-sided (1 - alpha) lower bound of the speedup (jackknife over
+  prompts, analysis.latency) must reach the minimum; the point estimate alone is a coin flip at
+  the threshold.
+- Missing evidence fails: a gated suite without pairs ("no items"), a summary step the records
+  could not support ("analysis <step>"), a `min_speedup` without a timed pair, and a lossy
+  candidate without any quality test, whatever its speed.
 """
 from __future__ import annotations
 
@@ -64,16 +74,17 @@ def _inconclusive(gates: Gates) -> str:
 # ----------------------------------------------------------------------------------- identity
 
 
-def _identity_gates(cand: dict, check_sampled: bool) -> list[GateResult]:
+def _identity_gates(cand: dict, check_sampled: bool, gates: Gates | None = None) -> list[GateResult]:
     out = []
     for suite, s in cand["suites"].items():
         for t, ident in s.get("identity", {}).items():
             if t != "T=0" and not check_sampled:
                 continue
             name = f"identity {suite} {t}"
-            judged = floor_gate(ident)  # an engine's nonzero A/A floor decides (harness.verdict.floor)
+            judged = floor_gate(ident)  # an engine's A/A floor decides (harness.verdict.floor)
             if judged is not None:
-                out.append(GateResult(name, "fail" if judged[0] else "pass", judged[1]))
+                status = _inconclusive(gates or Gates()) if judged[0] == "inconclusive" else judged[0]
+                out.append(GateResult(name, status, judged[1]))
                 continue
             real = [d for d in ident["divergences"] if d["kind"] not in ("near-tie", "within-floor")]
             if real:
@@ -196,6 +207,48 @@ def _exactness_checks(ex: dict) -> list[tuple[str, dict]]:
     return checks
 
 
+def _failed(c: dict | None, level: float) -> bool:
+    """A check (or control) that shows a deviation: a token of probability 0, or p below level."""
+    return c is not None and bool(c.get("impossible") or (c.get("pvalue") is not None and c["pvalue"] < level))
+
+
+def _evidence(c: dict, level: float) -> str:
+    if c.get("impossible"):
+        return f"{c['impossible']} of {c.get('n', 0)} token(s) have probability 0 under it (p = 0)"
+    return f"p={c['pvalue']:.3g} < {level:.3g} over {c.get('n', 0)} tokens"
+
+
+def _control_gates(pit: dict, level: float, gates: Gates) -> list[GateResult]:
+    """The two controls of the reference itself (harness/run/exactness.py): the baseline's own
+    samples, and a model draft's proposals under the rebuilt q."""
+    out = []
+    control, draft = pit.get("control"), pit.get("draft_control")
+    ref = pit.get("reference", "the independent reference")
+    if _failed(control, level):
+        # The baseline samples with decoders.sampling, which every candidate shares: a bug there is
+        # a bug of the harness's sampler, and the reference was built without it.
+        out.append(GateResult("exactness control", "fail", f"the harness's sampler is wrong: the baseline's own "
+                              f"samples fail against the independent reference ({ref}): {_evidence(control, level)}. "
+                              f"decoders.sampling shapes (temperature, top-k, top-p) what the baseline and every "
+                              f"candidate sample from, so no candidate is judged exact against it; fix the sampler "
+                              f"(or the numerics, if the decode steps differ from teacher forcing)"))
+    elif control is not None and control.get("pvalue") is None:
+        out.append(GateResult("exactness control", _inconclusive(gates), f"inconclusive: the baseline's own samples "
+                              f"could not check the sampler against the reference: {control.get('note') or 'too few tokens'}"))
+    elif control is not None:
+        out.append(GateResult("exactness control", "pass", f"the baseline's own samples follow the reference: "
+                              f"p={control['pvalue']:.3g} vs {level:.3g} over {control.get('n', 0)} tokens"))
+    if _failed(draft, level):
+        out.append(GateResult("exactness draft control", _inconclusive(gates), f"inconclusive: the reference is broken, "
+                              f"not shown wrong: the draft's q rebuilt by replay does not explain the draft's own "
+                              f"proposals ({_evidence(draft, level)}), so the residual test at rejections cannot be "
+                              f"read; {draft.get('what', '')}"))
+    elif draft is not None and draft.get("pvalue") is not None:
+        out.append(GateResult("exactness draft control", "pass", f"the rebuilt draft q explains its proposals: "
+                              f"p={draft['pvalue']:.3g} vs {level:.3g}, {draft.get('n', 0)} proposals, none of q = 0"))
+    return out
+
+
 def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
     ex = cand.get("exactness") or {}
     checks = _exactness_checks(ex)
@@ -204,36 +257,54 @@ def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
             return [GateResult("exactness", "warn", "rejection sampling was not tested: the profile has no "
                                "temperature > 0 on a sampled suite")]
         return []
+    pit = ex.get("pit") or {}
+    control, draft = pit.get("control"), pit.get("draft_control")
     tested = [c for _, c in checks if c.get("pvalue") is not None]
-    level = gates.exactness_pvalue / max(len(tested), 1)  # Bonferroni over the checks that ran
+    family = len(tested) + sum(c is not None and c.get("pvalue") is not None for c in (control, draft))
+    level = gates.exactness_pvalue / max(family, 1)  # Bonferroni over the checks and controls that ran
     exercised = sum(int(c.get("rejected") or 0) for _, c in checks)
-    control = (ex.get("pit") or {}).get("control")
-    control_bad = control is not None and control.get("pvalue") is not None and control["pvalue"] < level
-    out = []
+    control_bad, draft_bad = _failed(control, level), _failed(draft, level)
+    out = _control_gates(pit, level, gates)
     for name, c in checks:
         counts = f"{c.get('proposed', 0)} draft tokens proposed, {c.get('rejected', 0)} rejected"
         n = c.get("n", 0)
+        failed = _failed(c, level)
+        if failed and draft_bad and name == "exactness PIT rejected":
+            seen = (f"{c['impossible']} correction(s) outside the residual's support" if c.get("impossible")
+                    else f"p={c['pvalue']:.3g}")
+            out.append(GateResult(name, _inconclusive(gates), f"inconclusive: its residual rests on the rebuilt draft "
+                                  f"q, which the draft control shows broken ({seen}, {n} tokens); {counts}"))
+            continue
+        against = ""
+        if failed and control_bad and "PIT" in name:
+            # The shared sampler is wrong (exactness control): the candidate is excused only where it is
+            # no further from the reference than the baseline's own samples.
+            mine, theirs = c.get("deviation"), control.get("deviation")
+            if mine is not None and theirs is not None and mine <= theirs:
+                out.append(GateResult(name, _inconclusive(gates), f"inconclusive: fails ({_evidence(c, level)}), but "
+                                      f"no further from the reference than the baseline's own samples (deviation "
+                                      f"{mine:.3f} <= {theirs:.3f}): the harness's sampler is at fault; {counts}"))
+                continue
+            against = (f"; further from the reference than the baseline's own samples (deviation {mine:.3f} > "
+                       f"{theirs:.3f})" if mine is not None and theirs is not None else
+                       "; its deviation cannot be set against the baseline's")
         if c.get("impossible"):
             out.append(GateResult(name, "fail", f"{c['impossible']} sampled token(s) have probability 0 under the "
-                                  f"distribution they must follow (p = 0); {n} tokens, {counts}"))
+                                  f"distribution they must follow (p = 0); {n} tokens, {counts}{against}"))
             continue
         if c.get("pvalue") is None:
-            # A window without drafts is uninformative; it fails only where nothing else exercised the verifier.
-            status = "warn" if exercised else _inconclusive(gates)
-            out.append(GateResult(name, status, f"inconclusive: {c.get('note', 'too few samples')}; {counts}"))
+            # No p-value where drafts were rejected is missing evidence; a window without drafts is
+            # uninformative, and fails only where nothing else exercised the verifier.
+            status = _inconclusive(gates) if c.get("rejected") or not exercised else "warn"
+            out.append(GateResult(name, status, f"inconclusive: no p-value: {c.get('note', 'too few samples')}; {counts}"))
             continue
         detect = c.get("detectable_tv")
         detect_s = (f"; could detect a top-two distortion of TV >= {detect:.3f} with 80% power" if detect
                     else "; too few samples to detect any top-two distortion with 80% power")
-        desc = f"p={c['pvalue']:.3g} vs {level:.3g} ({gates.exactness_pvalue:g} over {len(tested)} checks); " \
+        desc = f"p={c['pvalue']:.3g} vs {level:.3g} ({gates.exactness_pvalue:g} over {family} checks); " \
                f"{n} {'tokens' if 'PIT' in name else 'samples'}, {counts}{detect_s}"
-        if c["pvalue"] < level:
-            if control_bad and "PIT" in name:
-                out.append(GateResult(name, _inconclusive(gates), f"inconclusive: the baseline's own samples fail "
-                                      f"the same test (p={control['pvalue']:.3g}): teacher forcing does not reproduce "
-                                      f"the sampler (numerics, dtype?); {desc}"))
-            else:
-                out.append(GateResult(name, "fail", f"not the target's distribution: {desc}"))
+        if failed:
+            out.append(GateResult(name, "fail", f"not the target's distribution: {desc}{against}"))
         elif not c.get("rejected"):
             status = "warn" if exercised else _inconclusive(gates)
             out.append(GateResult(name, status, f"inconclusive: the verifier rejected no draft here, so a wrong "
@@ -243,6 +314,9 @@ def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
     if not exercised:
         out.append(GateResult("exactness", _inconclusive(gates), "inconclusive: the verifier rejected no draft in "
                               "any sampled token: its exactness was never put to the test"))
+    elif not tested:
+        out.append(GateResult("exactness", _inconclusive(gates), f"inconclusive: no exactness check yielded a "
+                              f"p-value although the verifier rejected {exercised} draft token(s)"))
     return out
 
 
@@ -264,7 +338,7 @@ def _speed_gate(cand: dict) -> list[GateResult]:
     ok = bound >= minimum
     return [GateResult("speed", "pass" if ok else "fail",
                        f"one-sided {_pct(level)} lower bound {bound:.2f}x {'>=' if ok else '<'} minimum {minimum:.2f}x "
-                       f"(speedup {sp['statistic']:.2f}x, ratio of totals, bootstrap over prompts){extra}")]
+                       f"(speedup {sp['statistic']:.2f}x, ratio of totals, jackknife over prompts){extra}")]
 
 
 # ------------------------------------------------------------------------- acceptance drift
@@ -301,6 +375,33 @@ def _acceptance_gates(cand: dict) -> list[GateResult]:
     return out
 
 
+# --------------------------------------------------------------------------- missing evidence
+
+# Summary steps that record {"error": why} when the records cannot support them (harness.verdict.summary).
+ANALYSIS_STEPS = ("exits", "acceptance", "latency", "speedup")
+
+
+def _analysis_gates(cand: dict) -> list[GateResult]:
+    """A summary step that lacked data is a failed gate, never a silent gap (nor a crash)."""
+    out = []
+    places = [("all suites", cand)] + [(f"suite {name}", s) for name, s in cand["suites"].items()]
+    for step in ANALYSIS_STEPS:
+        for where, part in places:
+            res = part.get(step)
+            if isinstance(res, dict) and res.get("error"):
+                out.append(GateResult(f"analysis {step}", "fail", f"{step} could not be computed ({where}): "
+                                      f"{res['error']}"))
+    return out
+
+
+def _quality_name(suite: str) -> str:
+    return "refusal behaviour" if suite == "refusal" else f"quality {suite}"
+
+
+def _is_quality(result: GateResult) -> bool:
+    return result.name == "refusal behaviour" or result.name.startswith("quality ")
+
+
 # ----------------------------------------------------------------------------------- decision
 
 # Results that do not count as a gate having checked something.
@@ -316,7 +417,7 @@ def decide(cand: dict, gates: Gates) -> Decision:
             results.append(GateResult(side.replace("_", " "), "fail", f"{len(errors)} {who} failed; first: {errors[0]}"))
     if cand["kind"] == "exact":
         sampled = _sampled_identity_applies(cand)
-        results += _identity_gates(cand, check_sampled=sampled)
+        results += _identity_gates(cand, check_sampled=sampled, gates=gates)
         if sampled:
             results += _seed_gates(cand)
         results += _exactness_gates(cand, gates)
@@ -328,14 +429,29 @@ def decide(cand: dict, gates: Gates) -> Decision:
                                       f"quality unchanged"))
         if s.get("quality_missing"):
             results.append(GateResult(f"quality {suite}", "fail", s["quality_missing"]))
+        if s.get("no_items"):  # a gated suite that yielded no pairs (harness.verdict.summary)
+            results.append(GateResult(_quality_name(suite), "fail", s["no_items"]))
     for st in cand.get("stopped", []):
         if st.get("reason") == "fail-fast":
             results.append(GateResult("fail-fast", "fail", f"stopped early (--fail-fast): {st['detail']}"))
-    results += _speed_gate(cand)
+    sp = cand.get("speedup")
+    if cand.get("min_speedup") is not None and (sp is None or sp.get("error")):
+        why = sp["error"] if sp else ("no timed pairs: no item has tokens on both sides with the baseline "
+                                      "generated in this run")
+        results.append(GateResult("speed", "fail", f"minimum {cand['min_speedup']:.2f}x set, but there is no "
+                                  f"speedup to hold against it: {why}"))
+    else:
+        results += _speed_gate(cand)
     results += _acceptance_gates(cand)
+    results += _analysis_gates(cand)
     if not [r for r in results if r.name not in INFORMATIONAL]:
         # A gate that checked nothing must not pass silently (e.g. a lossy candidate on suites
         # without margins, or a profile without greedy runs).
         results.append(GateResult("coverage", "fail", "no gate applied to this candidate: give its suites a "
                                   "quality margin, or run it greedily"))
+    elif cand["kind"] == "lossy" and not any(_is_quality(r) for r in results):
+        # A lossy decoder changes outputs by design: speed or acceptance cannot stand in for quality.
+        results.append(GateResult("quality", "fail", "no quality test: a lossy candidate changes outputs by "
+                                  "design, and none of its suites has a quality margin with graded greedy "
+                                  "pairs; give one a margin"))
     return Decision(passed=not any(r.status == "fail" for r in results), results=tuple(results))

@@ -1,22 +1,59 @@
 """The sample size, said before the run: can this profile decide each gated suite?
 
 For every suite with a quality margin and every lossy candidate: the items the non-inferiority
-test needs to pass with 80% power if nothing changed (Tango's score test, analysis.paired
-.ni_sample_size; times the sequential plan's inflation with `looks > 1`), at the discordance a
-previous run observed (`--plan-from RUN_DIR`), else the suite's stated `discordance`, else
-`[gates] discordance`; against the items the profile runs. A profile that cannot decide says so
-and what n would; `gates.inconclusive` still decides what an undecided suite does to the gate.
+test needs to pass with 80% power if nothing changed, at the discordance a previous run observed
+(`--plan-from RUN_DIR`), else the suite's stated `discordance`, else `[gates] discordance`;
+against the items the profile runs, and the probability that the suite passes at the planned n.
+The fixed design (`looks = 1`) takes its n from Tango's score test's normal approximation
+(analysis.paired.ni_sample_size). With `looks > 1` the figures are the sequential plan's own
+operating characteristics, exact for pass/fail pairs (analysis.sequential.exact_operating, the
+same boundaries and loss level as the gate): the fixed design's n times the plan's normal-theory
+inflation misstates the power of discrete counts under looks, by up to 0.05 at these sizes. The
+pass probability is exact in both designs. A profile that cannot decide says so and what n would;
+`gates.inconclusive` still decides what an undecided suite does to the gate.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
 
+from analysis import sequential
 from analysis.paired import ni_sample_size
 from harness.config import ConfigError, RegressConfig
 
 POWER = 0.8
+EXACT_MAX_N = 1500   # exact operating figures up to this many items (an (n + 1)^2 table per look)
+
+
+@functools.lru_cache(maxsize=512)
+def pass_probability(plan: sequential.Plan, n: int, discordance: float, margin: float) -> float | None:
+    """P(the suite is called non-inferior) when nothing changed, exactly, under ``plan``; None
+    where n is beyond EXACT_MAX_N (or below the plan's looks)."""
+    if not plan.looks <= n <= EXACT_MAX_N:
+        return None
+    return sequential.exact_operating(plan, n, discordance, 0.0, margin).non_inferior
+
+
+def sequential_needed(plan: sequential.Plan, discordance: float, margin: float, start: int) -> int | None:
+    """The n from which ``plan`` passes an unchanged candidate with probability POWER, exactly, by
+    bisection from ``start`` (the fixed design's n times the plan's inflation). The power of
+    discrete counts saws up and down by a little from one n to the next, so this is the crossing
+    the bisection finds, within a few items of the first. None where it lies beyond EXACT_MAX_N."""
+    def enough(n):
+        return pass_probability(plan, n, discordance, margin) >= POWER
+    lo, hi = max(plan.looks, int(0.7 * start)), start
+    while not enough(hi):
+        lo, hi = hi, int(hi * 1.3) + 1
+        if hi > EXACT_MAX_N:
+            return None
+    if enough(lo):
+        return lo
+    while hi - lo > 1:  # enough(hi), not enough(lo)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
 
 
 def _observed(plan_from: str | None) -> tuple[dict, str | None]:
@@ -38,7 +75,7 @@ def _observed(plan_from: str | None) -> tuple[dict, str | None]:
 
 
 def plan(config: RegressConfig, suites: list, plan_from: str | None = None) -> dict:
-    from harness.verdict.looks import gated_suites
+    from harness.verdict.looks import gated_suites, plan_for
     observed, source_run = _observed(plan_from)
     g, prof = config.gates, config.profile
     factor = 1.0
@@ -62,8 +99,12 @@ def plan(config: RegressConfig, suites: list, plan_from: str | None = None) -> d
                 disc, src = g.discordance, "stated [gates]"
             fixed = ni_sample_size(max(disc, 1e-6), margin, alpha=g.alpha, power=POWER)
             needed = math.ceil(fixed * factor) if fixed is not None else None
+            design = plan_for(config, spec) or sequential.Plan.make(1, g.alpha, g.alpha / len(gated_suites(config, spec)))
+            if design.looks > 1 and needed is not None:
+                needed = sequential_needed(design, max(disc, 1e-6), margin, needed) or needed  # past EXACT_MAX_N
             rows.append({"candidate": spec.name, "suite": name, "margin": margin, "discordance": disc,
                          "source": src, "needed": needed, "planned": sizes[name],
+                         "pass_probability": pass_probability(design, sizes[name], max(disc, 1e-6), margin),
                          "decides": needed is not None and sizes[name] >= needed})
     return {"power": POWER, "alpha": g.alpha, "looks": prof.looks, "spending": g.spending, "inflation": factor,
             "rows": rows}
@@ -75,14 +116,17 @@ def table(p: dict, config: RegressConfig) -> str:
     design = (f"{p['looks']} looks, {p['spending']} (max n x{p['inflation']:.3f})" if p["looks"] > 1
               else "fixed design")
     lines = [f"decodegate: sample size: items needed for power {p['power']:.0%} to show non-inferiority if nothing "
-             f"changed (one-sided alpha {p['alpha']:g}, {design}):",
-             f"  {'candidate':<22} {'suite':<10} {'margin':>6}  {'discordance':<30} {'needed':>6} {'runs':>5}"]
+             f"changed (one-sided alpha {p['alpha']:g}, {design}), and P(pass) at the items run"
+             + (" (exact, looks included)" if p["looks"] > 1 else " (exact)") + ":",
+             f"  {'candidate':<22} {'suite':<10} {'margin':>6}  {'discordance':<30} {'needed':>6} {'runs':>5} "
+             f"{'P(pass)':>7}"]
     for r in p["rows"]:
         need = "-" if r["needed"] is None else str(r["needed"])
         verdict = "can decide" if r["decides"] else (
             f"cannot decide: about {r['needed']} items would" if r["needed"] else "cannot decide at any n")
         if not r["decides"]:
             verdict += f" (gates.inconclusive = {config.gates.inconclusive!r})"
+        chance = "-" if r["pass_probability"] is None else f"{r['pass_probability']:.3f}"
         lines.append(f"  {r['candidate']:<22} {r['suite']:<10} {r['margin']:>6.2f}  "
-                     f"{r['discordance']:.2f} {r['source']:<25} {need:>6} {r['planned']:>5}  {verdict}")
+                     f"{r['discordance']:.2f} {r['source']:<25} {need:>6} {r['planned']:>5} {chance:>7}  {verdict}")
     return "\n".join(lines)

@@ -9,9 +9,13 @@ def _fmt(x, spec=".2f", none="–"):
     return none if x is None else format(x, spec)
 
 
-def table(summary: dict) -> str:
-    rows = [("candidate", "suite", "identity T=0", "quality delta (lower bound)", "speedup", "α / τ / layers",
-             "verdict")]
+HEADER = ("candidate", "suite", "identity T=0", "quality delta (lower bound)", "speedup", "α / τ / layers",
+          "verdict")
+
+
+def verdict_rows(summary: dict) -> list[tuple]:
+    """The verdict table's rows (no header): per candidate and suite, then the candidate's ALL row."""
+    rows = []
     for name, cand in summary["candidates"].items():
         for suite, s in cand["suites"].items():
             ident = s.get("identity", {}).get("T=0")
@@ -26,12 +30,12 @@ def table(summary: dict) -> str:
                 q_s = (f"{q['statistic']:+.3f} (>= {seq['looks'][-1]['lower_bound']:+.3f}, "
                        f"look {seq['look']}/{seq['of']})")
             sp = s.get("speedup")
-            sp_s = f"{sp['statistic']:.2f}x" if sp else "–"
+            sp_s = f"{sp['statistic']:.2f}x" if sp and "statistic" in sp else "–"  # not a step that lacked data
             extra = "–"
             if "acceptance" in s and "alpha" in s["acceptance"]:
                 a = s["acceptance"]
                 extra = f"α={_fmt(a['alpha'])} τ={_fmt(a['tau'])}"
-            elif "exits" in s:
+            elif "mean_layers" in s.get("exits", {}):
                 extra = f"{s['exits']['mean_layers']:.1f}/{s['exits']['num_layers']} layers"
             mine = [g for g in cand["gates"] if f" {suite}" in f" {g['name']} "
                     or (suite == "refusal" and g["name"] == "refusal behaviour")]
@@ -39,6 +43,11 @@ def table(summary: dict) -> str:
                            next((g["status"] for g in mine if g["status"] != "pass"), "pass" if mine else "–"))
             rows.append((name, suite, ident_s, q_s, sp_s, extra, verdict))
         rows.append((name, "ALL", "", "", _speedup(cand.get("speedup")), "", cand["verdict"].upper()))
+    return rows
+
+
+def table(summary: dict) -> str:
+    rows = [HEADER, *verdict_rows(summary)]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -50,6 +59,8 @@ def table(summary: dict) -> str:
     out += store_lines(summary)
     out += engine_lines(summary)
     out += sweep_lines(summary)
+    from harness.verdict.load import lines as load_lines
+    out += load_lines(summary)
     out += drift_lines(summary)
     out += f"\n\nverdict: {summary['verdict'].upper()}"
     return out
@@ -64,15 +75,25 @@ def store_lines(summary: dict) -> str:
         where = st["store"] or "no store"
         line = (f"baseline: {st['reused_rows']} of {st['baseline_rows']} rows reused from {where}"
                 + (f" (runs {', '.join(r[:8] for r in st['from_runs'])})" if st["from_runs"] else "")
-                + f"; {fresh} generated in this run (speed is compared on these only)")
+                + f"; {fresh} generated in this run")
         if st["retimed"]:
+            near = st.get("retimed_near_ties") or 0
             line += (f"; {st['retimed']} re-timed rows checked against the store: "
-                     + (f"{len(st['retimed_disagreed'])} DIFFER ({', '.join(st['retimed_disagreed'][:3])}): "
-                        f"the baseline is not reproducible under the same key" if st["retimed_disagreed"]
-                        else "all identical"))
+                     + (f"{len(st['retimed_disagreed'])} DIFFER ({', '.join(st['retimed_disagreed'][:3])})"
+                        if st["retimed_disagreed"] else "all identical"
+                        + (f" ({near} up to a near-tie)" if near else "")))
         if st["skipped"]:
             line += f"; {len(st['skipped'])} unreadable store row(s) skipped"
         lines.append(line)
+        if st.get("reuse_refused"):
+            lines.append(f"store rows not reused: {st['reuse_refused']}")
+        sp = st.get("speed_sample")
+        if sp:
+            parts = ", ".join(f"{suite} {n}" for suite, n in sp["by_suite"].items())
+            lines.append(f"speed rests on {sp['n']} items ({parts})"
+                         + (f": a sample stratified over suites and categories (seed {sp['seed']}), timed beside "
+                            f"the candidates; the rest of the baseline came from the store" if sp["sampled"]
+                            else ": every baseline row, generated in this run"))
     for name, cand in summary["candidates"].items():
         for stop in cand.get("stopped", []):
             lines.append(f"stopped early: {name}: {stop.get('detail', stop.get('reason'))}")
@@ -80,7 +101,7 @@ def store_lines(summary: dict) -> str:
 
 
 def _speedup(sp: dict | None) -> str:
-    if not sp:
+    if not sp or "statistic" not in sp:
         return "–"
     bound = sp.get("lower_bound")
     return f"{sp['statistic']:.2f}x" + (f" (>= {bound:.2f})" if bound is not None else "")
@@ -99,17 +120,20 @@ def statistics_lines(summary: dict) -> str:
     eps = summary.get("near_tie_epsilon")
     if eps:
         lines.append(f"near-tie epsilon {eps['value']:g} ({eps['source']})")
+    from harness.verdict.floor import describe
+    lines += [describe(c["floor"]) for c in summary["candidates"].values() if c.get("floor")]
     base = summary.get("baseline_latency")
-    if base:
+    if base and "per_token" in base:
         lines.append(f"latency {summary['baseline']}: {_p95(base['per_token'])}")
     for name, cand in summary["candidates"].items():
-        if "latency" in cand:
+        if "per_token" in cand.get("latency", {}):
             lines.append(f"latency {name}: {_p95(cand['latency']['per_token'])}")
         sp = cand.get("speedup")
         if sp and sp.get("median_prompt_speedup") is not None:
             lines.append(f"speedup {name}: {sp['statistic']:.2f}x (ratio of totals), one-sided "
                          f"{_fmt(sp.get('lower_bound_level'), '.0%')} lower bound {_fmt(sp.get('lower_bound'))}x "
-                         f"(bootstrap over {sp.get('n_prompts')} prompts, {sp['n']} pairs); per-prompt median "
+                         f"({sp.get('interval', 'jackknife')} over {sp.get('n_prompts')} prompts, {sp['n']} pairs); "
+                         f"per-prompt median "
                          f"{sp['median_prompt_speedup']:.2f}x, {sp['share_prompts_slower']:.0%} of prompts slower")
         pit = ((cand.get("exactness") or {}).get("pit") or {})
         for subset, res in (pit.get("subsets") or {}).items():
@@ -117,6 +141,14 @@ def statistics_lines(summary: dict) -> str:
             lines.append(f"exactness {name} PIT {subset}: {res.get('n', 0)} tokens, p={_fmt(res.get('pvalue'), '.3g')}"
                          f", {res.get('rejected', 0)} rejected drafts; detects a top-two distortion of TV >= "
                          f"{_fmt(det, '.3f', 'none')} with 80% power")
+        if pit.get("reference"):
+            lines.append(f"exactness {name} reference: {pit['reference']}")
+        for control, what in (("control", "the baseline's own samples"), ("draft_control", "the draft's proposals "
+                                                                          "under the replayed q")):
+            res = pit.get(control)
+            if res:
+                lines.append(f"exactness {name} {control.replace('_', ' ')}: {what}, {res.get('n', 0)} tokens, "
+                             f"p={_fmt(res.get('pvalue'), '.3g')}, {res.get('impossible', 0)} of probability 0")
     return "\n\n" + "\n".join(lines) if lines else ""
 
 
@@ -188,10 +220,12 @@ def figures(summary: dict, records: list[dict], run_dir: Path) -> list[Path]:
         folder = run_dir / "figures" / name
         folder.mkdir(parents=True, exist_ok=True)
         rows = [r for r in by_cand.get(name, []) if r.get("tokens")]
-        per_token = {n: [r["timing"]["wall_s"] / len(r["tokens"]) for r in rs] for n, rs in
+        per_token = {n: [r["timing"]["wall_s"] / len(r["tokens"]) for r in rs if "wall_s" in r["timing"]] for n, rs in
                      ((summary["baseline"], base), (name, rows))}
         jobs = [("latency_cdf.png", lambda p, s=per_token: fig.latency_cdfs(s, p, xlabel="seconds per token",
                                                                            title=f"{name}: latency per token"))]
+        if not any(per_token.values()):
+            jobs = []  # no timed generation on either side (every one failed, or none ran)
         if cand["decoder"] == "speculative" and isinstance(cand.get("acceptance"), dict):
             jobs += [("acceptance_histogram.png", lambda p, a=cand["acceptance"]: fig.acceptance_histogram(_ns(a), p)),
                      ("acceptance_by_position.png", lambda p, a=cand["acceptance"]: fig.acceptance_by_position(_ns(a), p))]
@@ -217,7 +251,7 @@ def sweep_lines(summary: dict) -> str:
         return ""
     f = lambda x, spec: "–" if x is None else format(x, spec)  # noqa: E731
     table = [("candidate", "conc.", "tok/s (base)", "p50 / p95 s", "ttft p50", "speedup [95% CI]", "α / τ",
-              "diverged / A/A floor")]
+              "diverged / A/A floor", "A/A noise")]
     for r in rows:
         lo, hi = r["speedup_ci"]
         table.append((r["candidate"], str(r["level"]),
@@ -225,8 +259,96 @@ def sweep_lines(summary: dict) -> str:
                       f"{f(r['latency_p50_s'], '.2f')} / {f(r['latency_p95_s'], '.2f')}", f(r["ttft_p50_s"], ".3f"),
                       f"{f(r['speedup'], '.2f')}x [{f(lo, '.2f')}, {f(hi, '.2f')}]",
                       f"{f(r['alpha'], '.2f')} / {f(r['tau'], '.2f')}",
-                      f"{f(r['divergence_rate'], '.3f')} / {f(r['aa_floor_rate'], '.3f')}"))
+                      f"{f(r['divergence_rate'], '.3f')} / {f(r['aa_floor_rate'], '.3f')}",
+                      f(r.get("aa_noise"), ".3g") + ("" if r.get("aa_floor_valid") is not False else " INVALID")))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n\nconcurrency sweep (each level paired with the baseline at the same level):\n" + "\n".join(lines)
+
+
+# ------------------------------------------------------------------ CI: Markdown summary, JUnit XML
+
+def _md(cell) -> str:
+    """One Markdown table cell: one line, pipes escaped."""
+    return str(cell).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(summary: dict, report_text: str | None = None) -> str:
+    """The verdict table and every gate in Markdown: a CI job summary ($GITHUB_STEP_SUMMARY) and
+    the MLflow parent run's description. `report_text`: the terminal report, appended verbatim."""
+    lines = [f"## decodegate regress: {summary['verdict'].upper()}", "",
+             f"target `{summary.get('target')}` · profile `{summary.get('profile')}` · baseline "
+             f"`{summary.get('baseline')}` · run `{str(summary.get('run_uid', ''))[:12]}` · code "
+             f"`{summary.get('code_version', '?')}`", "",
+             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in verdict_rows(summary)]
+    gates = [(n, g) for n, c in summary["candidates"].items() for g in c.get("gates") or []]
+    if gates:
+        lines += ["", "### Gates", "", "| candidate | gate | status | detail |", "|---|---|---|---|"]
+        lines += [f"| {_md(n)} | {_md(g['name'])} | **{g['status'].upper()}** | {_md(g['detail'])} |"
+                  for n, g in gates]
+    if report_text:
+        lines += ["", "### Report", "", "```", report_text.rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def junit_xml(summary: dict) -> str:
+    """JUnit XML: one testsuite per candidate, one testcase per gate; a failed gate is a <failure>
+    carrying the gate's detail, a warning is reported in the testcase's output (it does not fail)."""
+    import xml.etree.ElementTree as ET
+    root = ET.Element("testsuites", name="decodegate regress")
+    total = failed = 0
+    for name, cand in summary["candidates"].items():
+        if cand.get("role") == "aa-floor":
+            continue  # the baseline run again measures the floor; it is not on trial
+        gates = list(cand.get("gates") or [])
+        if not gates and cand.get("verdict") != "pass":  # fail closed: a verdict with no gate behind it
+            gates = [{"name": "verdict", "status": "fail", "detail": "no gate results for this candidate"}]
+        fails = sum(g["status"] == "fail" for g in gates)
+        suite = ET.SubElement(root, "testsuite", name=name, tests=str(len(gates)), failures=str(fails),
+                              errors="0", skipped="0", timestamp=str(summary.get("created", "")))
+        props = ET.SubElement(suite, "properties")
+        for k in ("decoder", "kind", "target", "verdict"):
+            ET.SubElement(props, "property", name=k, value=str(cand.get(k, "")))
+        for g in gates:
+            case = ET.SubElement(suite, "testcase", classname=f"decodegate.{name}", name=g["name"], time="0")
+            if g["status"] == "fail":
+                failure = ET.SubElement(case, "failure", message=g["detail"].splitlines()[0][:500] if g["detail"]
+                                        else "failed", type="gate")
+                failure.text = g["detail"]
+            out = ET.SubElement(case, "system-out")
+            out.text = f"{g['status'].upper()}: {g['detail']}"
+        total += len(gates)
+        failed += fails
+    root.set("tests", str(total))
+    root.set("failures", str(failed))
+    root.set("errors", "0")
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_ci(summary: dict, report_text: str, junit_path: str | None = None, summary_md: str | None = None,
+             environ: dict | None = None) -> None:
+    """`--junit-xml` and `--summary-md` files; the Markdown is also appended to $GITHUB_STEP_SUMMARY
+    when that is set (appended, never overwritten: earlier steps wrote there too)."""
+    import os
+    environ = os.environ if environ is None else environ
+    if junit_path:
+        Path(junit_path).write_text(junit_xml(summary))
+    if summary_md:
+        md = markdown(summary, report_text)
+        step = environ.get("GITHUB_STEP_SUMMARY")
+        if not (step and Path(step).resolve() == Path(summary_md).resolve()):
+            Path(summary_md).write_text(md)
+        if step:
+            with open(step, "a") as f:
+                f.write(md)
+
+
+def check_ci_paths(*paths: str | None) -> None:
+    """Before a run: an output file whose folder does not exist fails now, not after an hour."""
+    from harness.config import ConfigError
+    for p in paths:
+        if p and not Path(p).resolve().parent.is_dir():
+            raise ConfigError(f"cannot write {p}: folder {Path(p).resolve().parent} does not exist")

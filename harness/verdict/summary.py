@@ -53,6 +53,9 @@ def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng,
     for p in pairs:
         by_temp.setdefault(p.key.temperature, []).append(p)
     out["identity"] = {f"T={t:g}": _identity(ps, eps) for t, ps in sorted(by_temp.items())}
+    if spec.role == "aa-floor":  # the baseline run again: how far the engine's own margins move
+        from harness.verdict.floor import noise
+        out["aa_noise"] = noise(pairs)
     greedy = by_temp.get(0.0, [])
     if suite_spec.margin is not None:
         graded = [p for p in greedy if p.baseline.get("passed") is not None and p.candidate.get("passed") is not None]
@@ -76,19 +79,68 @@ def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng,
         except ValueError as e:
             out["acceptance"] = {"error": str(e)}
     if spec.decoder == "early-exit" and any(s.get("exit_layers") for s in stats):
-        out["exits"] = _plain(analysis.exit_summary([p.candidate for p in pairs], lm_head_cost=head_cost))
+        out["exits"] = exits_step([p.candidate for p in pairs], head_cost)
     if any(p.candidate.get("tokens") for p in pairs):
-        out["latency"] = _plain(analysis.latency_summary([p.candidate for p in pairs if p.candidate.get("tokens")]))
+        out["latency"] = step(analysis.latency_summary, [p.candidate for p in pairs if p.candidate.get("tokens")])
     timed = timed_pairs(pairs)
     if timed:
-        out["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng, alpha=config.gates.alpha))
+        out["speedup"] = step(analysis.paired_speedup, timed, rng=rng, alpha=config.gates.alpha)
     return out
+
+
+def step(fn, *args, **kwargs) -> dict:
+    """One analysis step as plain JSON, or {"error": why} where the records cannot support it:
+    the gate fails that step by name (harness.verdict.gate), and the rest of the run is still
+    summarized. One bad row must not end the run."""
+    try:
+        return _plain(fn(*args, **kwargs))
+    except ValueError as e:
+        return {"error": str(e)}
+
+
+def exits_step(records: list[dict], head_cost: float) -> dict:
+    """Exit statistics over the generations that produced tokens (a failed generation has no
+    exit layers); none at all is an error the gate fails on."""
+    usable = [r for r in records if r.get("tokens")]
+    if not usable:
+        failed = sum(1 for r in records if r.get("error"))
+        return {"error": f"no tokens to take exit statistics from: {failed} of {len(records)} early-exit "
+                         f"generation(s) failed" + ("" if failed else " or produced nothing")}
+    return step(analysis.exit_summary, usable, lm_head_cost=head_cost)
+
+
+def gated_suites(config: RegressConfig, spec) -> list[str]:
+    from harness.verdict.looks import gated_suites as gated
+    return gated(config, spec)
+
+
+def no_items(config: RegressConfig, suite, stopped: bool) -> str:
+    """Why a gated suite has no pairs, for the gate's "no items" failure."""
+    n = len(suite.select(config.profile.subset))
+    why = (f"the {config.profile.subset!r} subset selects none of its items" if n == 0 else
+           f"{n} item(s) selected, but none paired with the baseline"
+           + (" (the candidate was stopped early)" if stopped else ""))
+    return (f"no items: suite {suite.name!r} has a quality margin but no pairs to test it on ({why}); "
+            f"nothing shows the candidate's quality there")
 
 
 def timed_pairs(pairs) -> list:
     """Pairs a speed comparison may use: both sides generated, the baseline timed in this run
-    (a reused baseline row's timing is from another day, another machine load)."""
-    return [p for p in pairs if p.candidate.get("tokens") and p.baseline.get("tokens") and not p.baseline.get("reused")]
+    (a reused baseline row's timing is from another day, another machine load), and where any
+    baseline row was reused, only the stratified speed sample (harness.run.speed_sample)."""
+    from harness.run.speed_sample import rests_on
+    keep = {id(r) for r in rests_on([p.baseline for p in pairs])}
+    return [p for p in pairs if p.candidate.get("tokens") and id(p.baseline) in keep]
+
+
+def speed_basis(timed, pairs) -> dict:
+    """Which items a speedup rests on, for the report: how many per suite, and whether they are
+    every pair or the stratified sample timed beside the candidate."""
+    from harness.run.speed_sample import composition
+    sampled = any(p.baseline.get("reused") for p in pairs)
+    return {"n": len(timed), "of": len(pairs), "by_suite": composition([p.baseline for p in timed]),
+            "basis": "stratified sample (the rest of the baseline came from the store)" if sampled
+            else "every pair (the whole baseline was generated in this run)"}
 
 
 def _sequential(config, spec, suite, pairs) -> dict | None:
@@ -125,8 +177,8 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
                "labels": config.labels,
                "suites": {s.name: {"version": s.version, "hash": s.hash, "n_items": len(s.select(config.profile.subset))}
                           for s in suites},
-               "baseline_latency": _plain(analysis.latency_summary([r for r in base_rows if r.get("tokens")
-                                                                    and not r.get("reused")]))
+               "baseline_latency": step(analysis.latency_summary, [r for r in base_rows if r.get("tokens")
+                                                                  and not r.get("reused")])
                if any(r.get("tokens") and not r.get("reused") for r in base_rows) else None,
                "candidates": {}}
     for spec in config.candidates:
@@ -138,7 +190,9 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
             ran = {(r["suite"], r["item_id"], r["seed"], r["temperature"]) for r in rows}
             mine = [r for r in mine if not ({"*", r["suite"]} & cut)
                     or (r["suite"], r["item_id"], r["seed"], r["temperature"]) in ran]
-        pairs = analysis.pair_records(mine, rows)
+        # Nothing on either side (every suite empty): no pairs, which the gates fail by suite
+        # ("no items"); records on one side only are a pairing error, raised.
+        pairs = analysis.pair_records(mine, rows) if mine or rows else []
         head = (lm_head_cost or {}).get(spec.name, 0.0)
         per_suite = {}
         for suite in suites:
@@ -149,6 +203,9 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
                 seq = _sequential(config, spec, suite, ps)
                 if seq and "quality" in per_suite[suite.name]:
                     per_suite[suite.name]["quality"]["sequential"] = seq
+            elif suite.name in gated_suites(config, spec):
+                # A gated suite that yielded nothing must not drop out of the verdict silently.
+                per_suite[suite.name] = {"n_pairs": 0, "no_items": no_items(config, suite, bool(my_stops))}
         cand = {"decoder": spec.decoder, "kind": spec.kind, "options": spec.options,
                 "target": spec.target or config.target, "labels": spec.labels, "min_speedup": spec.min_speedup,
                 "suites": per_suite}
@@ -156,9 +213,10 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
             cand["stopped"] = my_stops
         timed = timed_pairs(pairs)
         if timed:
-            cand["speedup"] = _plain(analysis.paired_speedup(timed, rng=rng, alpha=config.gates.alpha))
+            cand["speedup"] = step(analysis.paired_speedup, timed, rng=rng, alpha=config.gates.alpha)
+            cand["speedup"]["rests_on"] = speed_basis(timed, pairs)
         if any(p.candidate.get("tokens") for p in pairs):
-            cand["latency"] = _plain(analysis.latency_summary([p.candidate for p in pairs if p.candidate.get("tokens")]))
+            cand["latency"] = step(analysis.latency_summary, [p.candidate for p in pairs if p.candidate.get("tokens")])
         if spec.decoder == "speculative" or any(p.candidate.get("stats", {}).get("proposed") for p in pairs):
             greedy = [p for p in pairs if p.key.temperature == 0 and p.candidate.get("stats", {}).get("proposed")
                       and p.baseline.get("tokens")]
@@ -170,8 +228,7 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
                 except ValueError as e:  # telemetry too thin for the statistics (e.g. no draft length)
                     cand["acceptance"] = {"error": str(e)}
         if spec.decoder == "early-exit":
-            cand["exits"] = _plain(analysis.exit_summary([p.candidate for p in pairs if p.candidate.get("tokens")],
-                                                         lm_head_cost=head))
+            cand["exits"] = exits_step([p.candidate for p in pairs], head)
         if exactness and spec.name in exactness:
             cand["exactness"] = _plain(exactness[spec.name])
         cand["exactness_expected"] = spec.decoder == "speculative" and spec.options.get("verify") == "rejection"
@@ -187,14 +244,18 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
 def headline_metrics(cand: dict) -> dict:
     """The numbers worth a dashboard: what MLflow gets as metrics."""
     m: dict = {}
-    if "speedup" in cand:
+
+    def ok(part: dict, step: str) -> bool:  # present and not a step that lacked data
+        return step in part and not part[step].get("error")
+
+    if ok(cand, "speedup"):
         sp = cand["speedup"]
         m["speedup"] = sp["statistic"]
         m["speedup_ci_low"], m["speedup_ci_high"] = sp["ci_low"], sp["ci_high"]
         m["speedup_lower_bound"] = sp.get("lower_bound")
         m["speedup_prompt_median"] = sp.get("median_prompt_speedup")
         m["share_prompts_slower"] = sp.get("share_prompts_slower")
-    if "latency" in cand:
+    if ok(cand, "latency"):
         lat = cand["latency"]
         m["latency_p50_s_per_token"] = lat["per_token"]["p50"]
         m["latency_p95_s_per_token"] = lat["per_token"]["p95"]
@@ -207,7 +268,7 @@ def headline_metrics(cand: dict) -> dict:
         a = cand["acceptance"]
         for k in ("alpha", "tau", "c", "theoretical_speedup", "achieved_over_theoretical"):
             m[k] = a.get(k)
-    if "exits" in cand:
+    if ok(cand, "exits"):
         m["avg_layers"] = cand["exits"]["mean_layers"]
         m["exit_theoretical_speedup"] = cand["exits"]["theoretical_speedup"]
     for suite, s in cand["suites"].items():
@@ -221,7 +282,7 @@ def headline_metrics(cand: dict) -> dict:
             m[f"{suite}.quality_pvalue"] = q["pvalue"]
             m[f"{suite}.ni_pvalue"] = q["non_inferiority"]["pvalue"]
             m[f"{suite}.baseline_pass_rate"], m[f"{suite}.candidate_pass_rate"] = q["baseline_mean"], q["candidate_mean"]
-        if "speedup" in s:
+        if ok(s, "speedup"):
             m[f"{suite}.speedup"] = s["speedup"]["statistic"]
     if "exactness" in cand:
         ex = cand["exactness"]
@@ -231,4 +292,8 @@ def headline_metrics(cand: dict) -> dict:
             m[f"exactness_pit_{subset}_pvalue"] = res.get("pvalue")
             m[f"exactness_pit_{subset}_tokens"] = res.get("n")
             m[f"exactness_pit_{subset}_detectable_tv"] = res.get("detectable_tv")
+        for control in ("control", "draft_control"):  # the reference's own checks (harness/run/exactness.py)
+            res = (ex.get("pit") or {}).get(control) or {}
+            m[f"exactness_{control}_pvalue"] = res.get("pvalue")
+            m[f"exactness_{control}_impossible"] = res.get("impossible")
     return {k: v for k, v in m.items() if isinstance(v, (int, float))}

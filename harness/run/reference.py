@@ -1,0 +1,147 @@
+"""The exactness reference: the distributions sampled tokens must follow, computed without any
+code from `decoders/` (the checks in `harness/run/exactness.py` judge the decoders against it,
+so a bug in the shaping the decoders share would otherwise be invisible to every check).
+
+- `shaped_probs`: transformers' own logits warpers (`TemperatureLogitsWarper`,
+  `TopKLogitsWarper`, `TopPLogitsWarper`, in the order `generate` applies them) on float64 logits.
+  The decoders' documented contract (`decoders.sampling.shape_logits`) is the same: temperature,
+  then top-k (ties with the k-th logit kept), then top-p on the softmax of what is left (a token
+  is dropped when the mass ordered before it already reaches top_p; at least one token is kept,
+  transformers' min_tokens_to_keep = 1). Deliberate differences: float64 here against float32
+  there, and the order among tied logits; both move a token only when it sits at the top-p
+  boundary within rounding, which `at_top_p_boundary` reports so a check can set it aside.
+- `teacher_forced_logits`: a model's logits after each token of sequences continuing a context,
+  one batched forward per chunk of equal-length sequences (fp32 targets: batched and one-token
+  forwards agree far below any sampling boundary).
+- `replayed_draft_logits`: a draft model's logits where it proposed, recomputed the way it
+  computed them while decoding: on its own KV cache, fed in the chunks the drafter fed (the whole
+  context on its first proposal, then one token per step, two after a round it saw fully
+  accepted), each forward keeping only its last position's logits. Dynamically quantized models
+  (the `-int8` aliases) need exactly that: their activation scales depend on the tokens in each
+  forward, so one batched forward gives another q (measured on smollm2-135m-int8, 33 proposals:
+  batched q at total variation 0.56 on average from the q the draft sampled from, one token at a
+  time after a prompt prefill 0.15, this replay 0, bitwise). The chunks come from the record's
+  round structure (offsets, proposed and accepted per round), never its q: a wrong q is one of the
+  bugs to catch. If a decoder changes how it feeds its draft, the draft-side control in the
+  exactness check (the rebuilt q must explain the proposals) fails and says so.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+CHUNK = 16  # sequences per teacher-forced forward
+
+
+def output_size(model) -> int:
+    """Logits per position: the LM head's rows (may exceed the tokenizer's vocabulary)."""
+    head = model.get_output_embeddings()
+    return int(getattr(head, "out_features", None) or model.config.vocab_size)
+
+
+def to_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Draft logits (..., V_d) on the target's V: ids the target cannot emit cut, ids the draft
+    lacks at -inf (the models share one tokenizer; only padding differs)."""
+    v = logits.shape[-1]
+    if v >= vocab:
+        return logits[..., :vocab]
+    return torch.cat([logits, logits.new_full((*logits.shape[:-1], vocab - v), float("-inf"))], dim=-1)
+
+
+def _warpers(temperature: float, top_k: int, top_p: float) -> list:
+    if not temperature > 0:
+        raise ValueError(f"a sampled distribution needs temperature > 0, got {temperature}")
+    out = [TemperatureLogitsWarper(float(temperature))]
+    if top_k and top_k > 0:
+        out.append(TopKLogitsWarper(int(top_k)))
+    if top_p < 1.0:
+        out.append(TopPLogitsWarper(float(top_p)))
+    return out
+
+
+def shaped_probs(logits: torch.Tensor, request, *, top_p: float | None = None) -> torch.Tensor:
+    """The distribution `request` (temperature, top_k, top_p) samples from, (..., V) float64,
+    by transformers' warpers. `top_p` overrides the request's (1.0: before the top-p cut)."""
+    shape = logits.shape
+    scores = logits.detach().double().reshape(-1, shape[-1])  # the warpers work on (B, V)
+    tp = request.top_p if top_p is None else top_p
+    for warp in _warpers(request.temperature, request.top_k, tp):
+        scores = warp(None, scores)  # these warpers do not read input_ids
+    return torch.softmax(scores, dim=-1).reshape(shape)
+
+
+def at_top_p_boundary(logits_row: torch.Tensor, token: int, request, tol: float) -> bool:
+    """A token of shaped probability 0 whose mass-before (before the top-p cut) lies within `tol`
+    of top_p: the two sides' rounding may put it on either side of the nucleus."""
+    if request.top_p >= 1.0:
+        return False
+    pt = shaped_probs(logits_row[None], request, top_p=1.0)[0]
+    return float(pt[pt > pt[token]].sum()) < request.top_p + tol
+
+
+# ------------------------------------------------------------------------------ forwards
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg(cls) -> str:
+    # transformers >= 5.2x renamed `past_key_values` to `cache`
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+@torch.inference_mode()
+def teacher_forced_logits(loaded, context, seqs: list[list[int]]) -> list[torch.Tensor]:
+    """For each sequence s continuing `context`, the logits (len(s), V) at the positions of s's
+    tokens (float32, on the CPU)."""
+    out: list[torch.Tensor | None] = [None] * len(seqs)
+    by_len: dict[int, list[int]] = {}
+    for i, s in enumerate(seqs):
+        by_len.setdefault(len(s), []).append(i)
+    context = list(context)
+    for length, idx in by_len.items():
+        if length == 0:
+            for i in idx:
+                out[i] = torch.empty(0, output_size(loaded.model))
+            continue
+        for start in range(0, len(idx), CHUNK):
+            part = idx[start:start + CHUNK]
+            ids = torch.tensor([context + list(seqs[i][:-1]) for i in part], device=loaded.device)
+            logits = loaded.model(input_ids=ids, logits_to_keep=length).logits.float().cpu()  # (B, T, V)
+            for j, i in enumerate(part):
+                out[i] = logits[j]
+    return out
+
+
+@torch.inference_mode()
+def replayed_draft_logits(draft, context, tokens, stats: dict) -> dict[int, torch.Tensor]:
+    """{t: the draft's logits (V_d,) for new token t} at every position where the verifier tested
+    a draft token (each round's accepted drafts and its first rejected one), replayed on the
+    draft's own KV cache in the chunks it was fed (see the module docstring). Needs the record's
+    `round_offsets`, `proposed_per_round`, `accepted_per_round` (KeyError without them)."""
+    from transformers import DynamicCache
+    model = draft.model
+    kw = _cache_kwarg(type(model))
+    cache = DynamicCache(config=model.config)
+    ctx = list(context) + list(tokens)
+    start, fed, rows = len(context), 0, {}
+
+    def step(ids: list[int]) -> torch.Tensor:
+        ids_t = torch.tensor([ids], device=draft.device)
+        return model(input_ids=ids_t, use_cache=True, logits_to_keep=1, **{kw: cache}).logits[0, -1].float().cpu()
+
+    for off, n, a in zip(stats["round_offsets"], stats["proposed_per_round"], stats["accepted_per_round"]):
+        if n <= 0 or off >= len(tokens):
+            continue  # no proposal: the drafter fed nothing this round
+        at = start + off
+        rows[off] = step(ctx[fed:at])  # what it had not seen: the context's tail, in one forward
+        fed = at
+        for j in range(1, min(a, n - 1) + 1):  # then each accepted draft token, one forward each
+            if off + j >= len(tokens):
+                break
+            rows[off + j] = step([ctx[at + j - 1]])
+            fed = at + j
+        # A rejection rolls the draft back to the accepted length (what it fed is already that);
+        # a round accepted in full leaves its last draft token unfed, for the next chunk.
+    return rows

@@ -1,0 +1,87 @@
+"""The rejection verifier with the dynamically quantized sibling as its draft (smollm2-135m-int8),
+at the shipped smoke settings (longform smoke, T = 0.7, top-p 0.95, seeds 0 and 1, K = 4):
+correct, it passes its exactness checks; drawing the correction from p instead of the residual,
+it fails them.
+
+Why this needs the real models: dynamic int8 quantization computes activation scales from the
+tokens in each forward, so the draft's q depends on how the draft was fed while decoding. A q
+rebuilt by one batched forward is another distribution (the check then saw corrections of
+probability 0 under the residual and failed a correct decoder); the replay in
+`harness/run/reference.py` gives back the q it sampled from. Only the sampled temperature of the
+smoke profile runs: greedy identity is not what is tested here.
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import decoders.speculative as spec
+from harness.cli import main
+from tests.test_exactness_gates import _baseline_only, resample_from_p
+
+SHIPPED = tomllib.loads((Path(__file__).parent.parent / "regress.toml").read_text())
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    smoke, gates = SHIPPED["profiles"]["smoke"], SHIPPED["gates"]
+    assert 0.7 in smoke["temperatures"] and "longform" in smoke["sample_suites"]
+    profile = "\n".join(f"{k} = {json.dumps(smoke[k])}" for k in
+                        ("subset", "seeds", "max_new_tokens", "exactness_prompts", "exactness_samples"))
+    cfg = tmp_path_factory.mktemp("int8") / "regress.toml"
+    cfg.write_text(f"""
+target = "smollm2-135m"
+top_p = {SHIPPED['top_p']}
+[baseline]
+name = "baseline"
+decoder = "standard"
+[[candidates]]
+name = "spec-int8-rejection"
+decoder = "speculative"
+options = {{ draft = "smollm2-135m-int8", k = 4, verify = "rejection" }}
+[suites.longform]
+[profiles.smoke]
+suites = ["longform"]
+sample_suites = ["longform"]
+temperatures = [0.7]
+{profile}
+[gates]
+""" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in gates.items()) + "\n")
+    return cfg
+
+
+def regress(cfg: Path, run_dir: Path) -> tuple[int, dict]:
+    code = main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress", "--no-tracking"])
+    return code, json.loads((run_dir / "summary.json").read_text())["candidates"]["spec-int8-rejection"]
+
+
+@pytest.fixture(scope="module")
+def clean(config, tmp_path_factory):
+    run = tmp_path_factory.mktemp("clean") / "run"
+    return run, regress(config, run)
+
+
+def test_the_correct_verifier_with_the_int8_draft_passes(clean):
+    _, (code, cand) = clean
+    exactness = [g for g in cand["gates"] if g["name"].startswith("exactness")]
+    assert code == 0 and cand["verdict"] == "pass", [g for g in exactness if g["status"] != "pass"]
+    pit = cand["exactness"]["pit"]
+    assert pit["subsets"]["rejected"]["n"] >= 100 and pit["subsets"]["rejected"]["impossible"] == 0
+    # the draft-side control: the replayed q explains every proposal
+    assert pit["draft_control"]["impossible"] == 0 and pit["draft_control"]["pvalue"] > pit["level"]
+    assert {"exactness control", "exactness draft control"} <= {g["name"] for g in exactness if g["status"] == "pass"}
+
+
+def test_a_correction_drawn_from_p_still_fails(config, clean, tmp_path, monkeypatch):
+    _baseline_only(clean[0], tmp_path / "run")
+    monkeypatch.setattr(spec, "verify_rejection", resample_from_p)
+    code, cand = regress(config, tmp_path / "run")
+    caught = [g for g in cand["gates"] if g["status"] == "fail" and g["name"].startswith("exactness")
+              and "control" not in g["name"]]
+    assert code == 1 and caught, cand["gates"]
+    assert all(g["status"] == "pass" for g in cand["gates"] if "control" in g["name"])

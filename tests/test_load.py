@@ -1,0 +1,244 @@
+"""Open-loop load, the pure parts: the seeded schedule (the same for every decoder, gamma moments),
+the metrics on constructed token times (TPOT, ITL, p99 only where n allows), goodput, SLO gating
+(over capacity is not gated, missing evidence fails), the crossover and its bracketing, and the
+config keys. The engine end of it is tests/test_load_engine.py."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.load import (crossover, good, judge_level, level_metrics, level_speedup, p95_bound, pays, refine_rate,
+                           tpot)
+from harness.config import ConfigError, Gates, load_config
+from harness.run.load import item_order, schedule, unit_offsets
+from harness.verdict.slo import gates as slo_gates, level_outcome
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class _Suite:
+    name = "s"
+
+
+class _Item:
+    def __init__(self, i):
+        self.id = f"i{i}"
+
+
+def works(n=7):
+    from harness.run.runner import WorkItem
+    return [WorkItem(_Suite(), _Item(i), 0.0, 0) for i in range(n)]
+
+
+# ------------------------------------------------------------------------------------ schedule
+
+def test_schedule_is_reproducible_and_the_same_items_sit_at_the_same_offsets():
+    w = works()
+    a = schedule(w, 2.0, requests=30, burstiness=1.0, seed=5)
+    b = schedule(w, 2.0, requests=30, burstiness=1.0, seed=5)
+    assert [(x.index, x.offset_s, x.work.item.id) for x in a] == [(x.index, x.offset_s, x.work.item.id) for x in b]
+    c = schedule(w, 2.0, requests=30, burstiness=1.0, seed=6)
+    assert [x.offset_s for x in a] != [x.offset_s for x in c]
+    # Another rate: the same items in the same order, the offsets scaled by the rate (common random numbers).
+    d = schedule(w, 4.0, requests=30, burstiness=1.0, seed=5)
+    assert [x.work.item.id for x in d] == [x.work.item.id for x in a]
+    assert np.allclose([2 * x.offset_s for x in d], [x.offset_s for x in a])
+    assert a[0].offset_s == 0.0 and all(y.offset_s >= x.offset_s for x, y in zip(a, a[1:]))
+
+
+def test_every_item_is_used_before_any_repeats():
+    order = item_order(7, 21, seed=1)
+    for k in range(3):
+        assert sorted(order[7 * k:7 * (k + 1)]) == list(range(7))
+    assert order[:7] != order[7:14]  # reshuffled each time round
+
+
+@pytest.mark.parametrize("burstiness", [1.0, 0.5, 4.0])
+def test_gamma_gaps_have_the_mean_and_spread_vllm_bench_serve_gives(burstiness):
+    gaps = np.diff(unit_offsets(40001, burstiness, seed=0)) / 3.0  # rate 3 req/s
+    assert gaps.mean() == pytest.approx(1 / 3.0, rel=0.02)
+    # Gamma with shape b: squared coefficient of variation 1/b (b = 1: exponential, Poisson arrivals).
+    assert (gaps.std() / gaps.mean()) ** 2 == pytest.approx(1 / burstiness, rel=0.05)
+
+
+# ------------------------------------------------------------------------------------- metrics
+
+def row(i, ttft, gaps, *, item=None, error=None, stats=None):
+    times = [ttft, *gaps]
+    r = {"index": i, "suite": "s", "item_id": item or f"i{i % 7}", "ttft_s": ttft, "e2e_s": sum(times),
+         "token_times_s": times, "n_tokens": len(times), "stats": stats or {}, "error": error}
+    if error:
+        r.update(n_tokens=0, token_times_s=[], e2e_s=None, ttft_s=None)
+    return r
+
+
+def test_tpot_itl_and_percentiles_on_constructed_token_times():
+    # A speculative-looking stream: rounds of 3 tokens, the round's cost on its first gap.
+    r = row(0, 0.5, [0.3, 0.0, 0.0, 0.3, 0.0, 0.0])
+    assert tpot(r) == pytest.approx(0.6 / 6)
+    assert tpot(row(1, 0.5, [])) is None  # one token: no decode phase
+    rows = [row(i, 0.1 * (i + 1), [0.05] * 4) for i in range(20)]
+    m = level_metrics(rows, duration_s=10.0)
+    assert m["n"] == 20 and m["errors"] == 0
+    assert m["ttft"]["p50"] == pytest.approx(1.05) and m["tpot"]["p50"] == pytest.approx(0.05)
+    lo, hi = m["ttft"]["p50_ci"]
+    assert lo < 1.05 < hi
+    # p99 of 20 requests is not estimated: it is None, with the n it would need.
+    assert m["e2e"]["p99"] is None and m["e2e"]["p99_needs_n"] == 100 and m["e2e"]["p90"] is not None
+    assert m["itl"]["n"] == 80 and m["itl"]["p90"] == pytest.approx(0.05) and m["itl"]["p99"] is None
+    assert m["output_throughput_tok_s"]["value"] == pytest.approx(100 / 10.0)
+
+
+def test_p99_needs_a_hundred_observations():
+    m = level_metrics([row(i, 0.1, [0.01 * (i % 5)] * 2) for i in range(120)], duration_s=30)
+    assert m["e2e"]["p99"] is not None and m["e2e"]["n"] == 120
+    assert level_metrics([row(i, 0.1, [0.01]) for i in range(99)], duration_s=30)["e2e"]["p99"] is None
+
+
+def test_goodput_counts_requests_meeting_every_slo_and_failures_meet_none():
+    slo = {"ttft_p95_s": 0.5, "e2e_p95_s": 1.0}
+    rows = [row(0, 0.2, [0.1]), row(1, 0.6, [0.1]), row(2, 0.2, [0.9]), row(3, 0.1, [0.1], error="HTTP 503")]
+    assert [good(r, slo) for r in rows] == [True, False, False, False]
+    m = level_metrics(rows, duration_s=2.0, slo=slo)
+    g = m["goodput_rps"]
+    assert g["value"] == pytest.approx(0.5) and g["good"] == 1 and g["of"] == 4
+    assert g["ci"][0] < 0.5 < g["ci"][1]
+    assert m["errors"] == 1 and "HTTP 503" in m["first_error"]
+
+
+def test_acceptance_weighted_per_token_and_per_request_are_different_numbers():
+    # A long completion accepting everything and three short ones accepting nothing.
+    rows = [row(0, 0.1, [0.01] * 5, stats={"telemetry": "per-request", "proposed": 90, "accepted": 90})]
+    rows += [row(i, 0.1, [0.01] * 5, stats={"telemetry": "per-request", "proposed": 10, "accepted": 0}) for i in (1, 2, 3)]
+    acc = level_metrics(rows, duration_s=1.0, prometheus={"draft_tokens": 120, "accepted": 60})["acceptance"]
+    assert acc["per_token"]["value"] == pytest.approx(90 / 120) and "per token" in acc["per_token"]["weighting"]
+    assert acc["per_request"]["value"] == pytest.approx(0.25) and "per request" in acc["per_request"]["weighting"]
+    assert acc["level"]["value"] == 0.5 and "level" in acc["level"]["source"]
+
+
+def test_p95_bound_exists_from_59_requests_and_failures_count_as_never_answered():
+    assert p95_bound([0.1] * 58)["bound"] == "too few"
+    b = p95_bound([0.01 * i for i in range(100)])
+    assert b["bound"] == "exists" and b["upper_bound"] >= b["p95"]
+    assert p95_bound([0.1] * 80 + [None])["bound"] == "on failed requests"
+
+
+# ------------------------------------------------------------------------------------- SLO gates
+
+def _level(ttft, n=80, errors=0):
+    rows = [row(i, ttft, [0.01]) for i in range(n)] + [row(n + i, 0, [], error="HTTP 503") for i in range(errors)]
+    return level_metrics(rows, duration_s=10, slo={"ttft_p95_s": 0.5})
+
+
+def test_slo_is_gated_on_the_candidates_bound_only_where_the_baseline_meets_it():
+    assert level_outcome("ttft_p95_s", _level(0.2), _level(0.3))[0] == "pass"
+    outcome, words = level_outcome("ttft_p95_s", _level(0.2), _level(0.8))
+    assert outcome == "fail" and "upper bound" in words
+    # The baseline misses it: over capacity, whatever the candidate does.
+    assert level_outcome("ttft_p95_s", _level(0.9), _level(0.8))[0] == "over capacity"
+    assert level_outcome("ttft_p95_s", _level(0.2, errors=10), _level(0.2))[0] == "over capacity"
+
+
+def test_slo_fails_closed_when_evidence_is_missing():
+    # Too few requests for an upper bound: inconclusive, a failure under inconclusive = "fail".
+    assert level_outcome("ttft_p95_s", _level(0.2), _level(0.2, n=20))[0] == "inconclusive"
+    # The candidate's bound lands on a refused request; the candidate has no rows; no baseline rows.
+    assert level_outcome("ttft_p95_s", _level(0.2), _level(0.2, errors=1))[0] == "fail"
+    assert level_outcome("ttft_p95_s", _level(0.2), None)[0] == "fail"
+    assert level_outcome("ttft_p95_s", None, _level(0.2))[0] == "inconclusive"
+    levels = [{"rate": 1.0, "baseline": _level(0.2), "candidate": _level(0.2, n=20)},
+              {"rate": 2.0, "baseline": _level(0.9), "candidate": _level(0.9)}]
+    [g] = slo_gates(levels, {"ttft_p95_s": 0.5}, Gates(inconclusive="fail"))
+    assert g.status == "fail" and "1 req/s: INCONCLUSIVE" in g.detail and "2 req/s: over capacity" in g.detail
+    assert slo_gates(levels, {"ttft_p95_s": 0.5}, Gates(inconclusive="warn"))[0].status == "warn"
+    everywhere_over = [{"rate": 1.0, "baseline": _level(0.9), "candidate": _level(0.1)}]
+    [g] = slo_gates(everywhere_over, {"ttft_p95_s": 0.5}, Gates())
+    assert g.status == "warn" and "not gated" in g.detail
+
+
+# ------------------------------------------------------------------------------------- crossover
+
+def test_speedup_pays_and_the_crossover_statuses():
+    base = [row(i, 0.1, [0.1] * 9) for i in range(30)]
+    fast = [row(i, 0.05, [0.05 + 0.001 * (i % 3)] * 9) for i in range(30)]
+    slow = [row(i, 0.2, [0.2 + 0.001 * (i % 3)] * 9) for i in range(30)]
+    sp = level_speedup(base, fast)
+    assert sp["statistic"] > 1.5 and sp["lower_bound"] > 1 and sp["n_prompts"] == 7
+    assert judge_level(base, fast, duration_s=10)["pays"]
+    j = judge_level(base, slow, duration_s=10)
+    assert not j["pays"] and "lower bound" in j["why"]
+    assert not pays(level_metrics(fast[:-1] + [row(29, 0, [], error="x")], duration_s=10), sp)[0]  # a failure
+    assert crossover([(1, False), (2, False)])["status"] == "never pays"
+    assert crossover([(1, True), (2, True)]) == {"status": "pays at every level tried", "rate": 2, "next": None}
+    assert crossover([(4, False), (1, True), (2, True)]) == {"status": "pays up to", "rate": 2, "next": 4}
+    # "stays": a level that pays above one that did not does not move the crossover up.
+    assert crossover([(1, True), (2, False), (4, True)])["rate"] == 1
+
+
+def test_bracketing_converges_on_the_crossover_within_its_budget():
+    truth = 3.0  # pays below 3 req/s
+    levels = [(r, r < truth) for r in (1.0, 2.0, 4.0, 8.0)]
+    tried = []
+    for _ in range(3):  # a budget of three extra levels
+        nxt = refine_rate(levels)
+        if nxt is None:
+            break
+        tried.append(nxt)
+        levels.append((nxt, nxt < truth))
+    assert tried[0] == pytest.approx(math.sqrt(8), rel=1e-2) and len(tried) == 3
+    c = crossover(levels)
+    assert c["rate"] < truth < c["next"] and c["next"] / c["rate"] < 1.2
+    assert refine_rate([(1.0, True), (1.05, False)]) is None  # narrower than 10%: done
+    assert refine_rate([(1.0, False), (2.0, False)]) is None and refine_rate([(1.0, True)]) is None
+
+
+# ---------------------------------------------------------------------------------------- config
+
+def _cfg(tmp_path, profile: str) -> Path:
+    p = tmp_path / "c.toml"
+    p.write_text(f"""target = "smollm2-135m"
+[engines.a]
+base_url = "http://127.0.0.1:1"
+[baseline]
+decoder = "llama.cpp"
+options = {{ engine = "a" }}
+[[candidates]]
+name = "c"
+decoder = "llama.cpp"
+options = {{ engine = "a" }}
+[profiles.load]
+subset = "smoke"
+suites = ["factual"]
+{profile}
+""")
+    return p
+
+
+def test_load_profile_keys_parse_and_typos_are_refused(tmp_path):
+    cfg = load_config(_cfg(tmp_path, "rates = [4, 1]\nburstiness = 0.5\nmax_in_flight = 3\nload_requests = 20\n"
+                                     "[profiles.load.slo]\nttft_p95_s = 1.5\n"), "load")
+    load = cfg.profile.load
+    assert load.rates == (1.0, 4.0) and load.burstiness == 0.5 and load.max_in_flight == 3 and load.requests == 20
+    assert load.slo.items() == {"ttft_p95_s": 1.5} and load.refine_levels == 2
+    for bad, msg in [("rates = [0, 1]", "rates must be"), ("rates = [1]\nburstiness = -1", "burstiness"),
+                     ("burstiness = 2", "need rates"), ("rates = [1]\n[profiles.load.slo]\nttft_p59_s = 1", "ttft_p95_s"),
+                     ("rates = [1]\nmax_in_flight = 0", "max_in_flight")]:
+        with pytest.raises(ConfigError, match=msg):
+            load_config(_cfg(tmp_path, bad), "load")
+
+
+def test_load_needs_engine_decoders(tmp_path):
+    p = _cfg(tmp_path, "rates = [1]")
+    p.write_text(p.read_text().replace('decoder = "llama.cpp"\noptions = { engine = "a" }\n[[candidates]]',
+                                       'decoder = "standard"\n[[candidates]]'))
+    with pytest.raises(ConfigError, match="need an engine baseline"):
+        load_config(p, "load")
+
+
+def test_shipped_load_profile():
+    cfg = load_config(ROOT / "regress-engine.toml", "load")
+    assert len(cfg.profile.load.rates) >= 3 and cfg.profile.load.slo.items()
+    assert {c.name for c in cfg.candidates} == {"llama-ngram", "llama-draft"}

@@ -1,0 +1,194 @@
+"""No evidence, no pass (issue 21): a summary step without data is a failed gate, never an
+exception; a gated suite with no pairs fails with "no items"; a lossy candidate needs a quality
+test. Summaries of records as the runner writes them (`harness.run.runner.make_row`), and one
+`regress` end to end on the tiny model."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from analysis.calibration.synthetic import make_record
+from harness.cli import main
+from harness.config import load_config
+from harness.verdict.gate import decide
+from harness.verdict.summary import summarize
+from suites.format import item_from_row, make_suite
+
+
+def _config(tmp_path: Path, candidates: str, suites: str, profile_suites: str, extra: str = ""):
+    cfg = tmp_path / "regress.toml"
+    cfg.write_text(f"""
+target = "tiny-llama"
+[baseline]
+name = "baseline"
+decoder = "standard"
+{candidates}
+{suites}
+[profiles.smoke]
+subset = "smoke"
+suites = {profile_suites}
+temperatures = [0.0]
+seeds = [0]
+{extra}
+""")
+    return load_config(cfg, "smoke")
+
+
+def _suite(name: str, ids, smoke=None):
+    items = [item_from_row({"id": i, "prompt": f"question {i}", "references": ["x"]}, {"grader": "contains"})
+             for i in ids]
+    return make_suite(name=name, version="1", description="test", items=items,
+                      smoke_ids=list(ids) if smoke is None else smoke, source="<test>")
+
+
+def _errored(candidate: str, decoder: str, suite, item_id: str) -> dict:
+    """A failed generation as the runner records it (make_row with a DecoderError)."""
+    return {"candidate": candidate, "decoder": decoder, "kind": "lossy", "suite": suite.name,
+            "suite_version": suite.version, "suite_hash": suite.hash, "item_id": item_id, "categories": [],
+            "seed": 0, "temperature": 0.0, "error": "prompt is 300 tokens but the model's context is 256",
+            "tokens": [], "text": "", "score": 0.0, "passed": False, "margins": [], "stats": {}, "timing": {}}
+
+
+def _gates(summary: dict, name: str, config) -> dict:
+    d = decide(summary["candidates"][name], config.gates)
+    return {r.name: r for r in d.results}, d.passed
+
+
+EARLY_EXIT = """
+[[candidates]]
+name = "ee"
+decoder = "early-exit"
+kind = "lossy"
+options = { threshold = 0.5 }
+"""
+
+
+def test_early_exit_whose_every_generation_errored_fails_a_gate(tmp_path):
+    config = _config(tmp_path, EARLY_EXIT, "[suites.f]\nmargin = 0.2", '["f"]')
+    suite = _suite("f", ["a", "b", "c"])
+    records = [_errored(c, d, suite, i) for i in ("a", "b", "c") for c, d in (("baseline", "standard"),
+                                                                              ("ee", "early-exit"))]
+    summary = summarize(config, records, [suite])  # before: ValueError from analysis.exit_summary
+    gates, passed = _gates(summary, "ee", config)
+    assert not passed
+    assert gates["analysis exits"].status == "fail"
+    assert "no tokens" in gates["analysis exits"].detail and "3 of 3" in gates["analysis exits"].detail
+    assert gates["errors"].status == "fail"
+
+
+def test_one_errored_item_leaves_the_exit_statistics_of_the_others(tmp_path):
+    config = _config(tmp_path, EARLY_EXIT, "[suites.f]\nmargin = 0.2", '["f"]')
+    suite = _suite("f", ["a", "b", "c"])
+    stats = {"exit_layers": [1, 2, 2, 2], "num_layers": 2, "lm_head_evals": 6}
+    records = [_errored("ee", "early-exit", suite, "a")]
+    records += [make_record(suite="f", suite_hash=suite.hash, item_id=i, passed=True) for i in ("a", "b", "c")]
+    records += [make_record(candidate="ee", decoder="early-exit", suite="f", suite_hash=suite.hash, item_id=i,
+                            passed=True, stats=stats) for i in ("b", "c")]
+    summary = summarize(config, records, [suite])  # before: ValueError (record 'a' has no stats.exit_layers)
+    cand = summary["candidates"]["ee"]
+    assert cand["suites"]["f"]["exits"]["tokens"] == 8 and cand["exits"]["tokens"] == 8
+    gates, passed = _gates(summary, "ee", config)
+    assert not passed and gates["errors"].status == "fail" and "analysis exits" not in gates
+
+
+SPEC = """
+[[candidates]]
+name = "spec"
+decoder = "speculative"
+options = { draft = "prompt-lookup", verify = "coupled" }
+"""
+
+
+def test_gated_suite_with_an_empty_subset_fails_with_no_items(tmp_path):
+    config = _config(tmp_path, SPEC, "[suites.f]\nmargin = 0.2\n[suites.g]\nmargin = 0.2", '["f", "g"]')
+    full, empty = _suite("f", ["a", "b"]), _suite("g", ["x", "y"], smoke=[])
+    records = [make_record(candidate=c, suite="f", suite_hash=full.hash, item_id=i, passed=True)
+               for i in ("a", "b") for c in ("baseline", "spec")]
+    summary = summarize(config, records, [full, empty])
+    assert summary["suites"]["g"]["n_items"] == 0
+    gates, passed = _gates(summary, "spec", config)
+    assert gates["quality f"].status == "pass"  # identical outputs on f
+    assert not passed and gates["quality g"].status == "fail" and "no items" in gates["quality g"].detail
+
+
+def test_suite_without_a_margin_may_be_empty(tmp_path):
+    """Only gated suites must have items: an identity-only suite without any adds nothing."""
+    config = _config(tmp_path, SPEC, "[suites.f]\nmargin = 0.2", '["f", "g"]')
+    full, empty = _suite("f", ["a", "b"]), _suite("g", ["x"], smoke=[])
+    records = [make_record(candidate=c, suite="f", suite_hash=full.hash, item_id=i, passed=True)
+               for i in ("a", "b") for c in ("baseline", "spec")]
+    gates, passed = _gates(summarize(config, records, [full, empty]), "spec", config)
+    assert passed and "quality g" not in gates
+
+
+def test_rows_without_timing_fail_the_latency_step_not_the_run(tmp_path):
+    config = _config(tmp_path, SPEC, "[suites.f]\nmargin = 0.2", '["f"]')
+    suite = _suite("f", ["a", "b"])
+    records = [make_record(suite="f", suite_hash=suite.hash, item_id=i, passed=True) for i in ("a", "b")]
+    for i in ("a", "b"):
+        row = make_record(candidate="spec", decoder="speculative", suite="f", suite_hash=suite.hash, item_id=i,
+                          passed=True)
+        row["timing"] = {}  # a backend that reported no wall time
+        records.append(row)
+    summary = summarize(config, records, [suite])  # before: ValueError (record has no timing.wall_s)
+    gates, passed = _gates(summary, "spec", config)
+    assert not passed and gates["analysis latency"].status == "fail"
+    assert "wall_s" in gates["analysis latency"].detail
+
+
+def test_drafts_without_a_draft_length_fail_the_acceptance_step(tmp_path):
+    config = _config(tmp_path, SPEC, "[suites.f]\nmargin = 0.2", '["f"]')
+    suite = _suite("f", ["a", "b"])
+    records = [make_record(suite="f", suite_hash=suite.hash, item_id=i, passed=True) for i in ("a", "b")]
+    records += [make_record(candidate="spec", decoder="speculative", suite="f", suite_hash=suite.hash, item_id=i,
+                            passed=True, stats={"proposed": 4, "accepted": 2}) for i in ("a", "b")]
+    gates, passed = _gates(summarize(config, records, [suite]), "spec", config)
+    assert not passed and gates["analysis acceptance"].status == "fail"
+    assert "draft length" in gates["analysis acceptance"].detail
+
+
+def test_min_speedup_without_timed_pairs_fails(tmp_path):
+    config = _config(tmp_path, SPEC.replace('name = "spec"', 'name = "spec"\nmin_speedup = 1.1'),
+                     "[suites.f]\nmargin = 0.2", '["f"]')
+    suite = _suite("f", ["a", "b"])
+    records = [dict(make_record(suite="f", suite_hash=suite.hash, item_id=i, passed=True), reused={"run_uid": "r"})
+               for i in ("a", "b")]  # the baseline came from the store: nothing timed beside the candidate
+    records += [make_record(candidate="spec", decoder="speculative", suite="f", suite_hash=suite.hash, item_id=i,
+                            passed=True) for i in ("a", "b")]
+    gates, passed = _gates(summarize(config, records, [suite]), "spec", config)
+    assert not passed and gates["speed"].status == "fail" and "no timed pairs" in gates["speed"].detail
+
+
+def test_regress_with_a_prompt_too_long_for_the_early_exit_candidate(tmp_path):
+    """End to end: one item errors (its prompt exceeds the tiny model's 256 positions); the run
+    ends with a failed gate and the other items' exit statistics, not an exception."""
+    rows = [{"suite": "mixed", "version": "1", "description": "one prompt too long", "smoke": ["ok-0", "ok-1", "long"],
+             "defaults": {"grader": "contains", "max_new_tokens": 6, "stop": []}},
+            {"id": "ok-0", "prompt": "Tell me about cats", "references": ["\u0000never"]},
+            {"id": "ok-1", "prompt": "Tell me about rivers", "references": ["\u0000never"]},
+            {"id": "long", "prompt": "word " * 2000, "references": ["\u0000never"]}]
+    suite = tmp_path / "mixed.jsonl"
+    suite.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = tmp_path / "regress.toml"
+    cfg.write_text(f"""
+target = "tiny-llama"
+[baseline]
+name = "baseline"
+decoder = "standard"
+{EARLY_EXIT}
+[suites.mixed]
+margin = 0.5
+path = "{suite}"
+[profiles.smoke]
+subset = "smoke"
+suites = ["mixed"]
+temperatures = [0.0]
+seeds = [0]
+""")
+    code = main(["regress", "--config", str(cfg), "--run-dir", str(tmp_path / "run"), "--no-progress",
+                 "--no-tracking"])
+    assert code == 1  # before: exit 3, internal error "record 'long' has no stats.exit_layers ..."
+    cand = json.loads((tmp_path / "run" / "summary.json").read_text())["candidates"]["ee"]
+    assert cand["suites"]["mixed"]["exits"]["n"] == 2 and cand["exits"]["n"] == 2
+    failed = {g["name"] for g in cand["gates"] if g["status"] == "fail"}
+    assert {"errors", "baseline errors"} <= failed
