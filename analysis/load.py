@@ -224,8 +224,8 @@ def level_metrics(rows: Sequence[Mapping[str, Any]], *, duration_s: float, slo: 
     tokens = np.asarray([float(r.get("n_tokens") or 0) if ok(r) else 0.0 for r in rows])
     if duration_s > 0 and rows:
         ci = ([None, None] if len(rows) < 2 else
-              [x / duration_s for x in bootstrap_ci((tokens,), lambda t, axis: t.sum(axis), confidence_level=confidence_level,
-                                                    n_resamples=2000, rng=rng, method="percentile")])
+              [x / duration_s for x in bootstrap_ci((tokens,), lambda t, axis: t.sum(axis), n_resamples=2000,
+                                                    confidence_level=confidence_level, rng=rng, method="percentile")])
         out["output_throughput_tok_s"] = {"value": float(tokens.sum() / duration_s), "ci": ci}
         out["request_throughput_rps"] = len(fine) / duration_s
     if slo:

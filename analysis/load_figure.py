@@ -42,8 +42,9 @@ def load_figure(load: dict[str, Any], path: str | Path) -> Path:
                                (c["rate"], 1.0), textcoords="offset points", xytext=(3, 6), fontsize=7,
                                color=colours[name])
             elif c.get("status") == "never pays":
-                sp_ax.annotate("never pays", (xs[0], 1.0), textcoords="offset points", xytext=(3, -12), fontsize=7,
-                               color=colours[name])
+                k = decoders.index(name)  # one line each, so several "never pays" do not overlap
+                sp_ax.annotate(f"{name} never pays", (xs[0], 1.0), textcoords="offset points",
+                               xytext=(3, -4 - 10 * k), fontsize=7, color=colours[name])
         key = "goodput_rps" if has_slo else None
         ys, err = [], [[], []]
         for e in rows:

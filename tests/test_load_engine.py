@@ -1,8 +1,9 @@
 """Open-loop load through `regress` against real llama.cpp servers the run starts itself.
 
-One tiny run (2 rates, 4 prompts, 12 tokens, 60 requests per level: the least with a 95% upper
-bound on a p95) with a plain baseline, an n-gram candidate and a draft-model candidate that is
-slower at every level (the same GGUF as its own draft). Checked on it:
+One tiny run (2 rates, 4 short prompts without the chat template, 4 tokens, 32 requests per level:
+the least with an 80% upper bound on a p95, so the gates run at alpha = 0.2) with a plain
+baseline, an n-gram candidate and a draft-model candidate that is slower at every level (the
+same GGUF as its own draft). Checked on it:
 - the schedule: the same items at the same offsets for the baseline and every candidate;
 - every metric at every level (TTFT, TPOT, ITL, E2E, throughput, goodput, speedup, acceptance),
   the harness's overhead, the report's tables, figures/load.png, and MLflow's copy of the numbers;
@@ -70,11 +71,15 @@ def test_rate_sweep_slos_crossover_and_a_refusing_level(tmp_path):
     engines = {"plain": launch_args("-np", "4", "--spec-type", "none"),
                "ngram": launch_args("-np", "4", "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
                                     "--spec-ngram-simple-size-m", "8"),
-               "slow": launch_args("-np", "4", "--spec-type", "draft-simple", "--spec-draft-model", gguf("smollm2-135m"),
-                                   "--spec-draft-n-max", "4", "--spec-draft-threads", "1")}
+               "slow": launch_args("-np", "4", "--spec-type", "draft-simple", "--spec-draft-model",
+                                   gguf("smollm2-135m"), "--spec-draft-n-max", "4", "--spec-draft-threads", "1")}
     cfg = engine_config(tmp_path, suite, engines, [("ngram", "ngram"), ("slow", "slow")],
-                        profile_extra="max_new_tokens = 12\nrates = [3, 12]\nload_requests = 60\nrefine_levels = 0\n"
-                                      "[profiles.smoke.slo]\nttft_p95_s = 600\ntpot_p95_s = 600\ne2e_p95_s = 600\n")
+                        profile_extra="max_new_tokens = 4\nrates = [1.5, 6]\nload_requests = 32\nrefine_levels = 0\n"
+                                      "[profiles.smoke.slo]\nttft_p95_s = 900\ntpot_p95_s = 900\ne2e_p95_s = 900\n"
+                                      "[gates]\nalpha = 0.2\n")
+    # This machine is small and busy: short prompts, and time enough for a queue to drain.
+    cfg.write_text(cfg.read_text().replace('target = "smollm2-135m"\n', 'target = "smollm2-135m"\nchat = false\n')
+                   .replace('model = "smollm2-135m"\n', 'model = "smollm2-135m"\nrequest_timeout_s = 900\n'))
     run_dir = tmp_path / "run"
     stop, killed = threading.Event(), []
     watcher = threading.Thread(target=_kill_after_first_level, args=(run_dir, "ngram", stop, killed), daemon=True)
@@ -88,40 +93,40 @@ def test_rate_sweep_slos_crossover_and_a_refusing_level(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     load = summary["load"]
     rows = read_records(run_dir, "load.jsonl")
-    assert load["rates"] == [3.0, 12.0]
+    assert load["rates"] == [1.5, 6.0]
 
     # The same schedule for everyone: index -> (offset, item) agrees across decoders at each rate.
-    for rate in (3.0, 12.0):
+    for rate in (1.5, 6.0):
         plans = {}
         for r in rows:
             if r["rate"] == rate:
                 plans.setdefault(r["candidate"], {})[r["index"]] = (r["offset_s"], r["item_id"])
-        assert set(plans) == {"base", "ngram", "slow"} and len(plans["base"]) == 60
+        assert set(plans) == {"base", "ngram", "slow"} and len(plans["base"]) == 32
         assert plans["base"] == plans["ngram"] == plans["slow"]
 
     by = {(e["decoder"], e["rate"]): e for e in load["levels"]}
     for name in ("base", "slow"):
-        for rate in (3.0, 12.0):
+        for rate in (1.5, 6.0):
             m = by[(name, rate)]["metrics"]
-            assert m["n"] == 60 and m["errors"] == 0
+            assert m["n"] == 32 and m["errors"] == 0
             for metric in ("ttft", "tpot", "itl", "e2e"):
                 assert m[metric]["p50"] > 0 and m[metric]["p90"] >= m[metric]["p50"], (name, rate, metric)
                 assert m[metric]["p50_ci"][0] is not None
-            assert m["e2e"]["p99"] is None and m["e2e"]["p99_needs_n"] == 100  # 60 requests: no p99
+            assert m["e2e"]["p99"] is None and m["e2e"]["p99_needs_n"] == 100  # 32 requests: no p99
             assert m["output_throughput_tok_s"]["value"] > 0 and m["goodput_rps"]["value"] > 0
             assert set(m["slo"]) == {"ttft_p95_s", "tpot_p95_s", "e2e_p95_s"}
-    slow3 = by[("slow", 3.0)]
-    assert slow3["speedup"]["statistic"] > 0 and slow3["speedup"]["n"] == 60
+    slow3 = by[("slow", 1.5)]
+    assert slow3["speedup"]["statistic"] > 0 and slow3["speedup"]["n"] == 32
     acc = slow3["metrics"]["acceptance"]
     assert acc["per_token"]["value"] > 0 and "per request" in acc["per_request"]["weighting"]
     assert acc["level"]["source"].startswith("prometheus")  # the level's counters, beside the per-request α
     overhead = load["overhead"]
-    assert overhead["rate"] == 12.0 and overhead["by_decoder"]["base"]["harness_cpu_per_request_s"] > 0
+    assert overhead["rate"] == 6.0 and overhead["by_decoder"]["base"]["harness_cpu_per_request_s"] > 0
 
     # Faults: the n-gram server refused every request of its second level, only that level.
-    ng3, ng12 = by[("ngram", 3.0)]["metrics"], by[("ngram", 12.0)]["metrics"]
-    assert ng3["errors"] == 0 and ng3["n"] == 60
-    assert ng12["errors"] == 60 and not by[("ngram", 12.0)]["pays"] and "requests failed" in by[("ngram", 12.0)]["why"]
+    ng1, ng6 = by[("ngram", 1.5)]["metrics"], by[("ngram", 6.0)]["metrics"]
+    assert ng1["errors"] == 0 and ng1["n"] == 32
+    assert ng6["errors"] == 32 and not by[("ngram", 6.0)]["pays"] and "requests failed" in by[("ngram", 6.0)]["why"]
     assert load["crossover"]["ngram"]["status"] in ("pays up to", "never pays")
 
     # The slow candidate (a draft as large as its target) never pays.
@@ -132,38 +137,37 @@ def test_rate_sweep_slos_crossover_and_a_refusing_level(tmp_path):
     gates = {g["name"]: g for g in summary["candidates"]["slow"]["gates"]}
     assert all(gates[f"slo {k}"]["status"] == "pass" for k in ("ttft_p95_s", "tpot_p95_s", "e2e_p95_s"))
     ngram_e2e = next(g for g in summary["candidates"]["ngram"]["gates"] if g["name"] == "slo e2e_p95_s")
-    assert ngram_e2e["status"] == "fail" and "12 req/s: FAIL" in ngram_e2e["detail"]
+    assert ngram_e2e["status"] == "fail" and "6 req/s: FAIL" in ngram_e2e["detail"]
     assert code == 1 and summary["candidates"]["ngram"]["verdict"] == "fail"
 
     # Other SLOs on the same rows: a TTFT objective no one meets is over capacity everywhere (not
     # gated); an E2E objective at the baseline's own p95 at the lower rate fails the slow candidate
     # wherever the baseline meets it.
     config = load_config(cfg, "smoke")
-    tight_e2e = by[("base", 3.0)]["metrics"]["slo"]["e2e_p95_s"]["p95"]
+    tight_e2e = by[("base", 1.5)]["metrics"]["slo"]["e2e_p95_s"]["p95"]
     plan = dataclasses.replace(config.profile.load, slo=Slo(ttft_p95_s=1e-6, e2e_p95_s=tight_e2e))
     config = dataclasses.replace(config, profile=dataclasses.replace(config.profile, load=plan))
     other = load_verdict.summarize(config, rows, read_records(run_dir, "load_levels.jsonl"), "base")
-    levels = [{"rate": r, "baseline": next(e["metrics"] for e in other["levels"] if e["decoder"] == "base" and e["rate"] == r),
-               "candidate": next(e["metrics"] for e in other["levels"] if e["decoder"] == "slow" and e["rate"] == r)}
-              for r in (3.0, 12.0)]
+    at = {(e["decoder"], e["rate"]): e["metrics"] for e in other["levels"]}
+    levels = [{"rate": r, "baseline": at[("base", r)], "candidate": at[("slow", r)]} for r in (1.5, 6.0)]
     ttft, e2e = slo_gates.gates(levels, plan.slo.items(), config.gates)
     assert ttft.status == "warn" and "over capacity at every level" in ttft.detail
     for lv in levels:
         outcome, _ = slo_gates.level_outcome("e2e_p95_s", lv["baseline"], lv["candidate"])
         base_meets = lv["baseline"]["slo"]["e2e_p95_s"]["point_meets"]
         assert outcome == ("fail" if base_meets else "over capacity"), (lv["rate"], outcome)
-    assert e2e.status == "fail" and "3 req/s: FAIL" in e2e.detail
+    assert e2e.status == "fail" and "1.5 req/s: FAIL" in e2e.detail
 
     # The report, the figure and MLflow carry the same numbers.
     report = (run_dir / "report.txt").read_text()
     assert "open-loop load" in report and "TPOT" in report and "ITL misstates speculation" in report
-    assert "harness overhead at 12 req/s" in report
+    assert "harness overhead at 6 req/s" in report
     assert (run_dir / "figures" / "load.png").stat().st_size > 5000
     from harness.run import tracking
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     ids = tracking.log_run(run_dir, uri)
     client = tracking._client(uri)
     logged = client.get_run(ids["slow"]).data.metrics
-    assert logged["load.r3.tpot_p50_s"] == pytest.approx(by[("slow", 3.0)]["metrics"]["tpot"]["p50"])
+    assert logged["load.r1.5.tpot_p50_s"] == pytest.approx(by[("slow", 1.5)]["metrics"]["tpot"]["p50"])
     assert logged["load.crossover_rps"] == 0.0
     assert "figures/load.png" in [a.path for a in client.list_artifacts(ids["parent"], "figures")]

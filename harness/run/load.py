@@ -242,17 +242,20 @@ class LoadRun:
             finally:
                 levels.close()
             self.rows[(spec.name, rate)], self.done[(spec.name, rate)] = rows, level
-            if self.progress:
-                errors = sum(1 for r in rows if r.get("error"))
-                print(f"decodegate: load {rate:g} req/s{' (bracketing)' if refine else ''} · {spec.name}: "
-                      f"{len(rows)} requests, {errors} errors, {info['wall_s']:.1f} s, harness "
-                      f"{1e3 * info['harness_cpu_per_request_s']:.2f} ms CPU per request", file=sys.stderr, flush=True)
+            # One line per level, progress bars or not: a level can take minutes.
+            errors = sum(1 for r in rows if r.get("error"))
+            print(f"decodegate: load {rate:g} req/s{' (bracketing)' if refine else ''} · {spec.name}: "
+                  f"{len(rows)} requests, {errors} errors, {info['wall_s']:.1f} s, harness "
+                  f"{1e3 * info['harness_cpu_per_request_s']:.2f} ms CPU per request", file=sys.stderr, flush=True)
 
     async def all_levels(self) -> None:
         names = [s.name for s in self.specs]
         timeout = max(self.lineup.decoders[n].timeout for n in names)
+        # No keep-alive: a server may close an idle connection just as the next request takes it
+        # (llama.cpp's does: "Server disconnected without sending a response"), and open-loop
+        # requests are not retried; a fresh local connection costs far less than that error.
         limits = httpx.Limits(max_connections=(self.plan.max_in_flight or self.plan.requests) + 4,
-                              max_keepalive_connections=(self.plan.max_in_flight or self.plan.requests) + 4)
+                              max_keepalive_connections=0)
         async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), limits=limits) as http:
             for rate in self.plan.rates:
                 await self.level(http, rate, names, refine=False)

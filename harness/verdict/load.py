@@ -191,7 +191,8 @@ def lines(summary: dict) -> str:
     out = [f"\n\nopen-loop load ({load['requests']} requests per level, gamma arrivals with burstiness "
            f"{load['burstiness']:g}{' (Poisson)' if load['burstiness'] == 1 else ''}, seed {load['seed']}"
            + (f", at most {load['max_in_flight']} in flight" if load["max_in_flight"] else "")
-           + "; the same items at the same offsets for every decoder; intervals 95% over prompts):"]
+           + f"; the same items at the same offsets for every decoder; intervals 95% over prompts, speedup "
+             f"lower bounds one-sided {1 - load['alpha']:.0%}):"]
     lat = [("decoder", "req/s", "n (err)", "TTFT p50 [CI] / p90", "TPOT p50 [CI] / p90", "ITL p50 / p90",
             "E2E p50 [CI] / p90 / p99")]
     for e in load["levels"]:
@@ -216,7 +217,8 @@ def lines(summary: dict) -> str:
                     f"{_f(gp['value'], '.2f')} {_ci(gp['ci'], '.2f')}" if gp else "– (no SLO)",
                     (f"{_f(sp['statistic'], '.2f')}x {_ci(sp['ci'], '.2f')} ({_f(sp['lower_bound'], '.2f')})" if sp
                      else ("baseline" if e["role"] == "baseline" else "–")),
-                    " / ".join(_f((acc.get(k) or {}).get("value"), ".2f") for k in ("per_token", "per_request", "level")),
+                    " / ".join(_f((acc.get(k) or {}).get("value"), ".2f")
+                               for k in ("per_token", "per_request", "level")),
                     "" if e["role"] == "baseline" else ("yes" if e.get("pays") else f"no: {e.get('why')}")))
     out += [""] + _table(spd)
     if load["refined"]:
@@ -227,7 +229,8 @@ def lines(summary: dict) -> str:
         for e in (e for e in load["levels"] if e["role"] == "baseline"):
             over = [k for k, s in (e["metrics"].get("slo") or {}).items() if not s["point_meets"]]
             if over:
-                out.append(f"  {e['rate']:g} req/s: over capacity for {', '.join(over)} (the baseline misses it): not gated")
+                out.append(f"  {e['rate']:g} req/s: over capacity for {', '.join(over)} (the baseline misses it): "
+                           f"not gated")
     out.append("crossover (the highest load up to which every level paid: speedup lower bound >= 1, no failed "
                "request, SLOs met):")
     out += [f"  {c['words']}" for c in load["crossover"].values()]

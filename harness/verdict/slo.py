@@ -57,7 +57,8 @@ def gates(levels: list[dict], slo: dict, config_gates: Gates) -> list[GateResult
         if worst is None:
             status, head = "warn", "over capacity at every level (the baseline misses it): not gated"
         else:
-            status = {"pass": "pass", "fail": "fail"}.get(worst, "fail" if config_gates.inconclusive == "fail" else "warn")
+            undecided = "fail" if config_gates.inconclusive == "fail" else "warn"
+            status = {"pass": "pass", "fail": "fail"}.get(worst, undecided)
             head = {"pass": "met wherever the baseline meets it", "fail": "missed where the baseline meets it",
                     "inconclusive": "inconclusive"}[worst]
         out.append(GateResult(f"slo {key}", status, f"{head}, {1 - config_gates.alpha:.0%} upper bound of the "
