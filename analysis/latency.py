@@ -18,8 +18,9 @@ ratio scale), with Student's t at a Satterthwaite number of degrees of freedom,
 few long prompts rests on fewer independent units than it has prompts. A ratio of totals is
 skewed (its error is largest when the sample misses the slow, long prompts), and with 10-45
 prompts, 2-7 pairs each and lengths spread (log-sd 0.8) the studentized bootstrap of the log
-ratio that this replaced covered 0.90-0.93 as a one-sided 95% bound; the jackknife covers
-0.95-0.97 there (CALIBRATION.md, "Speedup lower bound"). Beside the total ratio: the median of
+ratio that this replaced covered 0.918 (10 prompts) to 0.929 (38) as a one-sided 95% bound; the
+jackknife covers 0.955-0.966 there, and 0.950-0.956 with 7 pairs of uniform lengths
+(CALIBRATION.md, "Speedup lower bound"). Beside the total ratio: the median of
 the per-prompt speedups and the share of prompts that got slower (a total can be carried by a few
 long prompts while most got slower), and a Wilcoxon signed-rank p-value on per-prompt log ratios.
 The speed gate uses the one-sided lower bound ``lower_bound`` (at ``lower_bound_level``).
