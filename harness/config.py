@@ -98,6 +98,10 @@ class Profile:
     # (speed is compared on these only; quality and identity on all rows).
     speed_items: int = 30
     load: Load | None = None           # open-loop arrival rates, SLOs (None: no load phase)
+    # What an exact engine candidate's sampled tokens are tested against (harness.run.engine_exactness):
+    # "target" (the harness's own copy of the weights, teacher-forced) or "engine:NAME" (that
+    # engine's own logprobs over the candidate's output).
+    exactness_reference: str = "target"
 
 
 LOAD_KEYS = {"rates", "burstiness", "max_in_flight", "load_requests", "load_seed", "refine_levels", "slo"}
@@ -347,8 +351,8 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     if profile not in profiles:
         raise ConfigError(f"{path}: unknown profile {profile!r}; defined: {', '.join(sorted(profiles)) or 'none'}")
     p = _take(profiles[profile], {"subset", "suites", "temperatures", "sample_suites", "seeds", "max_new_tokens",
-                                  "exactness_prompts", "exactness_samples", "concurrency", "looks", "speed_items",
-                                  "candidates", *LOAD_KEYS}, f"{path} [profiles.{profile}]")
+                                  "exactness_prompts", "exactness_samples", "exactness_reference", "concurrency", "looks",
+                                  "speed_items", "candidates", *LOAD_KEYS}, f"{path} [profiles.{profile}]")
     suite_names = tuple(p.get("suites", list(suites)))
     for s in suite_names:
         suites.setdefault(s, SuiteSpec(s))
@@ -394,7 +398,7 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
                    max_new_tokens=p.get("max_new_tokens"), exactness_prompts=int(p.get("exactness_prompts", 2)),
                    exactness_samples=int(p.get("exactness_samples", 200)), concurrency=tuple(levels),
                    as_logged=as_logged, looks=p.get("looks", 1), speed_items=p.get("speed_items", 30),
-                   load=_load(p, where))
+                   load=_load(p, where), exactness_reference=p.get("exactness_reference", "target"))
     if prof.subset not in ("smoke", "full"):
         raise ConfigError(f"{path} [profiles.{profile}]: subset must be 'smoke' or 'full'")
     gates = _gates(raw.get("gates", {}), f"{path} [gates]")
@@ -418,6 +422,12 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"{path}: {spec.name!r} names engine {name!r}{hint}, which no [engines.NAME] "
                               f"table defines (defined: {', '.join(sorted(engines)) or 'none'})")
+    ref = prof.exactness_reference
+    if not isinstance(ref, str) or not (ref == "target" or ref.startswith("engine:")):
+        raise ConfigError(f'{where}: exactness_reference must be "target" or "engine:NAME", got {ref!r}')
+    if ref.startswith("engine:") and ref[len("engine:"):] not in engines:
+        raise ConfigError(f"{where}: exactness_reference names engine {ref[len('engine:'):]!r}, which no "
+                          f"[engines.NAME] table defines (defined: {', '.join(sorted(engines)) or 'none'})")
     if prof.load is not None and not (isinstance(baseline.options.get("engine"), str)
                                       and any(isinstance(c.options.get("engine"), str) for c in candidates)):
         # Open-loop arrivals need a server that queues and batches; in-process decoders are batch-1.

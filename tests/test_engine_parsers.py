@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from decoders.base import DecoderError, get_decoder_class
+from decoders.base import DecoderError, GenerationRequest, get_decoder_class
 from decoders.engines import openai_compat, sglang, telemetry
 from decoders.engines.client import top2_gap
 from decoders.engines.llamacpp import draft_length_from_flags, parse_chunk
@@ -211,3 +211,28 @@ suites = ["s"]
     assert summary["candidates"]["same"]["verdict"] == "pass"
     assert summary["candidates"]["flipped"]["verdict"] == "fail"  # its outputs moved: identity caught it
     assert code == 1
+
+
+def test_llamacpp_samples_in_the_in_process_order():
+    # Temperature before top-p: llama.cpp's own order cuts the nucleus on the untempered softmax,
+    # which at T != 1 is another distribution than the in-process decoders (and the reference) draw from.
+    from decoders.engines.llamacpp import completion_body
+    body = completion_body(GenerationRequest((1, 2, 3), max_new_tokens=4, temperature=0.7, top_p=0.9), {})
+    order = body["samplers"]
+    assert order.index("temperature") < order.index("top_p") and body["top_k"] == 0 and body["min_p"] == 0.0
+
+
+def test_vllm_prompt_logprobs_keep_the_top_k_only():
+    from decoders.engines.openai_compat import parse_prompt_logprobs
+    choice = {"prompt_logprobs": [None, {"5": {"logprob": -0.1, "rank": 1}},
+                                  {"7": {"logprob": -0.2, "rank": 1}, "9": {"logprob": -9.0, "rank": 40}}]}
+    # The prompt's own token at rank 40 is dropped: what is known must not depend on the token.
+    assert parse_prompt_logprobs(choice, 1, 2, k=20) == [{5: -0.1}, {7: -0.2}]
+    with pytest.raises(ValueError):
+        parse_prompt_logprobs(choice, 2, 2, k=20)
+
+
+def test_sglang_input_top_logprobs_per_position():
+    from decoders.engines.sglang import parse_input_top_logprobs
+    meta = {"input_top_logprobs": [[[-0.1, 5, "a"], [-2.0, 6, "b"]], [[-0.3, 8, "c"]]]}
+    assert parse_input_top_logprobs(meta, 2) == [{5: -0.1, 6: -2.0}, {8: -0.3}]

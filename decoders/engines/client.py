@@ -133,6 +133,12 @@ class EngineDecoder(Decoder):
     def url(self, path: str) -> str:
         return self.server.base_url + path
 
+    def prompt_logprobs(self, context: list[int], tokens: list[int], k: int) -> list[dict[int, float]]:
+        """The engine's top-k raw logprobs {token id: logprob} at each position of `tokens`
+        continuing `context` (teacher forcing: the exactness reference `engine:NAME`)."""
+        raise DecoderError(f"decoder {self.name!r} ({self.flavour}) cannot return prompt logprobs: it cannot serve "
+                           f"as an exactness reference (reference = \"engine:...\"); use reference = \"target\"")
+
     # ------------------------------------------------------------------------------ contract
 
     def generate(self, request: GenerationRequest) -> GenerationResult:

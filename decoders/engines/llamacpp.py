@@ -17,7 +17,7 @@ import httpx
 from httpx_sse import aconnect_sse
 
 from decoders.base import GenerationRequest
-from decoders.engines.client import EngineDecoder, Piece, raise_for_status, top2_gap
+from decoders.engines.client import EngineDecoder, EngineRequestError, Piece, raise_for_status, top2_gap
 
 STOP_TYPES = {"eos": "eos", "word": "stop_string", "limit": "length"}
 
@@ -29,7 +29,10 @@ def completion_body(request: GenerationRequest, extra: dict) -> dict:
         "temperature": request.temperature,
         "top_k": request.top_k,                # 0: off, as in-process
         "top_p": request.top_p,
-        "samplers": ["top_k", "top_p", "temperature"],
+        # The in-process order (decoders.sampling.shape_logits): temperature, then top-k, then top-p
+        # on the tempered softmax. llama.cpp's own default puts top-p before temperature, which
+        # draws from another nucleus at T != 1.
+        "samplers": ["top_k", "temperature", "top_p"],
         "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
         "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0,
         "seed": request.seed,
@@ -98,6 +101,30 @@ class LlamaCppDecoder(EngineDecoder):
                   or draft_length_from_flags(self.server.command))
         from decoders.engines.client import check_served
         check_served(self)
+
+    def prompt_logprobs(self, context: list[int], tokens: list[int], k: int) -> list[dict[int, float]]:
+        """The engine's top-k raw logprobs (log-softmax of the logits, no sampler applied) at each
+        position of `tokens` continuing `context`. This server returns no prompt logprobs, so it
+        is one `n_predict: 1` request per position, in order, with the prompt cache on: each
+        request extends the previous one's KV cache by one token."""
+        out = []
+        for t in range(len(tokens)):
+            prompt = list(context) + list(tokens[:t])
+            # A greedy next token that is part of a UTF-8 character comes back without its
+            # probabilities until the character completes: then ask for a few more tokens.
+            for n_predict in (1, 4):
+                body = {"prompt": prompt, "n_predict": n_predict, "n_probs": int(k), "post_sampling_probs": False,
+                        "temperature": 0.0, "cache_prompt": True, "return_tokens": True, "stream": False}
+                data = self.server.post_json("/completion", body, timeout=self.timeout)
+                probs = data.get("completion_probabilities") or []
+                if probs:
+                    break
+            else:
+                shown = {key: data[key] for key in ("error", "content", "tokens", "stop_type", "truncated") if key in data}
+                raise EngineRequestError(f"engine {self.server.spec.name!r} returned no probabilities for a "
+                                         f"{len(prompt)}-token prompt (n_probs = {k}): {shown}")
+            out.append({int(e["id"]): float(e["logprob"]) for e in probs[0].get("top_logprobs") or []})
+        return out
 
     def tokenize(self, text: str) -> list[int]:
         body = self.server.post_json("/tokenize", {"content": text, "add_special": False, "parse_special": True})

@@ -83,6 +83,21 @@ def _usage_and_metrics(chunk: dict) -> dict:
     return out
 
 
+def parse_prompt_logprobs(choice: dict, start: int, n: int, k: int) -> list[dict[int, float]]:
+    """vLLM's `prompt_logprobs` (one {"token id": {"logprob", "rank", ...}} per prompt position,
+    None first) at positions start..start+n-1, top-k only: vLLM adds the prompt's own token at
+    any rank, which must not decide what the reference knows (it would tie the left-out
+    positions to the sampled token)."""
+    rows = choice.get("prompt_logprobs") or []
+    if len(rows) < start + n:
+        raise ValueError(f"prompt_logprobs has {len(rows)} positions, {start + n} needed")
+    out = []
+    for row in rows[start:start + n]:
+        out.append({int(t): float(e["logprob"]) for t, e in (row or {}).items()
+                    if e.get("rank") is None or int(e["rank"]) <= k})
+    return out
+
+
 def telemetry_from_vllm(final: dict) -> dict:
     """vLLM's per-request spec-decode metrics -> stats (absent unless the server enables them)."""
     sd = final.get("speculative_decoding") or {}
@@ -145,6 +160,13 @@ class VLLMDecoder(OpenAICompletionsDecoder):
         return {"return_token_ids": True, "return_tokens_as_token_ids": True,
                 "top_k": request.top_k or -1, "min_p": 0.0, "repetition_penalty": 1.0,
                 "include_stop_str_in_output": True, "skip_special_tokens": False, **self.extra}
+
+    def prompt_logprobs(self, context: list[int], tokens: list[int], k: int) -> list[dict[int, float]]:
+        """One request: the whole sequence as the prompt, `prompt_logprobs: k` (vLLM's extension)."""
+        body = {"model": self.server.served_model, "prompt": list(context) + list(tokens), "max_tokens": 1,
+                "temperature": 0.0, "prompt_logprobs": int(k)}
+        data = self.server.post_json("/v1/completions", body, timeout=self.timeout)
+        return parse_prompt_logprobs((data.get("choices") or [{}])[0], len(context), len(tokens), k)
 
     def tokenize(self, text: str) -> list[int]:
         body = self.server.post_json("/tokenize", {"model": self.server.served_model, "prompt": text,

@@ -59,6 +59,15 @@ class StreamState:
         return piece
 
 
+def parse_input_top_logprobs(meta: dict, n: int) -> list[dict[int, float]]:
+    """`meta_info.input_top_logprobs` from `logprob_start_len` on: per input position, the
+    [logprob, token_id, text] triples of the distribution that predicted it."""
+    rows = meta.get("input_top_logprobs") or []
+    if len(rows) < n:
+        raise ValueError(f"input_top_logprobs has {len(rows)} positions, {n} needed")
+    return [{int(t[1]): float(t[0]) for t in (row or []) if t[0] is not None} for row in rows[:n]]
+
+
 def telemetry_from_meta(final: dict, k: int | None = None) -> dict:
     verify = final.get("spec_verify_ct")
     tokens = final.get("completion_tokens")
@@ -87,3 +96,10 @@ class SGLangDecoder(EngineDecoder):
 
     def telemetry(self, final: dict) -> dict:
         return telemetry_from_meta(final, self.extra.get("k"))
+
+    def prompt_logprobs(self, context: list[int], tokens: list[int], k: int) -> list[dict[int, float]]:
+        """One request: the whole sequence as input, its logprobs from the first token of `tokens`."""
+        body = {"input_ids": list(context) + list(tokens), "return_logprob": True, "top_logprobs_num": int(k),
+                "logprob_start_len": len(context), "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+        data = self.server.post_json("/generate", body, timeout=self.timeout)
+        return parse_input_top_logprobs(data.get("meta_info") or {}, len(tokens))

@@ -137,6 +137,9 @@ def run(args) -> int:
             load_run.run(config, run_dir, lineup, suites, progress=not args.no_progress)
         from harness.run import exactness as exactness_run
         exactness = exactness_run.run_checks(config, run_dir, lineup, suites, progress=not args.no_progress)
+        from harness.run import engine_exactness
+        exactness.update(engine_exactness.run_checks(config, run_dir, lineup, suites, servers,
+                                                     progress=not args.no_progress))
         numerics = exactness_run.margin_noise(config, lineup, suites, records)
         from harness.models import lm_head_cost_in_layers
         head_cost = {s.name: lm_head_cost_in_layers(lineup.targets[s.name].model) for s in lineup.specs

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
@@ -145,3 +146,78 @@ def replayed_draft_logits(draft, context, tokens, stats: dict) -> dict[int, torc
         # A rejection rolls the draft back to the accepted length (what it fed is already that);
         # a round accepted in full leaves its last draft token unfed, for the next chunk.
     return rows
+
+
+# ------------------------------------------------------------------ from an engine's top-k
+
+
+def odds(c: float) -> float:
+    return c / (1.0 - c) if c < 1.0 else float("inf")
+
+
+def boundary_band(noise: float, temperature: float) -> float:
+    """How far the odds of a token's mass-before can move when every logit moves by up to
+    `noise` / 2 (so a logit difference by up to `noise`): the mass before it, c, and the mass
+    from it on, 1 - c, move by e^(+-noise / 2T) each at worst, so c / (1 - c) by e^(+-noise / T).
+    A token whose odds lie within that factor of top_p / (1 - top_p) may fall either side."""
+    return math.exp(noise / temperature)
+
+
+def shaped_from_top_logprobs(top: dict[int, float], request, vocab: int, band: float = 1.0) -> torch.Tensor | None:
+    """The distribution `request` samples from, (vocab,) float64, from only the top-k raw logprobs
+    {token: log-softmax of its logit} an engine returns; None when they cannot decide it.
+
+    The tokens not returned hold mass m = 1 - sum(p_seen), each at most p_k (the k-th's). Shaped by
+    the same contract as `shaped_probs` (temperature, top-k, then top-p on the tempered softmax),
+    the nucleus is known when every returned token is surely in or surely out of it for any way
+    the unseen mass could lie, and some returned token is surely out (so every unseen one is
+    too); `band` >= 1 widens "surely" by that factor on the odds of the mass before a token
+    (`boundary_band`: numerical noise between the engine that sampled and the one that scored). Inside a known nucleus the
+    probabilities are exact: renormalizing over the nucleus
+    cancels the unknown normalizer. Which positions are decided depends on the reference alone,
+    never on the token sampled there, so leaving the others out keeps the test valid."""
+    if not top or not request.temperature > 0:
+        return None
+    ids = sorted(top, key=lambda t: (-top[t], t))
+    lp = [top[t] for t in ids]
+    inv_t = 1.0 / float(request.temperature)
+    if request.top_k and 0 < request.top_k <= len(ids):
+        ids, lp = ids[:request.top_k], lp[:request.top_k]
+        unseen_lo = unseen_hi = 0.0          # the top-k cut is known: nothing else can be drawn
+    elif request.top_k and request.top_k > len(ids) or request.top_p >= 1.0:
+        return None                          # the kept set reaches past what was returned
+    else:
+        m = max(1.0 - sum(math.exp(x) for x in lp), 0.0)
+        pk = math.exp(lp[-1])
+        rest = max(vocab - len(ids), 1)
+        # max of sum x_j^(1/T) over unseen x_j <= pk summing to m: packed at pk for T <= 1
+        # (convex), spread evenly for T > 1 (concave).
+        unseen_hi = m * pk ** (inv_t - 1.0) if inv_t >= 1.0 else rest * (m / rest) ** inv_t
+        unseen_lo = 0.0
+    base = lp[0]
+    w = [math.exp((x - base) * inv_t) for x in lp]   # tempered weights relative to the top token
+    scale = math.exp(base * inv_t)
+    z_lo, z_hi = sum(w), sum(w) + unseen_hi / scale if scale > 0 else float("inf")
+    if unseen_lo == unseen_hi == 0.0:
+        z_lo = z_hi = sum(w)
+    p = float(request.top_p)
+    band = band if p < 1.0 else 1.0          # no top-p cut: no boundary for noise to move
+    kept, before = 0, 0.0
+    for i, wi in enumerate(w):
+        sure_in = odds(before / z_lo) < odds(p) / band
+        sure_out = odds(before / z_hi) >= odds(p) * band
+        if i == 0 or sure_in and not sure_out:   # at least one token is always kept
+            kept, before = i + 1, before + wi
+            continue
+        if sure_out:
+            break
+        return None                              # this token may fall either side
+    else:
+        if not z_lo == z_hi:                     # every returned token kept: the nucleus may go on
+            return None
+    out = torch.zeros(vocab, dtype=torch.float64)
+    total = sum(w[:kept])
+    for t, wi in zip(ids[:kept], w[:kept]):
+        if t < vocab:
+            out[t] = wi / total
+    return out

@@ -38,28 +38,11 @@ Every verdict says what a test at the stated level showed, and prints the bound 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from analysis.paired import below, loss_upper_bound
 from harness.config import Gates, sampled_identity_applies
+from harness.verdict import engine_exactness
 from harness.verdict.floor import gate_detail as floor_gate
-
-
-@dataclass(frozen=True)
-class GateResult:
-    name: str
-    status: str         # "pass", "fail", or "warn" (does not fail the run)
-    detail: str
-
-
-@dataclass(frozen=True)
-class Decision:
-    passed: bool
-    results: tuple[GateResult, ...]
-
-    @property
-    def failures(self) -> list[GateResult]:
-        return [r for r in self.results if r.status == "fail"]
+from harness.verdict.results import Decision, GateResult, evidence as _evidence, failed as _failed, inconclusive_status
 
 
 def _pct(level: float) -> str:
@@ -68,7 +51,7 @@ def _pct(level: float) -> str:
 
 
 def _inconclusive(gates: Gates) -> str:
-    return "fail" if gates.inconclusive == "fail" else "warn"
+    return inconclusive_status(gates)
 
 
 # ----------------------------------------------------------------------------------- identity
@@ -207,17 +190,6 @@ def _exactness_checks(ex: dict) -> list[tuple[str, dict]]:
     return checks
 
 
-def _failed(c: dict | None, level: float) -> bool:
-    """A check (or control) that shows a deviation: a token of probability 0, or p below level."""
-    return c is not None and bool(c.get("impossible") or (c.get("pvalue") is not None and c["pvalue"] < level))
-
-
-def _evidence(c: dict, level: float) -> str:
-    if c.get("impossible"):
-        return f"{c['impossible']} of {c.get('n', 0)} token(s) have probability 0 under it (p = 0)"
-    return f"p={c['pvalue']:.3g} < {level:.3g} over {c.get('n', 0)} tokens"
-
-
 def _control_gates(pit: dict, level: float, gates: Gates) -> list[GateResult]:
     """The two controls of the reference itself (harness/run/exactness.py): the baseline's own
     samples, and a model draft's proposals under the rebuilt q."""
@@ -251,6 +223,8 @@ def _control_gates(pit: dict, level: float, gates: Gates) -> list[GateResult]:
 
 def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
     ex = cand.get("exactness") or {}
+    if ex.get("engine"):  # an engine's sampled tokens (harness/run/engine_exactness.py)
+        return engine_exactness.gates(cand, gates)
     checks = _exactness_checks(ex)
     if not checks:
         if cand.get("exactness_expected"):

@@ -149,7 +149,43 @@ def statistics_lines(summary: dict) -> str:
             if res:
                 lines.append(f"exactness {name} {control.replace('_', ' ')}: {what}, {res.get('n', 0)} tokens, "
                              f"p={_fmt(res.get('pvalue'), '.3g')}, {res.get('impossible', 0)} of probability 0")
+        lines += sampled_engine_lines(name, cand)
     return "\n\n" + "\n".join(lines) if lines else ""
+
+
+def sampled_engine_lines(name: str, cand: dict) -> list[str]:
+    """An exact engine candidate on sampled traffic: what the PIT test covered, the noise between
+    the engine and the reference, the seed check, and acceptance per temperature."""
+    ex = cand.get("exactness") or {}
+    if not ex.get("engine"):
+        return []
+    if ex.get("error"):
+        return [f"exactness {name}: not tested: {ex['error']}"]
+    pit, lines = ex.get("pit") or {}, []
+    mine = (pit.get("subsets") or {}).get("all") or {}
+    lines.append(f"exactness {name} coverage: {mine.get('n', 0)} of {mine.get('tokens', 0)} sampled tokens tested "
+                 f"({mine.get('left_out', 0)} left out: nucleus undecided by the reference); control "
+                 f"{(pit.get('control') or {}).get('n', 0)} of {(pit.get('control') or {}).get('tokens', 0)}")
+    noise = pit.get("noise") or {}
+    if noise.get("max") is not None:
+        lines.append(f"exactness {name} engine-vs-reference margin noise: max {noise['max']:.3g}, median "
+                     f"{noise['median']:.3g} logits over {noise['positions']} positions")
+    ident = ex.get("identical_to_baseline") or {}
+    if ident.get("records"):
+        lines.append(f"exactness {name}: token-identical to the baseline at the same seed on {ident['identical']} of "
+                     f"{ident['records']} sampled records")
+    seeds = ex.get("seeds") or {}
+    if seeds.get("pairs"):
+        lines.append(f"exactness {name} seeds: {seeds['identical']} of {seeds['pairs']} different-seed pairs identical"
+                     + (f"; same seed (A/A): {seeds['same_seed_identical']} of {seeds['same_seed_pairs']} identical"
+                        if seeds.get("same_seed_pairs") else ""))
+    for t, acc in (cand.get("acceptance_by_temperature") or {}).items():
+        a = acc.get("all") or {}
+        if a.get("alpha") is not None:
+            lines.append(f"acceptance {name} T={t}: α={a['alpha']:.3f} [{_fmt(a.get('alpha_ci_low'), '.3f', '?')}, "
+                         f"{_fmt(a.get('alpha_ci_high'), '.3f', '?')}], τ={_fmt(a.get('tau'), '.2f', '?')}, "
+                         f"{a.get('proposed', 0)} drafted")
+    return lines
 
 
 def engine_lines(summary: dict) -> str:

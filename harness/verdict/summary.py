@@ -160,6 +160,24 @@ def _sequential(config, spec, suite, pairs) -> dict | None:
     return _plain(looks.evaluate(plan, sets, graded, margin, config.gates.alpha))
 
 
+def acceptance_by_temperature(pairs, rng) -> dict:
+    """{temperature: {"all": α/τ summary, "by_category": {...}}} over the pairs that drafted:
+    "temperature effects" (does acceptance move with temperature?)."""
+    out = {}
+    for t in sorted({p.key.temperature for p in pairs}):
+        mine = [p for p in pairs if p.key.temperature == t and p.candidate.get("stats", {}).get("proposed") is not None
+                and p.baseline.get("tokens")]
+        if not mine:
+            continue
+        try:
+            out[f"{t:g}"] = {"all": _plain(analysis.acceptance_summary(mine, rng=rng)),
+                             "by_category": {g: _plain(a) for g, a in
+                                             analysis.acceptance_by_group(mine, by="category", rng=rng).items()}}
+        except ValueError as e:
+            out[f"{t:g}"] = {"error": str(e)}
+    return out
+
+
 def summarize(config: RegressConfig, records: list[dict], suites: list, exactness: dict | None = None,
               rng_seed: int = 0, lm_head_cost: dict | None = None, numerics: dict | None = None,
               stops: list[dict] | None = None) -> dict:
@@ -227,6 +245,9 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
                         g: _plain(a) for g, a in analysis.acceptance_by_group(greedy, by="category", rng=rng).items()}
                 except ValueError as e:  # telemetry too thin for the statistics (e.g. no draft length)
                     cand["acceptance"] = {"error": str(e)}
+            by_temp = acceptance_by_temperature(pairs, rng)
+            if len(by_temp) > 1 or any(t != "0" for t in by_temp):
+                cand["acceptance_by_temperature"] = by_temp
         if spec.decoder == "early-exit":
             cand["exits"] = exits_step([p.candidate for p in pairs], head)
         if exactness and spec.name in exactness:

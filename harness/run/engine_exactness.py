@@ -1,0 +1,290 @@
+"""Distribution checks for exact engine candidates on sampled traffic (temperature > 0).
+
+At T > 0 an engine with speculation on cannot be token-identical to itself without it: its
+verifier draws its randomness differently. What must hold is that every token it emits comes from
+the target's shaped distribution at that context. So each token of its sampled records goes
+through the sequential PIT test (`analysis/pit.py`), against a reference distribution per emitted
+position, chosen by the profile's `exactness_reference`:
+
+- "target": the harness's own copy of the weights, teacher-forced on the engine's output and
+  shaped by transformers' warpers (`harness/run/reference.py`, nothing from `decoders/`);
+- "engine:NAME": that engine's own top-k raw logprobs over the output (`prompt_logprobs` on the
+  flavour: vLLM `prompt_logprobs`, SGLang `logprob_start_len`, llama.cpp one request per
+  position), shaped the same way where the top-k decides the nucleus (`shaped_from_top_logprobs`);
+  the other positions are left out, and counted.
+
+A position is also left out where the nucleus boundary could move within the numerical noise
+between the engine and the reference (`noise`: the largest gap, in logits, between the top-2
+margins the baseline engine reported and the reference's at the same positions). That choice
+depends on the reference alone, never on the token sampled there, so the test stays valid.
+
+The control: the baseline engine's own samples (speculation off) through the same test against the
+same reference. If they fail, the reference does not reproduce the engine's sampler (quantized
+kernels against an fp32 copy, a sampler left on), and a candidate can only be judged by whether it
+deviates more than its control (harness/verdict/engine_exactness.py).
+
+Also measured here, from the same records: the seed check (the baseline's samples at two seeds
+must differ where the reference says identical draws are unlikely; its A/A run at the same seed
+should reproduce them), and the baseline's mean entropy per temperature (the yardstick for "does
+the candidate's acceptance move with temperature").
+"""
+from __future__ import annotations
+
+import math
+
+import httpx
+import numpy as np
+import torch
+
+import analysis
+from analysis import pit
+from decoders.base import DecoderError
+from harness.run import reference
+from harness.run.reference import output_size, shaped_probs, teacher_forced_logits
+from harness.run.runner import WorkItem, make_request
+
+TOP_K = 20            # logprobs asked of an engine reference per position
+MASS_TOL = 1e-4       # the nucleus boundary's own rounding, on top of the measured noise
+SEED_LEVEL = 1e-3     # the chance an honoured seed reproduces every sample, below which it is ignored
+
+
+def needs_check(spec) -> bool:
+    from harness.run.sweep import is_engine
+    return is_engine(spec) and spec.kind == "exact" and spec.role != "aa-floor"
+
+
+def _levels(config) -> list[tuple[str, str | None, list[str]]]:
+    """(baseline name, its A/A run or None, exact engine candidates) per concurrency level."""
+    from harness.run.sweep import level_config, levels
+    out = []
+    for level in levels(config):
+        cfg = level_config(config, level)
+        aa = next((c.name for c in cfg.candidates if c.role == "aa-floor"), None)
+        out.append((cfg.baseline.name, aa, [c.name for c in cfg.candidates if needs_check(c)]))
+    return out
+
+
+# ------------------------------------------------------------------------------- the reference
+
+
+class Reference:
+    """Shaped distributions at every position of a sampled record, or None where left out."""
+
+    def __init__(self, config, lineup, servers: dict | None):
+        self.name = config.profile.exactness_reference
+        self.target = lineup.baseline_target
+        self.vocab = output_size(self.target.model)
+        self.noise = 0.0
+        self.engine = None
+        if self.name.startswith("engine:"):
+            self.engine = _engine_decoder(self.name[len("engine:"):], lineup, servers)
+        self._cache: dict = {}
+
+    def describe(self) -> str:
+        if self.engine is None:
+            return ("the target's own weights in-process, teacher-forced, shaped by transformers' "
+                    "TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper (float64)")
+        return (f"engine {self.engine.server.spec.name!r}'s own top-{TOP_K} raw logprobs over each output, shaped "
+                f"where they decide the nucleus")
+
+    def rows(self, context, tokens, request) -> tuple[list[torch.Tensor | None], np.ndarray]:
+        """Per position: the shaped distribution (V,) or None (left out); and the reference's
+        top-2 margins (logits). The forwards (or requests) are made once per sequence."""
+        key = (tuple(context), tuple(tokens))
+        if key not in self._cache:
+            if self.engine is None:
+                self._cache[key] = teacher_forced_logits(self.target, context, [list(tokens)])[0]
+            else:
+                self._cache[key] = self.engine.prompt_logprobs(list(context), list(tokens), TOP_K)
+        raw = self._cache[key]
+        if self.engine is not None:
+            band = reference.boundary_band(self.noise, request.temperature)
+            rows = [reference.shaped_from_top_logprobs(top, request, self.vocab, band) for top in raw]
+            return rows, np.asarray([_gap(top) for top in raw], dtype=float)
+        p = shaped_probs(raw, request)
+        top2 = torch.topk(raw.double(), 2, dim=-1).values
+        pre = shaped_probs(raw, request, top_p=1.0) if request.top_p < 1.0 else None
+        rows = [p[t] if pre is None or not _boundary_unsure(pre[t], request, self.noise) else None
+                for t in range(len(tokens))]
+        return rows, (top2[:, 0] - top2[:, 1]).numpy()
+
+
+def _engine_decoder(name: str, lineup, servers: dict | None):
+    for spec in lineup.specs:
+        if spec.options.get("engine") == name and spec.role != "aa-floor":
+            return lineup.decoders[spec.name]
+    from harness.build import build_decoder
+    engine = (servers or {}).get(name)
+    if engine is None:
+        raise ValueError(f"exactness_reference engine:{name}: the engine is not running")
+    from decoders.engines.llamacpp import LlamaCppDecoder
+    return build_decoder(LlamaCppDecoder.name, lineup.baseline_target, {"engine": name}, servers)
+
+
+def _gap(top: dict) -> float:
+    v = sorted(top.values(), reverse=True)
+    return v[0] - v[1] if len(v) >= 2 else float("nan")
+
+
+def _boundary_unsure(pre: torch.Tensor, request, noise: float) -> bool:
+    """Whether the top-p nucleus of `pre` (the tempered distribution before the cut) could hold
+    other tokens under the engine-vs-reference noise: some token's mass-before has odds within
+    `reference.boundary_band` of top_p's (or within MASS_TOL of top_p)."""
+    q = torch.sort(pre, descending=True).values
+    before = (torch.cumsum(q, 0) - q).clamp(0.0, 1.0 - 1e-15)
+    band = reference.boundary_band(noise, request.temperature)
+    o, target = before / (1.0 - before), reference.odds(request.top_p)
+    near = (o >= target / band) & (o < target * band) | ((before - request.top_p).abs() < MASS_TOL)
+    return bool((near & (q > 0)).any())
+
+
+# ---------------------------------------------------------------------------------- features
+
+
+class Seqs:
+    """The sampled records of one decoder as (context, tokens, request, margins, stats)."""
+
+    def __init__(self, config, target, rows, items):
+        self.rows = []
+        for r in rows:
+            found = items.get((r["suite"], r["item_id"]))
+            if found is None or not r.get("tokens") or r.get("error") or r.get("compare_on") == "text":
+                continue
+            suite, item = found
+            req = make_request(config, target, WorkItem(suite, item, r["temperature"], r["seed"]))
+            self.rows.append((r, req))
+
+
+def _features(ref: Reference, seqs: Seqs) -> dict:
+    feats, left_out, tokens, entropy = [], 0, 0, {}
+    for r, req in seqs.rows:
+        rows, _ = ref.rows(req.prompt_ids, r["tokens"], req)
+        keep = [t for t, row in enumerate(rows) if row is not None]
+        tokens += len(rows)
+        left_out += len(rows) - len(keep)
+        if keep:
+            p = torch.stack([rows[t] for t in keep])
+            feats.append(pit.features(p.numpy(), [r["tokens"][t] for t in keep]))
+            ent = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)
+            entropy.setdefault(r["temperature"], []).extend(ent.tolist())
+    return {"features": pit.PitFeatures.concat(feats) if feats else pit.empty_features(), "left_out": left_out,
+            "tokens": tokens, "records": len(seqs.rows),
+            "entropy": {t: float(np.mean(v)) for t, v in entropy.items()}}
+
+
+def measured_noise(ref: Reference, seqs: Seqs) -> dict:
+    """The largest gap between the top-2 margins the engine reported and the reference's, over
+    the control's positions (logits): how far the engine's numerics sit from the reference's."""
+    gaps = []
+    for r, req in seqs.rows:
+        _, ref_margins = ref.rows(req.prompt_ids, r["tokens"], req)
+        mine = np.asarray([np.nan if m is None else m for m in r.get("margins") or []], dtype=float)
+        n = min(mine.size, ref_margins.size)
+        d = np.abs(mine[:n] - ref_margins[:n])
+        gaps.extend(d[np.isfinite(d)].tolist())
+    return {"max": float(max(gaps)) if gaps else None, "median": float(np.median(gaps)) if gaps else None,
+            "positions": len(gaps)}
+
+
+# ------------------------------------------------------------------------------------- seeds
+
+
+def seed_check(ref: Reference, base: Seqs, aa: Seqs | None) -> dict:
+    """Different seeds must give different samples where identical draws are unlikely; the same
+    seed twice (the A/A run) should give the same ones."""
+    by_key: dict = {}
+    for r, req in base.rows:
+        by_key.setdefault((r["suite"], r["item_id"], r["temperature"]), []).append((r, req))
+    pairs, identical, log_chance = 0, 0, 0.0
+    for group in by_key.values():
+        for (a, req), (b, _) in zip(group, group[1:]):
+            if a["seed"] == b["seed"]:
+                continue
+            pairs += 1
+            if a["tokens"] == b["tokens"]:
+                identical += 1
+                # An honoured seed reproduces a sample x with probability P(x) under the reference.
+                rows, _ = ref.rows(req.prompt_ids, a["tokens"], req)
+                log_chance += sum(math.log(max(float(row[tok]), 1e-300)) for row, tok in zip(rows, a["tokens"])
+                                  if row is not None)
+    chance = math.exp(log_chance) if pairs else None
+    out = {"pairs": pairs, "identical": identical, "chance": chance,
+           "ignored": bool(pairs and identical == pairs and chance is not None and chance < SEED_LEVEL)}
+    if aa is not None:
+        mine = {(r["suite"], r["item_id"], r["temperature"], r["seed"]): r["tokens"] for r, _ in base.rows}
+        same = [mine[k] == r["tokens"] for r, _ in aa.rows
+                if (k := (r["suite"], r["item_id"], r["temperature"], r["seed"])) in mine]
+        out.update(same_seed_pairs=len(same), same_seed_identical=int(sum(same)))
+    return out
+
+
+# ---------------------------------------------------------------------------------- the checks
+
+
+def run_checks(config, run_dir, lineup, suites, servers: dict | None = None, progress: bool = True) -> dict:
+    """{candidate: result} for every exact engine candidate with sampled records; a level whose
+    reference could not be computed gives its candidates {"error": why} (they fail closed)."""
+    from harness.run.records import read_records
+    prof = config.profile
+    plan = [(b, aa, cands) for b, aa, cands in _levels(config) if cands]
+    if not plan or not any(t > 0 for t in prof.temperatures):
+        return {}
+    records = [r for r in read_records(run_dir) if r.get("temperature", 0) > 0]
+    items = {(s.name, it.id): (s, it) for s in suites if hasattr(s, "select")
+             for it in s.select(prof.subset) if hasattr(it, "id")}
+    ref = Reference(config, lineup, servers)
+    rng = np.random.default_rng(20_261_201)
+    out: dict = {}
+    for base_name, aa_name, cands in plan:
+        def rows_of(name):
+            return Seqs(config, ref.target, [r for r in records if r["candidate"] == name], items)
+        try:
+            out.update(_level(config, ref, rows_of, base_name, aa_name, cands, rng, progress))
+        except (DecoderError, httpx.HTTPError, ValueError, KeyError) as e:
+            # An engine reference that went down or answered nonsense: no evidence, no pass.
+            out.update({name: {"engine": True, "error": f"{type(e).__name__}: {e}"} for name in cands})
+    return out
+
+
+def _level(config, ref: Reference, rows_of, base_name: str, aa_name: str | None, cands: list[str], rng,
+           progress: bool) -> dict:
+    from tqdm import tqdm
+    base = rows_of(base_name)
+    noise = measured_noise(ref, base)
+    ref.noise = noise["max"] or 0.0
+    control = _features(ref, base)
+    seeds = seed_check(ref, base, rows_of(aa_name) if aa_name else None)
+    level = config.gates.exactness_pvalue / 2  # the candidate's test and its control
+    ctrl = analysis.pit_test(control["features"], level=level, rng=rng)
+    out = {}
+    for name in tqdm(cands, desc="exactness (engines)", disable=not progress, leave=False):
+        mine = rows_of(name)
+        cand = _features(ref, mine)
+        res = analysis.pit_test(cand["features"], level=level, rng=rng)
+        stats = [r.get("stats") or {} for r, _ in mine.rows]
+        by_key = {(r["suite"], r["item_id"], r["temperature"], r["seed"]): r["tokens"] for r, _ in base.rows}
+        same = [by_key.get((r["suite"], r["item_id"], r["temperature"], r["seed"])) == r["tokens"] for r, _ in mine.rows]
+        proposed = sum(int(s.get("proposed") or 0) for s in stats)
+        accepted = sum(int(s.get("accepted") or 0) for s in stats)
+        out[name] = {
+            "engine": True, "tests": [],
+            "pit": {"subsets": {"all": {**_asdict(res), "proposed": proposed, "rejected": proposed - accepted,
+                                        "left_out": cand["left_out"], "tokens": cand["tokens"],
+                                        "records": cand["records"]}},
+                    "control": {**_asdict(ctrl), "left_out": control["left_out"], "tokens": control["tokens"],
+                                "records": control["records"], "of": base_name},
+                    "level": level, "reference": ref.describe(), "reference_kind": ref.name, "noise": noise,
+                    "drafted": "not reported by the engine (no per-position draft marks): every sampled token "
+                               "is tested"},
+            "seeds": {**seeds, "of": base_name, "aa": aa_name},
+            # Same seed, same tokens as the baseline: an engine whose speculation consumes its random
+            # stream as plain sampling would (not required; exact in distribution is what is tested).
+            "identical_to_baseline": {"records": len(same), "identical": int(sum(same))},
+            "entropy": {"baseline": {f"{t:g}": v for t, v in control["entropy"].items()}},
+        }
+    return out
+
+
+def _asdict(res) -> dict:
+    import dataclasses
+    return dataclasses.asdict(res)

@@ -1,0 +1,121 @@
+"""The verdict on an exact engine candidate's sampled tokens (harness/run/engine_exactness.py).
+
+- `exactness control`: the baseline engine's own samples against the reference. A failure means
+  the reference does not reproduce the engine's sampler (quantized kernels against an fp32 copy,
+  a sampler left on): inconclusive, never a pass, for the control and for every candidate that
+  deviates no more than it; a candidate that deviates more than its control fails.
+- `exactness PIT all`: every token the candidate sampled, at the positions the reference decides.
+  A token of probability 0 there, or p below the level, fails; a pass says the distortion (TV)
+  it could have detected at that size.
+- `seed`: a baseline whose samples at different seeds agree where an honoured seed would almost
+  never reproduce them ignores the seed: its draws are not independent, so no test on them can be
+  read (fail). One whose A/A run at the same seed does not reproduce it is named (warn).
+- `temperature`: a candidate whose acceptance does not move with temperature while the
+  baseline's entropy does (a drafter that ignores temperature) is reported (warn), not gated.
+"""
+from __future__ import annotations
+
+from harness.verdict.results import GateResult, evidence as _evidence, failed as _failed, inconclusive_status
+
+ALPHA_STILL = 0.02     # acceptance this close across temperatures "does not move"
+ENTROPY_MOVES = 0.1    # nats: the baseline's mean entropy moved by at least this much
+
+
+def _coverage(c: dict) -> str:
+    return (f"{c.get('n', 0)} tokens tested of {c.get('tokens', 0)} sampled in {c.get('records', 0)} records, "
+            f"{c.get('left_out', 0)} left out where the reference cannot decide the nucleus")
+
+
+def _detect(c: dict) -> str:
+    d = c.get("detectable_tv")
+    return (f"could detect a top-two distortion of TV >= {d:.3f} with 80% power" if d
+            else "too few informative tokens to detect any top-two distortion with 80% power")
+
+
+def gates(cand: dict, gates_cfg) -> list[GateResult]:
+    ex = cand.get("exactness") or {}
+    if ex.get("error"):  # the reference or the records could not be read: no evidence, no pass
+        return [GateResult("exactness", "fail", f"the sampled tokens could not be tested: {ex['error']}")]
+    pit = ex.get("pit") or {}
+    mine, control = (pit.get("subsets") or {}).get("all"), pit.get("control")
+    if mine is None:
+        return []
+    level = pit.get("level", gates_cfg.exactness_pvalue / 2)
+    undecided = inconclusive_status(gates_cfg)
+    ref = pit.get("reference", "the reference")
+    out = []
+    control_bad = _failed(control, level)
+    if control_bad:
+        out.append(GateResult("exactness control", undecided, f"inconclusive: the reference does not reproduce the "
+                              f"engine's sampler: the baseline engine {control.get('of', '')}'s own samples fail "
+                              f"against {ref} ({_evidence(control, level)}); quantized kernels against an fp32 copy, "
+                              f"or a sampler the engine did not pin off? A candidate is judged only by whether it "
+                              f"deviates more than this control"))
+    elif control is None or control.get("pvalue") is None:
+        out.append(GateResult("exactness control", undecided, f"inconclusive: the baseline engine's own samples could "
+                              f"not check the reference: {(control or {}).get('note') or 'no sampled records'}"))
+    else:
+        out.append(GateResult("exactness control", "pass", f"the baseline engine's own samples follow {ref}: "
+                              f"p={control['pvalue']:.3g} vs {level:.3g}; {_coverage(control)}; {_detect(control)}"))
+    drafted = f"{mine.get('proposed', 0)} draft tokens proposed, {mine.get('rejected', 0)} rejected"
+    if mine.get("pvalue") is None:
+        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: no p-value: "
+                              f"{mine.get('note') or 'too few tokens'}; {_coverage(mine)}"))
+    elif _failed(mine, level):
+        what = f"{_evidence(mine, level)}; {_coverage(mine)}; {drafted}"
+        a, b = mine.get("deviation"), (control or {}).get("deviation")
+        if control_bad and a is not None and b is not None and a <= b:
+            out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fails ({what}), but deviates no "
+                                  f"more than its control (deviation {a:.3f} <= {b:.3f}): the reference is at fault"))
+        elif control_bad:
+            more = (f"deviation {a:.3f} > its control's {b:.3f}" if a is not None and b is not None
+                    else "its deviation cannot be set against the control's")
+            out.append(GateResult("exactness PIT all", "fail", f"deviates more than its control ({more}): {what}"))
+        else:
+            out.append(GateResult("exactness PIT all", "fail", f"not the target's distribution: {what}"))
+    elif control_bad:
+        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but "
+                              f"against a reference its own control fails; {_coverage(mine)}"))
+    else:
+        out.append(GateResult("exactness PIT all", "pass", f"fits {ref}: p={mine['pvalue']:.3g} vs {level:.3g}; "
+                              f"{_coverage(mine)}; {_detect(mine)}; {drafted}"))
+    out += seed_gates(ex.get("seeds") or {})
+    out += temperature_gates(cand, ex)
+    return out
+
+
+def seed_gates(seeds: dict) -> list[GateResult]:
+    out = []
+    if seeds.get("ignored"):
+        out.append(GateResult("seed", "fail", f"the baseline engine {seeds.get('of', '')} ignores the request's seed: "
+                              f"its samples at different seeds are identical on all {seeds['pairs']} pair(s), which "
+                              f"an honoured seed would give with probability {seeds['chance']:.2g}; its draws are "
+                              f"not independent, so no sampled test can be read"))
+    elif not seeds.get("pairs"):
+        out.append(GateResult("seed", "warn", "the seed was not checked: the profile has one seed (give two)"))
+    elif seeds["identical"] == seeds["pairs"]:
+        out.append(GateResult("seed", "warn", f"the seed could not be checked: the baseline's samples at different "
+                              f"seeds are identical on all {seeds['pairs']} pair(s), but an honoured seed would "
+                              f"give that with probability {seeds['chance']:.2g} (outputs too predictable to tell)"))
+    if seeds.get("same_seed_pairs") and seeds["same_seed_identical"] < seeds["same_seed_pairs"]:
+        out.append(GateResult("seed", "warn", f"the baseline engine does not reproduce its samples at the same seed: "
+                              f"its A/A run {seeds.get('aa', '')} agrees on {seeds['same_seed_identical']} of "
+                              f"{seeds['same_seed_pairs']} sampled records"))
+    return out
+
+
+def temperature_gates(cand: dict, ex: dict) -> list[GateResult]:
+    """Acceptance that stays put across temperatures while the baseline's entropy moves."""
+    by_t = {float(t): a["all"]["alpha"] for t, a in (cand.get("acceptance_by_temperature") or {}).items()
+            if isinstance(a.get("all"), dict) and a["all"].get("alpha") is not None}
+    entropy = {float(t): v for t, v in ((ex.get("entropy") or {}).get("baseline") or {}).items()}
+    entropy.setdefault(0.0, 0.0)  # greedy: a point mass
+    temps = sorted(t for t in by_t if t in entropy)
+    if len(temps) < 2:
+        return []
+    lo, hi = temps[0], temps[-1]
+    if abs(by_t[hi] - by_t[lo]) < ALPHA_STILL and abs(entropy[hi] - entropy[lo]) >= ENTROPY_MOVES:
+        return [GateResult("temperature", "warn", f"acceptance does not move with temperature: α {by_t[lo]:.3f} at "
+                           f"T={lo:g}, {by_t[hi]:.3f} at T={hi:g}, while the baseline's entropy goes "
+                           f"{entropy[lo]:.2f} -> {entropy[hi]:.2f} nats: a drafter that ignores temperature?")]
+    return []

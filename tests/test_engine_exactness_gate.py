@@ -1,0 +1,82 @@
+"""The verdict on an exact engine candidate's sampled tokens (harness/verdict/engine_exactness.py):
+fail closed where the control fails, where the check errs, and where the seed is ignored."""
+from __future__ import annotations
+
+from harness.config import Gates
+from harness.verdict.engine_exactness import gates
+
+
+def _res(pvalue, n=400, impossible=0, deviation=0.02, **kw):
+    return {"pvalue": pvalue, "n": n, "impossible": impossible, "deviation": deviation, "detectable_tv": 0.04,
+            "tokens": 1000, "left_out": 1000 - n, "records": 36, **kw}
+
+
+def _cand(mine, control, seeds=None, by_t=None, entropy=None):
+    return {"exactness": {"engine": True, "pit": {"subsets": {"all": mine}, "control": control, "level": 0.005,
+                                                  "reference": "ref"},
+                          "seeds": seeds or {"pairs": 18, "identical": 0, "chance": None, "ignored": False},
+                          "entropy": {"baseline": entropy or {}}},
+            "acceptance_by_temperature": by_t or {}}
+
+
+def _status(results, name):
+    return next(r.status for r in results if r.name == name)
+
+
+G = Gates()
+
+
+def test_a_fit_against_a_passing_control_passes():
+    out = gates(_cand(_res(0.4), _res(0.5)), G)
+    assert _status(out, "exactness control") == "pass" and _status(out, "exactness PIT all") == "pass"
+
+
+def test_a_failing_control_makes_a_fit_inconclusive_not_a_pass():
+    out = gates(_cand(_res(0.4), _res(1e-6, deviation=0.1)), G)
+    assert _status(out, "exactness control") == "fail"          # inconclusive = "fail" by default
+    assert _status(out, "exactness PIT all") == "fail"
+    assert "inconclusive" in next(r.detail for r in out if r.name == "exactness PIT all")
+    warn = gates(_cand(_res(0.4), _res(1e-6)), Gates(inconclusive="warn"))
+    assert _status(warn, "exactness PIT all") == "warn"
+
+
+def test_against_a_failing_control_only_a_larger_deviation_fails():
+    more = gates(_cand(_res(1e-9, deviation=0.2), _res(1e-6, deviation=0.1)), Gates(inconclusive="warn"))
+    assert _status(more, "exactness PIT all") == "fail" and "deviates more than its control" in str(more)
+    less = gates(_cand(_res(1e-9, deviation=0.05), _res(1e-6, deviation=0.1)), Gates(inconclusive="warn"))
+    assert _status(less, "exactness PIT all") == "warn"
+
+
+def test_impossible_tokens_fail_outright():
+    out = gates(_cand(_res(0.0, impossible=3), _res(0.5)), G)
+    assert _status(out, "exactness PIT all") == "fail" and "probability 0" in str(out)
+
+
+def test_no_pvalue_and_errors_never_pass():
+    assert _status(gates(_cand(_res(None, n=3, note="too few"), _res(0.5)), G), "exactness PIT all") == "fail"
+    assert _status(gates(_cand(_res(0.5), _res(None, n=2)), G), "exactness control") == "fail"
+    [err] = gates({"exactness": {"engine": True, "error": "ConnectError: down"}}, G)
+    assert err.status == "fail" and "down" in err.detail
+
+
+def test_an_ignored_seed_fails_and_an_unreproduced_one_is_named():
+    ignored = {"pairs": 18, "identical": 18, "chance": 1e-40, "ignored": True, "of": "base"}
+    assert _status(gates(_cand(_res(0.4), _res(0.5), seeds=ignored), G), "seed") == "fail"
+    loose = {"pairs": 18, "identical": 0, "chance": None, "ignored": False, "same_seed_pairs": 36,
+             "same_seed_identical": 30, "aa": "base~aa"}
+    assert _status(gates(_cand(_res(0.4), _res(0.5), seeds=loose), G), "seed") == "warn"
+
+
+def test_acceptance_that_ignores_temperature_is_flagged_not_gated():
+    flat = {"0": {"all": {"alpha": 0.60}}, "0.7": {"all": {"alpha": 0.605}}}
+    out = gates(_cand(_res(0.4), _res(0.5), by_t=flat, entropy={"0.7": 0.9}), G)
+    assert _status(out, "temperature") == "warn"
+    moving = {"0": {"all": {"alpha": 0.60}}, "0.7": {"all": {"alpha": 0.40}}}
+    assert not [r for r in gates(_cand(_res(0.4), _res(0.5), by_t=moving, entropy={"0.7": 0.9}), G)
+                if r.name == "temperature"]
+
+
+def test_identical_but_predictable_samples_leave_the_seed_unchecked():
+    flat = {"pairs": 8, "identical": 8, "chance": 0.2, "ignored": False}
+    res = [r for r in gates(_cand(_res(0.4), _res(0.5), seeds=flat), G) if r.name == "seed"]
+    assert [r.status for r in res] == ["warn"] and "could not be checked" in res[0].detail
