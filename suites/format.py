@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from suites import grader_options
+from suites.grader_options import OPTIONS as GRADER_OPTIONS, check_options, unknown_grader_message
 
 DEFAULT_MAX_NEW_TOKENS = 128
 PROFILES = ("smoke", "full")
@@ -248,12 +248,12 @@ def item_from_row(row: dict, defaults: dict | None = None, *, file: str = "<memo
     grader = row.get("grader", defaults.get("grader"))
     if grader is None:
         fail("grader", "required (on the item or in the header's defaults)")
-    if not isinstance(grader, str) or grader not in grader_options.OPTIONS:
-        fail("grader", grader_options.unknown_grader_message(grader))
+    if not isinstance(grader, str) or grader not in GRADER_OPTIONS:
+        fail("grader", unknown_grader_message(grader))
     options = row.get("grader_options", {})
     if not isinstance(options, dict):
         fail("grader_options", "must be an object")
-    for field, message in grader_options.check_options(grader, options, references):
+    for field, message in check_options(grader, options, references):
         fail(field, message)
     categories = _string_list(row.get("categories", []), "categories", fail)
     max_new = row.get("max_new_tokens", defaults.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
