@@ -77,7 +77,7 @@ class Reference:
         self.noise = 0.0
         self.engine = None
         if self.name.startswith("engine:"):
-            self.engine = _engine_decoder(self.name[len("engine:"):], lineup, servers)
+            self.engine = _engine_decoder(config, self.name[len("engine:"):], lineup, servers)
         self._cache: dict = {}
 
     def describe(self) -> str:
@@ -109,16 +109,15 @@ class Reference:
         return rows, (top2[:, 0] - top2[:, 1]).numpy()
 
 
-def _engine_decoder(name: str, lineup, servers: dict | None):
+def _engine_decoder(config, name: str, lineup, servers: dict | None):
+    """A decoder on engine `name`: one of the lineup's, else one of the baseline's flavour."""
     for spec in lineup.specs:
         if spec.options.get("engine") == name and spec.role != "aa-floor":
             return lineup.decoders[spec.name]
-    from harness.build import build_decoder
-    engine = (servers or {}).get(name)
-    if engine is None:
+    if name not in (servers or {}):
         raise ValueError(f"exactness_reference engine:{name}: the engine is not running")
-    from decoders.engines.llamacpp import LlamaCppDecoder
-    return build_decoder(LlamaCppDecoder.name, lineup.baseline_target, {"engine": name}, servers)
+    from harness.build import build_decoder
+    return build_decoder(config.baseline.decoder, lineup.baseline_target, {"engine": name}, servers)
 
 
 def _gap(top: dict) -> float:
