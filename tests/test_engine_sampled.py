@@ -32,14 +32,16 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-def _config(tmp_path: Path, reference: str = "target", top_p: float = 0.8, baseline_extra: str = "", candidates: str | None = None,
-            max_new_tokens: int = 48, seeds: tuple = (0, 1), suites: tuple = ("factual", "longform")) -> Path:
+def _config(tmp_path: Path, reference: str = "target", top_p: float = 0.8, baseline_extra: str = "",
+            candidates: str | None = None, max_new_tokens: int = 48, seeds: tuple = (0, 1),
+            suites: tuple = ("factual", "longform")) -> Path:
     plain = launch_args("-np", "1", "--spec-type", "none")
     q2k = [a if a != gguf("smollm2-135m") else gguf("smollm2-135m-q2k") for a in plain]
     ngram = launch_args("-np", "1", "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
                         "--spec-ngram-simple-size-m", "8")
     engines = {"plain": plain, "plain2": plain, "q2k": q2k, "ngram": ngram}
-    tables = "".join(f"[engines.{n}]\nlaunch = {json.dumps(a)}\nmodel = \"smollm2-135m\"\n\n" for n, a in engines.items())
+    tables = "".join(f"[engines.{n}]\nlaunch = {json.dumps(a)}\nmodel = \"smollm2-135m\"\n\n"
+                     for n, a in engines.items())
     if candidates is None:
         candidates = "".join(
             f'[[candidates]]\nname = "{n}"\ndecoder = "llama.cpp"\nkind = "exact"\noptions = {{ {o} }}\n\n'

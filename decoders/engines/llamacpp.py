@@ -120,7 +120,8 @@ class LlamaCppDecoder(EngineDecoder):
                 if probs:
                     break
             else:
-                shown = {key: data[key] for key in ("error", "content", "tokens", "stop_type", "truncated") if key in data}
+                shown = {key: data[key] for key in ("error", "content", "tokens", "stop_type", "truncated")
+                         if key in data}
                 raise EngineRequestError(f"engine {self.server.spec.name!r} returned no probabilities for a "
                                          f"{len(prompt)}-token prompt (n_probs = {k}): {shown}")
             out.append({int(e["id"]): float(e["logprob"]) for e in probs[0].get("top_logprobs") or []})

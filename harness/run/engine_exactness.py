@@ -262,7 +262,8 @@ def _level(config, ref: Reference, rows_of, base_name: str, aa_name: str | None,
         res = analysis.pit_test(cand["features"], level=level, rng=rng)
         stats = [r.get("stats") or {} for r, _ in mine.rows]
         by_key = {(r["suite"], r["item_id"], r["temperature"], r["seed"]): r["tokens"] for r, _ in base.rows}
-        same = [by_key.get((r["suite"], r["item_id"], r["temperature"], r["seed"])) == r["tokens"] for r, _ in mine.rows]
+        same = [by_key.get((r["suite"], r["item_id"], r["temperature"], r["seed"])) == r["tokens"]
+                for r, _ in mine.rows]
         proposed = sum(int(s.get("proposed") or 0) for s in stats)
         accepted = sum(int(s.get("accepted") or 0) for s in stats)
         out[name] = {

@@ -172,8 +172,8 @@ def shaped_from_top_logprobs(top: dict[int, float], request, vocab: int, band: f
     the nucleus is known when every returned token is surely in or surely out of it for any way
     the unseen mass could lie, and some returned token is surely out (so every unseen one is
     too); `band` >= 1 widens "surely" by that factor on the odds of the mass before a token
-    (`boundary_band`: numerical noise between the engine that sampled and the one that scored). Inside a known nucleus the
-    probabilities are exact: renormalizing over the nucleus
+    (`boundary_band`: numerical noise between the engine that sampled and the one that scored).
+    Inside a known nucleus the probabilities are exact: renormalizing over the nucleus
     cancels the unknown normalizer. Which positions are decided depends on the reference alone,
     never on the token sampled there, so leaving the others out keeps the test valid."""
     if not top or not request.temperature > 0:
