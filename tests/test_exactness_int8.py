@@ -1,8 +1,7 @@
 """The rejection verifier with the dynamically quantized sibling as its draft (smollm2-135m-int8),
 at the shipped smoke settings (longform smoke, T = 0.7, top-p 0.95, seeds 0 and 1, K = 4):
 correct, it passes its exactness checks; drawing the correction from p instead of the residual,
-it fails them (`tests/test_exactness_int8_broken.py`: a file of its own, so that xdist runs the
-two regress runs side by side instead of one after the other).
+it fails them.
 
 Why this needs the real models: dynamic int8 quantization computes activation scales from the
 tokens in each forward, so the draft's q depends on how the draft was fed while decoding. A q
@@ -19,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
+import decoders.speculative as spec
 from harness.cli import main
+from tests.test_exactness_gates import _baseline_only, resample_from_p
 
 SHIPPED = tomllib.loads((Path(__file__).parent.parent / "regress.toml").read_text())
 
@@ -74,3 +75,13 @@ def test_the_correct_verifier_with_the_int8_draft_passes(clean):
     # the draft-side control: the replayed q explains every proposal
     assert pit["draft_control"]["impossible"] == 0 and pit["draft_control"]["pvalue"] > pit["level"]
     assert {"exactness control", "exactness draft control"} <= {g["name"] for g in exactness if g["status"] == "pass"}
+
+
+def test_a_correction_drawn_from_p_still_fails(config, clean, tmp_path, monkeypatch):
+    _baseline_only(clean[0], tmp_path / "run")
+    monkeypatch.setattr(spec, "verify_rejection", resample_from_p)
+    code, cand = regress(config, tmp_path / "run")
+    caught = [g for g in cand["gates"] if g["status"] == "fail" and g["name"].startswith("exactness")
+              and "control" not in g["name"]]
+    assert code == 1 and caught, cand["gates"]
+    assert all(g["status"] == "pass" for g in cand["gates"] if "control" in g["name"])
