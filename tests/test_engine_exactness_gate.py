@@ -80,3 +80,9 @@ def test_identical_but_predictable_samples_leave_the_seed_unchecked():
     flat = {"pairs": 8, "identical": 8, "chance": 0.2, "ignored": False}
     res = [r for r in gates(_cand(_res(0.4), _res(0.5), seeds=flat), G) if r.name == "seed"]
     assert [r.status for r in res] == ["warn"] and "could not be checked" in res[0].detail
+
+
+def test_sampled_records_without_an_exactness_result_fail():
+    from harness.verdict.gate import _exactness_gates
+    [res] = _exactness_gates({"sampled_records": 12}, G)
+    assert res.status == "fail" and "12 sampled record(s) were not tested" in res.detail

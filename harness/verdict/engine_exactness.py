@@ -34,6 +34,9 @@ def _detect(c: dict) -> str:
 
 def gates(cand: dict, gates_cfg) -> list[GateResult]:
     ex = cand.get("exactness") or {}
+    if not ex:  # sampled records that no check looked at: no evidence, no pass
+        return [GateResult("exactness", "fail", f"{cand['sampled_records']} sampled record(s) were not tested "
+                           f"against the target's distribution (no exactness result for this candidate)")]
     if ex.get("error"):  # the reference or the records could not be read: no evidence, no pass
         return [GateResult("exactness", "fail", f"the sampled tokens could not be tested: {ex['error']}")]
     pit = ex.get("pit") or {}

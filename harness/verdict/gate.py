@@ -223,7 +223,8 @@ def _control_gates(pit: dict, level: float, gates: Gates) -> list[GateResult]:
 
 def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
     ex = cand.get("exactness") or {}
-    if ex.get("engine"):  # an engine's sampled tokens (harness/run/engine_exactness.py)
+    if ex.get("engine") or cand.get("sampled_records"):
+        # An exact engine's sampled tokens (harness/run/engine_exactness.py), tested or not.
         return engine_exactness.gates(cand, gates)
     checks = _exactness_checks(ex)
     if not checks:

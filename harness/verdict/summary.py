@@ -253,6 +253,9 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
         if exactness and spec.name in exactness:
             cand["exactness"] = _plain(exactness[spec.name])
         cand["exactness_expected"] = spec.decoder == "speculative" and spec.options.get("verify") == "rejection"
+        if isinstance(spec.options.get("engine"), str) and spec.kind == "exact":
+            # An exact engine's sampled records must have been tested (harness/run/engine_exactness.py).
+            cand["sampled_records"] = sum(1 for r in rows if r.get("temperature", 0) > 0 and r.get("tokens"))
         if any(r.get("compare_on") == "text" for r in rows + mine):
             # An engine that returns text only: identity is judged on our tokenization of its text,
             # and no near-tie forensics are possible (it gave no logprobs tied to token ids).
