@@ -9,8 +9,14 @@ declared exact:
 - `plain2`: a second server with the same flags (correct: must pass);
 - `ngram`: llama.cpp's n-gram speculation (reported: whatever the test says, with its power);
 - `q2k`: the Q2_K requantization served as if exact (must fail);
-- `hot`: the baseline's server, its requests overriding the temperature (0.9 sent where 0.7
-  was asked, through `extra`: the "drafter ignores temperature" class; must fail);
+- `hot`: the baseline's server, its requests overriding the temperature (1.5 sent where 0.7
+  was asked, through `extra`: the "drafter ignores temperature" class; must fail). A mild
+  override (0.9) flattens a confident position too little to put a token outside the T = 0.7
+  nucleus; its only trace is a PIT deviation of ~0.004, below what the test can resolve where two
+  thirds of the positions are left out (on an AMD EPYC without AVX-512 the Q4_1 kernels sit up to
+  0.89 logits from the fp32 copy, and 0.9 passed there). At 1.5 a position whose T = 0.7 nucleus is
+  one token at p ~0.95 has a second token of p ~0.2, so tokens of probability 0 appear on any
+  processor;
 - `wide`: the baseline's server with top-p dropped (1.0 sent; must fail).
 Each is judged by the sequential PIT test against the reference, with the baseline's own samples
 as the control. The engine's own logprobs as the reference, and a seed the engine ignores:
@@ -46,7 +52,7 @@ def _config(tmp_path: Path, reference: str = "target", top_p: float = 0.8, basel
         candidates = "".join(
             f'[[candidates]]\nname = "{n}"\ndecoder = "llama.cpp"\nkind = "exact"\noptions = {{ {o} }}\n\n'
             for n, o in [("plain2", 'engine = "plain2"'), ("ngram", 'engine = "ngram"'), ("q2k", 'engine = "q2k"'),
-                         ("hot", 'engine = "plain", extra = { temperature = 0.9 }'),
+                         ("hot", 'engine = "plain", extra = { temperature = 1.5 }'),
                          ("wide", 'engine = "plain", extra = { top_p = 1.0 }')])
     cfg = tmp_path / "sampled.toml"
     cfg.write_text(f"""target = "smollm2-135m"
