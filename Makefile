@@ -43,9 +43,11 @@ $(LLAMA_STAMP): | $(STAMP)
 	touch $@
 
 # On every core (pytest-xdist; tests are parallel-safe: their own tmp_path, free ports, atomic
-# cache writes); --dist loadfile keeps a file's session fixtures (tiny models, servers) on one worker.
+# cache writes); --dist loadfile keeps a file's session fixtures (tiny models, servers) on one worker;
+# --no-loadscope-reorder keeps tests/conftest.py's order (the longest files first) instead of
+# xdist's (the files with the most tests first), so no long file starts last on an idle machine.
 test: $(STAMP) $(LLAMA_STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15 tests
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15 tests
 
 # The calibration studies' full grids (minutes): regenerates analysis/calibration/CALIBRATION.md.
 calibrate: $(STAMP)

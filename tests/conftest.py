@@ -58,3 +58,28 @@ def tiny_model(request):
 def smollm2():
     from harness.models import load_model
     return load_model("smollm2-135m")
+
+
+# The longest files first, so that `make test`'s workers (pytest-xdist, --dist loadfile with
+# --no-loadscope-reorder) start them at once and the short ones fill in around them: otherwise
+# xdist sends the files with the most tests first and a 2-test file of several minutes starts
+# last, alone on one core (a whole run ended with one worker idle for 20 minutes that way).
+# Seconds of test time per file on a quiet 2-core AMD EPYC without AVX-512, largest first.
+LONG_FIRST = (
+    "test_engine_sampled.py",            # ~500 s: five real llama.cpp candidates, three seeds
+    "test_exactness_int8.py",            # real smollm2 + int8 draft, two regress runs
+    "test_engine_sampled_reference.py",  # ~370 s
+    "test_exactness_gates.py",           # ~260 s
+    "test_engines.py",                   # ~200 s
+    "test_regress.py",                   # ~175 s
+    "test_baseline_reuse.py",            # ~175 s
+    "test_load_engine.py",               # ~125 s
+    "test_engine_reuse.py",              # ~110 s
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = item.path.name
+        return LONG_FIRST.index(name) if name in LONG_FIRST else len(LONG_FIRST)
+    items.sort(key=rank)  # stable: the order within a file, and among the rest, is kept
