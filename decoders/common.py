@@ -11,6 +11,7 @@ import time
 import torch
 
 from decoders.base import DecoderError, GenerationRequest, GenerationResult, Timing
+from decoders.scopes import profiling_scopes, scope  # noqa: F401  (shared by the backends)
 
 
 def context_length(model) -> int | None:
@@ -59,31 +60,16 @@ def _cache_kwarg(cls) -> str:
 @torch.inference_mode()
 def forward(model, input_ids: torch.Tensor, cache, n_logits: int = 1) -> torch.Tensor:
     """Run `input_ids` (1, T) through the model on top of `cache`; logits of the last n_logits
-    positions, (n_logits, V). logits_to_keep avoids the LM head on the rest of a prefill."""
+    positions, (n_logits, V). logits_to_keep avoids the LM head on the rest of a prefill.
+    A one-token step of a Llama-style model on a CPU goes through `decoders.lean` (the same
+    logits, bit for bit, without transformers' per-module overhead)."""
+    from decoders.lean import runner
+    step = runner(model)  # also lays out the weights of a model loaded elsewhere, before its first forward
+    if step is not None and input_ids.shape[1] == 1 and step.accepts(cache):
+        return step(input_ids, cache)
     kw = {cache_kwarg(model): cache}
     out = model(input_ids=input_ids, use_cache=True, logits_to_keep=n_logits, **kw)
     return out.logits[0]
-
-
-# Profiling scopes: `bench --profile-round` turns them on to attribute kernel time to the parts
-# of a step (sampling, verification, drafting). Off, a scope is a shared null context: no cost.
-_PROFILING = [False]
-_NULL = contextlib.nullcontext()
-
-
-def scope(name: str):
-    if not _PROFILING[0]:
-        return _NULL
-    return torch.profiler.record_function(name)
-
-
-@contextlib.contextmanager
-def profiling_scopes():
-    _PROFILING[0] = True
-    try:
-        yield
-    finally:
-        _PROFILING[0] = False
 
 
 def pick_and_margin(logits: torch.Tensor, request: GenerationRequest, key: int, position: int,

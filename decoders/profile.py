@@ -102,8 +102,8 @@ def profile_request(decoder, request, models=None) -> dict:
         if ev.name == PREFILL and _label_of(ev.cpu_parent, labels) is None:
             prefill += ev.cpu_time_total / 1e6
         part = _label_of(ev if ev.name in labels else ev.cpu_parent, labels)
-        if part == PREFILL:
-            continue
+        if part == PREFILL or _label_of(ev.cpu_parent, {PREFILL}) == PREFILL:
+            continue  # the prompt's prefill, module parts inside it included
         self_s = ev.self_cpu_time_total / 1e6
         if ev.name in labels:
             python[ev.name] += self_s

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from decoders import layout
+
 
 class ModelError(ValueError):
     """A model that cannot be found, loaded, or used as asked."""
@@ -141,6 +143,7 @@ def build_tiny(family: str = "llama", seed: int = 0, **config_kwargs) -> LoadedM
     model.eval()
     model.generation_config.eos_token_id = 2
     model.generation_config.pad_token_id = 0
+    layout.prepare(model)
     return LoadedModel(f"tiny-{family}", model, tiny_tokenizer(), torch.device("cpu"), torch.float32)
 
 
@@ -195,11 +198,13 @@ def quantize_int8(loaded: LoadedModel) -> LoadedModel:
                          "pass --device cpu for this model")
     import warnings
     from torch.ao.quantization import quantize_dynamic
+    import copy
+    model = copy.deepcopy(loaded.model)  # plain nn.Linear modules (decoders.layout): what it swaps
     with warnings.catch_warnings():
         # torch marks eager dynamic quantization deprecated (moving to torchao); it still works
         # in the pinned torch and needs no extra package.
         warnings.simplefilter("ignore")
-        model = quantize_dynamic(loaded.model, {torch.nn.Linear}, dtype=torch.qint8)
+        model = quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
     return LoadedModel(loaded.name + "-int8", model, loaded.tokenizer, loaded.device, loaded.dtype)
 
 
@@ -217,7 +222,7 @@ def lm_head_cost_in_layers(model) -> float:
 ALIASES = ["smollm2-135m", "smollm2-135m-int8", "tiny-llama", "tiny-qwen2", "tiny-mistral"]
 
 
-def _from_pretrained(source, device, dtype, name, **kw) -> LoadedModel:
+def _from_pretrained(source, device, dtype, name, prepare: bool = True, **kw) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     try:
         tok = AutoTokenizer.from_pretrained(source, **kw)
@@ -226,6 +231,8 @@ def _from_pretrained(source, device, dtype, name, **kw) -> LoadedModel:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"cannot load model {name!r}: {first}") from e
     model.to(device).eval()
+    if prepare:
+        layout.prepare(model)  # a CPU, fp32 Llama-style model: weights laid out for decoding
     return LoadedModel(name, model, tok, device, dtype)
 
 
@@ -245,10 +252,12 @@ def load_model(spec: str, device: str | torch.device | None = None, dtype: torch
         family = spec[len("tiny-"):]
         loaded = build_tiny(family)
         loaded.model.to(device=device, dtype=dtype)
+        layout.prepare(loaded.model)
         return LoadedModel(spec, loaded.model, loaded.tokenizer, device, dtype)
     if spec in ("smollm2-135m", "smollm2-135m-int8"):
-        base = _from_pretrained(smollm2_folder(), device, dtype, "smollm2-135m")
-        return quantize_int8(base) if spec.endswith("-int8") else base
+        int8 = spec.endswith("-int8")
+        base = _from_pretrained(smollm2_folder(), device, dtype, "smollm2-135m", prepare=not int8)
+        return quantize_int8(base) if int8 else base
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():

@@ -84,3 +84,13 @@ def pytest_collection_modifyitems(items):
         name = item.path.name
         return LONG_FIRST.index(name) if name in LONG_FIRST else len(LONG_FIRST)
     items.sort(key=rank)  # stable: the order within a file, and among the rest, is kept
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module: tiny models are all Python overhead, and a second thread
+    only adds contention on shared CPUs (and xdist already runs one worker per core)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)

@@ -22,12 +22,7 @@ FAMILIES = ("llama", "qwen2")
 PROMPT = "The cat sat on the mat. The cat sat on the"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -37,13 +37,7 @@ PROMPTS = ("The cat sat on the mat. The cat sat on the", "<|im_start|>user\nhi t
 NEW = 24
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models are all Python overhead; a second thread only adds contention on shared CPUs.
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def perturbed(loaded: LoadedModel, scale: float = 0.02, seed: int = 7) -> LoadedModel:
