@@ -120,8 +120,10 @@ def test_quantizing_a_laid_out_model_quantizes_every_projection():
     quantized = [m for m in int8.model.modules() if isinstance(m, QLinear)]
     assert len(quantized) == len(linears) > 0
     assert not any(type(m) is layout.FastLinear for m in int8.model.modules())
-    assert lean.runner(int8.model) is None
     assert layout.fused_weights(fp32.model) is not None  # the fp32 model keeps its layout
+    # The int8 model's lean step goes through its quantized modules: bit-identical to transformers.
+    assert lean.runner(int8.model) is not None and layout.fused_weights(int8.model) is None
+    assert _lean_and_modules(int8)
 
 
 def test_fast_linear_under_autograd_is_nn_linear():
