@@ -20,7 +20,8 @@ copy of W takes 0.5-0.7x MKL's time (measured on a 2-core AMD EPYC, one thread).
 Each prepared module becomes a `FastLinear` (a subclass: `isinstance(m, nn.Linear)` still holds);
 a deep copy of a prepared model is a plain one, laid out again on its first forward.
 Nothing changes on CUDA, in bf16/fp16, for quantized modules, or when oneDNN is missing: `prepare`
-returns False and the model runs as it was. `DECODEGATE_LAYOUT=0` turns it off.
+returns False and the model runs as it was; nor when the extra copy would take more than half of
+the free memory. `DECODEGATE_LAYOUT=0` turns it off.
 """
 from __future__ import annotations
 
@@ -61,6 +62,23 @@ class FastLinear(nn.Linear):
 
 def enabled() -> bool:
     return os.environ.get("DECODEGATE_LAYOUT", "1") != "0"
+
+
+def available_memory() -> int | None:
+    """Bytes of physical memory free now (Linux), or None where the system does not say."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _fits(model) -> bool:
+    # The layout keeps one more copy of the projections (the packed one) and, for a tied head,
+    # of the embedding table: lay out only when that takes at most half of the free memory, so a
+    # model that fitted before still fits.
+    extra = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
+    free = available_memory()
+    return free is None or 2 * extra <= free
 
 
 def supported(model) -> bool:
@@ -116,7 +134,7 @@ def prepare(model) -> bool:
     """Lay `model`'s weights out as above, once. True when the model is (now) prepared."""
     if model in _FUSED:
         return intact(model)
-    if not enabled() or not supported(model):
+    if not enabled() or not supported(model) or not _fits(model):
         return False
     pack = _can_pack()
     fused = []

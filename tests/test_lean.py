@@ -151,3 +151,15 @@ def test_a_deep_copy_is_plain_and_laid_out_again_on_first_use():
         forward(clone, ids, CachePool(clone).new(ids.shape[1] + 1))  # decoders lay it out here
         assert layout.fused_weights(clone) is not None and lean.runner(clone) is not None
         assert_close_scaled(clone(input_ids=ids).logits, before, layers=clone.config.num_hidden_layers + 1)
+
+
+def test_no_layout_where_the_extra_copy_would_not_fit(monkeypatch):
+    """A model that fitted in memory before still fits: no extra copy past half the free memory."""
+    monkeypatch.setattr(layout, "available_memory", lambda: 4096)
+    loaded = build_tiny("llama")
+    assert layout.fused_weights(loaded.model) is None and lean.runner(loaded.model) is None
+    assert all(type(m) is torch.nn.Linear for m in loaded.model.modules() if isinstance(m, torch.nn.Linear))
+    req = GenerationRequest(tuple(loaded.encode(PROMPT, chat=False)), max_new_tokens=8, stop_token_ids=())
+    assert len(StandardDecoder(loaded).generate(req).tokens) == 8
+    monkeypatch.setattr(layout, "available_memory", lambda: None)  # a system that does not say
+    assert layout.prepare(build_tiny("llama").model)
