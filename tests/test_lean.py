@@ -135,7 +135,9 @@ def test_fast_linear_under_autograd_is_nn_linear():
     assert x.grad is not None and torch.isfinite(x.grad).all()
     with torch.inference_mode():
         y = torch.randn(5, proj.in_features)
-        assert_close_scaled(proj(y), torch.nn.functional.linear(y, proj.weight), scale=float(proj(y).abs().max()))
+        # Two kernels sum the same products in other orders: rounding relative to the sum of |terms|.
+        terms = float((y.abs() @ proj.weight.abs().t()).max())
+        assert_close_scaled(proj(y), torch.nn.functional.linear(y, proj.weight), scale=terms)
 
 
 def test_a_deep_copy_is_plain_and_laid_out_again_on_first_use():
