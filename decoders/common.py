@@ -11,6 +11,7 @@ import time
 import torch
 
 from decoders.base import DecoderError, GenerationRequest, GenerationResult, Timing
+from decoders.lean import runner as lean_runner
 from decoders.scopes import profiling_scopes, scope  # noqa: F401  (shared by the backends)
 
 
@@ -63,8 +64,7 @@ def forward(model, input_ids: torch.Tensor, cache, n_logits: int = 1) -> torch.T
     positions, (n_logits, V). logits_to_keep avoids the LM head on the rest of a prefill.
     A one-token step of a Llama-style model on a CPU goes through `decoders.lean` (the same
     logits, bit for bit, without transformers' per-module overhead)."""
-    from decoders.lean import runner
-    step = runner(model)  # also lays out the weights of a model loaded elsewhere, before its first forward
+    step = lean_runner(model)  # also lays out the weights of a model loaded elsewhere, before its first forward
     if step is not None and input_ids.shape[1] == 1 and step.accepts(cache):
         return step(input_ids, cache)
     kw = {cache_kwarg(model): cache}
