@@ -61,11 +61,11 @@ def _cache_kwarg(cls) -> str:
 def forward(model, input_ids: torch.Tensor, cache, n_logits: int = 1) -> torch.Tensor:
     """Run `input_ids` (1, T) through the model on top of `cache`; logits of the last n_logits
     positions, (n_logits, V). logits_to_keep avoids the LM head on the rest of a prefill.
-    A one-token step of a Llama-style model on a CPU goes through `decoders.lean` (the same
-    logits, bit for bit, without transformers' per-module overhead)."""
+    A one-token step or a K+1 block of a Llama-style model on a CPU goes through `decoders.lean`
+    (the same logits, bit for bit, without transformers' per-module overhead)."""
     step = lean_runner(model)  # also lays out the weights of a model loaded elsewhere, before its first forward
-    if step is not None and input_ids.shape[1] == 1 and step.accepts(cache):
-        return step(input_ids, cache)
+    if step is not None and step.accepts(cache, input_ids.shape[1]):
+        return step(input_ids, cache, n_logits)
     kw = {cache_kwarg(model): cache}
     out = model(input_ids=input_ids, use_cache=True, logits_to_keep=n_logits, **kw)
     return out.logits[0]

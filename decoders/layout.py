@@ -1,10 +1,11 @@
-"""Weights laid out for decoding on a CPU (issue 26): the one-token step reads them at the memory's
-pace, and a block of K+1 rows through oneDNN instead of MKL's small-M GEMM.
+"""Weights laid out for decoding on a CPU (issue 26): a one-token step and a block of K+1 rows read
+them at the memory's pace.
 
 Why: `nn.Linear` keeps W as (out, in). For one row, MKL's x @ W^T over that layout streams the
 weights at about half the machine's bandwidth (smollm2-135m's LM head: 12.2 ms; the same product
-over W^T stored contiguous, (in, out): 5.9 ms). For 2 to a few hundred rows, oneDNN on a prepacked
-copy of W takes 0.5-0.7x MKL's time (measured on a 2-core AMD EPYC, one thread).
+over W^T stored contiguous, (in, out): 5.9 ms). For 2 to 16 rows, `decoders.panel`'s kernel over a
+copy packed in panels is faster still (5 rows: 35 ms for all of smollm2's products against 62 with
+oneDNN and 98 with MKL; one row: 27 against 30-32; a 2-core AMD EPYC, one thread).
 
 `prepare(model)` does, once per model, on a CPU, in fp32:
 - every projection of a decoder layer is re-pointed to a transposed view of a contiguous (in, out)
@@ -14,14 +15,17 @@ copy of W takes 0.5-0.7x MKL's time (measured on a 2-core AMD EPYC, one thread).
   and the hf peers all compute the same logits;
 - the LM head gets its own (in, out) copy (a tied input embedding keeps the original table: a row
   gather from a transposed table would stride across the whole matrix);
-- each projection keeps a oneDNN-packed copy for inputs of more than one row (prefill, K+1
-  verification, batched references): one extra copy of the weights in memory.
+- each group keeps a copy packed in `decoders.panel`'s panels for inputs of up to 16 rows (one
+  token, K+1 verification); each module's panels are a slice of its group's where its width is a
+  multiple of 16. More rows (a prefill, a batched reference) go through MKL over the (in, out)
+  layout. One extra copy of the weights in memory.
 
 Each prepared module becomes a `FastLinear` (a subclass: `isinstance(m, nn.Linear)` still holds);
 a deep copy of a prepared model is a plain one, laid out again on its first forward.
-Nothing changes on CUDA, in bf16/fp16, for quantized modules, or when oneDNN is missing: `prepare`
-returns False and the model runs as it was; nor when the extra copy would take more than half of
-the free memory. `DECODEGATE_LAYOUT=0` turns it off.
+Nothing changes on CUDA, in bf16/fp16, or for quantized modules: `prepare` returns False and the
+model runs as it was; nor when the extra copy would take more than half of the free memory.
+`DECODEGATE_LAYOUT=0` turns it off; `DECODEGATE_PANEL=0` (or no C compiler) keeps the layout
+without the panels (every product through MKL).
 """
 from __future__ import annotations
 
@@ -33,29 +37,32 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decoders import panel
+
 _FUSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its laid-out tensors
 PROJECTIONS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("self_attn", ("o_proj",)),
                ("mlp", ("gate_proj", "up_proj")), ("mlp", ("down_proj",)))
 
 
 class FastLinear(nn.Linear):
-    """`nn.Linear` over a transposed weight view (one row: a plain product over the (in, out)
-    layout) with a oneDNN-packed copy for several rows. Under autograd it is `nn.Linear`."""
+    """`nn.Linear` over a transposed weight view (a plain product over the (in, out) layout), with
+    panels for up to 16 rows. Under autograd it is `nn.Linear`."""
 
-    _packed = None
+    _panels = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self._packed is None or x.numel() == self.in_features or x.device.type != "cpu"
-                or x.dtype != torch.float32 or (torch.is_grad_enabled() and x.requires_grad)):
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        if (self._panels is not None and x.numel() <= panel.MAX_ROWS * self.in_features and x.device.type == "cpu"
+                and x.dtype == torch.float32 and not (torch.is_grad_enabled() and x.requires_grad)
+                and panel.enabled()):
+            return panel.linear(x, self._panels, self.out_features, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
     def __deepcopy__(self, memo):
-        # A copy is a plain nn.Linear over a contiguous (out, in) weight: oneDNN's packed tensor
-        # cannot be copied, and a copied model is laid out again on its first use.
+        # A copy is a plain nn.Linear over a contiguous (out, in) weight (not a view into the
+        # original's layout); a copied model is laid out again on its first use.
         clone = nn.Linear.__new__(nn.Linear)
         memo[id(self)] = clone
-        clone.__dict__.update({k: copy.deepcopy(v, memo) for k, v in self.__dict__.items() if k != "_packed"})
+        clone.__dict__.update({k: copy.deepcopy(v, memo) for k, v in self.__dict__.items() if k != "_panels"})
         clone.weight = nn.Parameter(clone.weight.detach().contiguous(), requires_grad=self.weight.requires_grad)
         return clone
 
@@ -99,29 +106,27 @@ def supported(model) -> bool:
     return True
 
 
-def _can_pack() -> bool:
-    try:
-        w = torch.ones(4, 8)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, 16)
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(3, 8), packed, None, "none", [], "")
-        return bool(torch.equal(out, torch.full((3, 4), 8.0)))
-    except (RuntimeError, AttributeError):
-        return False
-
-
-def _relay(modules: list[nn.Linear], pack: bool) -> torch.Tensor:
-    """Point each module's weight at a column slice of one contiguous (in, out_total) tensor."""
+def _relay(modules: list[nn.Linear], pack: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Point each module's weight at a column slice of one contiguous (in, out_total) tensor;
+    with `pack`, also the group's panels (None where a width is not a multiple of 16: then each
+    module packs its own and the group has none)."""
     fused = torch.cat([m.weight.detach() for m in modules]).t().contiguous()
+    aligned = pack and all(m.out_features % panel.NB == 0 for m in modules)
+    panels = panel.pack(fused) if aligned else None
     start = 0
     for m in modules:
-        w = m.weight.detach()
-        if pack:
-            m._packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 16)
-        m.weight = nn.Parameter(fused[:, start:start + m.out_features].t(), requires_grad=False)
+        cols = fused[:, start:start + m.out_features]
+        if aligned:
+            m._panels = panels[start // panel.NB:(start + m.out_features) // panel.NB]
+        elif pack:
+            m._panels = panel.pack(cols)
+        m.weight = nn.Parameter(cols.t(), requires_grad=False)
         start += m.out_features
         m.__class__ = FastLinear
         m._register_state_dict_hook(_contiguous)
-    return fused
+    if len(modules) == 1 and pack:
+        panels = modules[0]._panels
+    return fused, panels
 
 
 def _contiguous(module, state_dict, prefix, local_metadata):
@@ -136,7 +141,7 @@ def prepare(model) -> bool:
         return intact(model)
     if not enabled() or not supported(model) or not _fits(model):
         return False
-    pack = _can_pack()
+    pack = panel.available()
     fused = []
     for layer in model.model.layers:
         fused.append([_relay([getattr(getattr(layer, part), n) for n in names], pack) for part, names in PROJECTIONS])
@@ -150,8 +155,9 @@ def prepare(model) -> bool:
 
 
 def fused_weights(model):
-    """Per layer [(in, q+k+v), (in, out) of o, (in, gate+up), (in, out) of down],
-    then the head's (in, V): the contiguous tensors `prepare` made; None for an unprepared model."""
+    """Per layer [(in, q+k+v), (in, out) of o, (in, gate+up), (in, out) of down], then the
+    head's (in, V): each the contiguous tensor `prepare` made and its panels (or None); None for
+    an unprepared model."""
     return _FUSED.get(model)
 
 
@@ -159,5 +165,5 @@ def intact(model) -> bool:
     """Whether a prepared model still holds the prepared weights (a later `.to(device or dtype)`
     replaces them with copies; the model then runs as transformers' modules only)."""
     fused = fused_weights(model)
-    return fused is not None and model.lm_head.weight.data_ptr() == fused[-1].data_ptr()
+    return fused is not None and model.lm_head.weight.data_ptr() == fused[-1][0].data_ptr()
 

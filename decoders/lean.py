@@ -1,26 +1,30 @@
-"""The one-token decode step of a Llama-style model, written out (gpt-fast's loop) over the weights
+"""The decode step of a Llama-style model, written out (gpt-fast's loop) over the weights
 `decoders.layout` laid out: one product for q/k/v and one for gate/up per layer, and none of
-transformers' per-module dispatch, mask building or output bookkeeping. On smollm2-135m that
-dispatch was about a third of a step on a CPU.
+transformers' per-module dispatch or output bookkeeping. On smollm2-135m that dispatch was about a
+third of a step on a CPU.
 
 It performs the same operators, in the same order and dtype, as transformers' Llama, Mistral and
-Qwen2 modules do for one new token with no mask (RMSNorm in fp32, rotary embedding from the model's
-own `rotary_emb`, SDPA with `enable_gqa` where heads are grouped), so its logits are bit-identical
-to `model(...)` on the same cache (tests/test_lean.py); a multi-token forward (prefill, K+1
-verification) still goes through transformers. It runs only on `decoders.kv`'s preallocated cache,
-and falls back (returns None from `runner`) wherever the shapes differ: other architectures, a
-sliding window the context has reached, weights not on a CPU. A model quantized with torch's
-dynamic int8 (`smollm2-135m-int8`, a draft) runs the same step through its own quantized
-projection modules: the calls transformers makes, without the rest of its dispatch.
+Qwen2 modules do (RMSNorm in fp32, rotary embedding from the model's own `rotary_emb`, SDPA with
+`enable_gqa` where heads are grouped and no mask is needed, transformers' own causal mask and
+repeated key/value heads where one is), so its logits are bit-identical to `model(...)` on the same
+cache (tests/test_lean.py). It takes one token, or a block of up to `panel.MAX_ROWS` tokens (a K+1
+verification) when `decoders.panel`'s kernel is in use and no sliding window is configured; longer
+inputs (a prefill) go through transformers. It runs only on `decoders.kv`'s preallocated cache,
+and falls back (returns None from `runner`, or `accepts` is False) wherever the shapes differ:
+other architectures, a sliding window the context has reached, weights not on a CPU. A model
+quantized with torch's dynamic int8 (`smollm2-135m-int8`, a draft) runs the one-token step through
+its own quantized projection modules: the calls transformers makes, without the rest of its
+dispatch.
 """
 from __future__ import annotations
 
+import inspect
 import weakref
 
 import torch
 import torch.nn.functional as F
 
-from decoders import layout
+from decoders import layout, panel
 from decoders.kv import PreallocatedCache
 from decoders.scopes import scope
 
@@ -42,15 +46,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _mm(w, bias):
+def _mm(laid_out, bias):
+    w, panels = laid_out
+    if panels is not None and panel.available():
+        return lambda x: panel.linear(x, panels, w.shape[1], bias)
     if bias is None:
         return lambda x: torch.mm(x, w)
     return lambda x: torch.addmm(bias, x, w)
 
 
 def _fused_projections(model):
-    """Per layer (qkv, o, gate_up, down) over `decoders.layout`'s fused (in, out) tensors, and the
-    head: one product per group (their columns equal the modules' own, bit for bit)."""
+    """Per layer (qkv, o, gate_up, down) over `decoders.layout`'s fused (in, out) tensors and their
+    panels, and the head: one product per group (their columns equal the modules' own, bit for
+    bit). A group without panels (a width not a multiple of 16) runs through its modules."""
     fused = layout.fused_weights(model)
     out = []
     for layer, (qkv, o, gate_up, down) in zip(model.model.layers, fused[:-1]):
@@ -66,7 +74,15 @@ def _fused_projections(model):
         def split_gu(x, f=gu_mm, i=inter):
             t = f(x)
             return t[:, :i], t[:, i:]
-        out.append((split_qkv, _mm(o, a.o_proj.bias), split_gu, _mm(down, layer.mlp.down_proj.bias)))
+
+        def each_qkv(x, a=a):  # a group without shared panels: each module's own
+            return a.q_proj(x), a.k_proj(x), a.v_proj(x)
+
+        def each_gu(x, m=layer.mlp):
+            return m.gate_proj(x), m.up_proj(x)
+        unshared = panel.available()
+        out.append((each_qkv if unshared and qkv[1] is None else split_qkv, _mm(o, a.o_proj.bias),
+                    each_gu if unshared and gate_up[1] is None else split_gu, _mm(down, layer.mlp.down_proj.bias)))
     return out, _mm(fused[-1], model.lm_head.bias)
 
 
@@ -95,10 +111,26 @@ def _quantized(model) -> bool:
     return len(mods) > 1 and all(type(m) is DynamicInt8Linear for m in mods)
 
 
-class LeanStep:
-    """`(input_ids (1, 1), cache) -> logits (1, V)` for one model, given its projections."""
+def _mask_call(sliding: bool):
+    """The mask builder transformers' model calls (Mistral's with a window), and the keyword its
+    version takes the cache by."""
+    from transformers import masking_utils
+    make = masking_utils.create_sliding_window_causal_mask if sliding else masking_utils.create_causal_mask
+    params = inspect.signature(make).parameters
+    return make, ("cache" if "cache" in params else "past_key_values"), "position_ids" in params
 
-    def __init__(self, model, projections, head):
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    # transformers' repeat_kv, operator for operator
+    b, h, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
+
+
+class LeanStep:
+    """`(input_ids (1, T), cache, n_logits) -> logits (n_logits, V)` for one model, given its
+    projections; T is 1, or up to `panel.MAX_ROWS` where `multi` is True."""
+
+    def __init__(self, model, projections, head, multi: bool = False):
         cfg = model.config
         self.model = model
         self.embed = model.get_input_embeddings().weight
@@ -109,54 +141,75 @@ class LeanStep:
             self.layers.append((layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon, qkv, o,
                                 layer.post_attention_layernorm.weight,
                                 layer.post_attention_layernorm.variance_epsilon, gate_up, down, m.act_fn,
-                                a.scaling, a.num_key_value_groups > 1))
+                                a.scaling, a.num_key_value_groups))
         self.norm_w, self.norm_eps = model.model.norm.weight, model.model.norm.variance_epsilon
         self.head = head
         self.head_dim = model.model.layers[0].self_attn.head_dim
         window = getattr(cfg, "sliding_window", None)
         self.window = window if window and getattr(cfg, "use_sliding_window", True) else None
+        # Several tokens need transformers' own mask: Llama's, or Mistral's with its window (Qwen2
+        # with a window mixes layer kinds: one token only there).
+        self.multi = multi and (self.window is None or cfg.model_type == "mistral")
+        self.config = cfg
 
-    def accepts(self, cache) -> bool:
+    def accepts(self, cache, tokens: int = 1) -> bool:
         if not isinstance(cache, PreallocatedCache) or len(cache.layers) != len(self.layers):
             return False
+        if tokens > 1 and not (self.multi and tokens <= panel.MAX_ROWS and cache.layers[0].length > 0):
+            return False
         # Past the window transformers masks the oldest keys; this step does not.
-        return self.window is None or cache.layers[0].length + 1 <= self.window
+        return self.window is None or cache.layers[0].length + tokens <= self.window
 
-    def __call__(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
-        position = cache.layers[0].length
-        h = F.embedding(input_ids, self.embed)                                # (1, 1, H)
-        cos, sin = self.rotary(h, torch.tensor([[position]], device=h.device))
+    def _mask(self, h, cache, positions):
+        if h.shape[1] == 1:
+            return None  # what transformers' mask is for one new token under SDPA
+        make, cache_kw, by_position = _mask_call(self.window is not None)
+        kw = {"position_ids": positions} if by_position else {"cache_position": positions[0]}
+        return make(config=self.config, inputs_embeds=h, attention_mask=None, **{cache_kw: cache}, **kw)
+
+    def __call__(self, input_ids: torch.Tensor, cache, n_logits: int = 1) -> torch.Tensor:
+        t = input_ids.shape[1]
+        start = cache.layers[0].length
+        h = F.embedding(input_ids, self.embed)                                # (1, T, H)
+        positions = torch.arange(start, start + t, device=h.device).unsqueeze(0)
+        mask = self._mask(h, cache, positions)
+        cos, sin = self.rotary(h, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         hd = self.head_dim
-        for kv, (w_in, eps_in, qkv, o, w_post, eps_post, gate_up, down, act, scaling, gqa) in zip(
+        for kv, (w_in, eps_in, qkv, o, w_post, eps_post, gate_up, down, act, scaling, groups) in zip(
                 cache.layers, self.layers):
             with scope("norms"):  # the parts `bench --profile-round` splits a step into
                 x = _rms_norm(h, w_in, eps_in)
             with scope("attention"):
-                q, k, v = qkv(x.view(1, -1))                                   # (1, q), (1, kv), (1, kv)
-                q = q.view(1, 1, -1, hd).transpose(1, 2)
-                k = k.view(1, 1, -1, hd).transpose(1, 2)
-                v = v.view(1, 1, -1, hd).transpose(1, 2)
+                q, k, v = qkv(x.view(t, -1))                                   # (T, q), (T, kv), (T, kv)
+                q = q.view(1, t, -1, hd).transpose(1, 2)
+                k = k.view(1, t, -1, hd).transpose(1, 2)
+                v = v.view(1, t, -1, hd).transpose(1, 2)
                 q = (q * cos) + (_rotate_half(q) * sin)
                 k = (k * cos) + (_rotate_half(k) * sin)
                 k, v = kv.update(k, v)
-                if gqa:
-                    att = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, scale=scaling,
-                                                         is_causal=False, enable_gqa=True)
-                else:
-                    att = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, scale=scaling,
-                                                         is_causal=False)
-                att = o(att.transpose(1, 2).contiguous().reshape(1, -1)).view(1, 1, -1)
+                att = self._attend(q, k, v, mask, scaling, groups)
+                att = o(att.transpose(1, 2).contiguous().reshape(t, -1)).view(1, t, -1)
             h = h + att
             with scope("norms"):
-                x = _rms_norm(h, w_post, eps_post).view(1, -1)
+                x = _rms_norm(h, w_post, eps_post).view(t, -1)
             with scope("mlp"):
                 g, u = gate_up(x)
-                mlp = down(act(g) * u).view(1, 1, -1)
+                mlp = down(act(g) * u).view(1, t, -1)
             h = h + mlp
         with scope("lm_head"):
-            h = _rms_norm(h, self.norm_w, self.norm_eps)
-            return self.head(h.view(1, -1))                                   # (1, V)
+            h = _rms_norm(h[:, t - n_logits:], self.norm_w, self.norm_eps)
+            return self.head(h.view(n_logits, -1))                            # (n_logits, V)
+
+    @staticmethod
+    def _attend(q, k, v, mask, scaling, groups):
+        # transformers' sdpa_attention_forward for these shapes: grouped heads through
+        # enable_gqa without a mask, repeated with one
+        if mask is not None and groups > 1:
+            k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+        kw = {"enable_gqa": True} if mask is None and groups > 1 else {}
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=scaling,
+                                              is_causal=mask is None and q.shape[2] > 1, **kw)
 
 
 def runner(model):
@@ -170,7 +223,7 @@ def runner(model):
     if (cfg is not None and getattr(cfg, "model_type", None) in FAMILIES and layout.enabled()
             and getattr(cfg, "_attn_implementation", None) == "sdpa" and not getattr(cfg, "mlp_bias", False)):
         if layout.prepare(model):
-            step, laid_out = LeanStep(model, *_fused_projections(model)), True
+            step, laid_out = LeanStep(model, *_fused_projections(model), multi=panel.available()), True
         elif _quantized(model):
             step = LeanStep(model, *_module_projections(model))
     _RUNNERS[model] = (step, laid_out)

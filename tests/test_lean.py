@@ -24,14 +24,15 @@ def _transformers_step(model, ids, cache):
     return model(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache}).logits[0]
 
 
-def _lean_and_modules(loaded, steps: int = 12):
+def _lean_and_modules(loaded, steps: int = 12, blocks=(2, 5, 3)):
     """Run the same greedy continuation twice, through the lean step and through transformers'
-    modules, on two caches after the same prefill; True when every logit and cache entry is equal."""
+    modules, on two caches after the same prefill, then blocks of several tokens (K+1
+    verifications) where the step takes them; True when every logit and cache entry is equal."""
     model = loaded.model
     ids = loaded.encode(PROMPT, chat=False)
     step = lean.runner(model)
     assert step is not None
-    caches = [CachePool(model).new(len(ids) + steps + 1, private=True) for _ in range(2)]
+    caches = [CachePool(model).new(len(ids) + steps + sum(blocks) + 1, private=True) for _ in range(2)]
     with torch.inference_mode():
         first = [forward(model, torch.tensor([ids]), c) for c in caches]
         assert torch.equal(first[0], first[1])
@@ -45,6 +46,16 @@ def _lean_and_modules(loaded, steps: int = 12):
                 if not (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)):
                     return False
             token = int(theirs.argmax())
+        for n in (blocks if step.multi else ()):
+            t = torch.tensor([[token] + [(token + 7 * i) % 200 + 3 for i in range(1, n)]])
+            ours = forward(model, t, caches[0], n_logits=n)
+            theirs = model(input_ids=t, use_cache=True, logits_to_keep=n, **{cache_kwarg(model): caches[1]}).logits[0]
+            if ours.shape != (n, theirs.shape[-1]) or not torch.equal(ours, theirs):
+                return False
+            for a, b in zip(caches[0].layers, caches[1].layers):
+                if not (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)):
+                    return False
+            token = int(theirs[-1].argmax())
     return True
 
 
@@ -52,6 +63,8 @@ def _lean_and_modules(loaded, steps: int = 12):
 def test_lean_step_is_bit_identical_to_transformers_modules(family):
     loaded = build_tiny(family)
     assert layout.fused_weights(loaded.model) is not None  # build_tiny lays the weights out
+    # K+1 blocks go through the lean forward too (the panel kernel builds on this machine)
+    assert lean.runner(loaded.model).multi
     assert _lean_and_modules(loaded)
 
 
@@ -129,7 +142,7 @@ def test_quantizing_a_laid_out_model_quantizes_every_projection():
 def test_fast_linear_under_autograd_is_nn_linear():
     loaded = build_tiny("llama")
     proj = loaded.model.model.layers[0].mlp.up_proj
-    assert type(proj) is layout.FastLinear and proj._packed is not None
+    assert type(proj) is layout.FastLinear and proj._panels is not None
     x = torch.randn(3, proj.in_features, requires_grad=True)
     proj(x).sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
