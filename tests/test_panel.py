@@ -94,3 +94,18 @@ def test_without_a_compiler_the_products_are_torchs(monkeypatch, tmp_path):
     monkeypatch.setattr(panel, "_LIB", [])
     monkeypatch.setenv("DECODEGATE_PANEL", "0")
     assert not panel.available()
+
+
+def test_the_profiler_sees_the_kernel_as_an_operator():
+    """`bench --profile-round` counts operator time per part; the kernel is no torch operator, so
+    without its own event its time would read as Python overhead (81% of a step, once)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from decoders.scopes import profiling_scopes, scope
+    w = torch.randn(576, 3072)
+    panels, x = panel.pack(w), torch.randn(5, 576)
+    with profiling_scopes(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        with scope("mlp"):
+            panel.linear(x, panels, 3072)
+    events = [e for e in prof.events() if e.name == "panel_linear"]
+    assert len(events) == 1 and events[0].cpu_parent is not None and events[0].cpu_parent.name == "mlp"
