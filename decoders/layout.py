@@ -106,25 +106,34 @@ def supported(model) -> bool:
     return True
 
 
-def _relay(modules: list[nn.Linear], pack: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _aligned(modules) -> bool:
+    return all(m.out_features % panel.NB == 0 for m in modules)
+
+
+def _panel_floats(modules) -> int:
+    widths = [sum(m.out_features for m in modules)] if _aligned(modules) else [m.out_features for m in modules]
+    return sum(panel.packed_numel(modules[0].in_features, n) for n in widths)
+
+
+def _relay(modules: list[nn.Linear], arena) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Point each module's weight at a column slice of one contiguous (in, out_total) tensor;
-    with `pack`, also the group's panels (None where a width is not a multiple of 16: then each
-    module packs its own and the group has none)."""
+    with an `arena`, also pack the group's panels there (None where a width is not a multiple of
+    16: then each module packs its own and the group has none)."""
     fused = torch.cat([m.weight.detach() for m in modules]).t().contiguous()
-    aligned = pack and all(m.out_features % panel.NB == 0 for m in modules)
-    panels = panel.pack(fused) if aligned else None
+    aligned = arena is not None and _aligned(modules)
+    panels = panel.pack(fused, arena) if aligned else None
     start = 0
     for m in modules:
         cols = fused[:, start:start + m.out_features]
         if aligned:
             m._panels = panels[start // panel.NB:(start + m.out_features) // panel.NB]
-        elif pack:
-            m._panels = panel.pack(cols)
+        elif arena is not None:
+            m._panels = panel.pack(cols, arena)
         m.weight = nn.Parameter(cols.t(), requires_grad=False)
         start += m.out_features
         m.__class__ = FastLinear
         m._register_state_dict_hook(_contiguous)
-    if len(modules) == 1 and pack:
+    if len(modules) == 1 and arena is not None:
         panels = modules[0]._panels
     return fused, panels
 
@@ -141,15 +150,16 @@ def prepare(model) -> bool:
         return intact(model)
     if not enabled() or not supported(model) or not _fits(model):
         return False
-    pack = panel.available()
-    fused = []
-    for layer in model.model.layers:
-        fused.append([_relay([getattr(getattr(layer, part), n) for n in names], pack) for part, names in PROJECTIONS])
-    head = model.lm_head
-    emb = model.get_input_embeddings()
+    groups = [[getattr(getattr(layer, part), n) for n in names]
+              for layer in model.model.layers for part, names in PROJECTIONS] + [[model.lm_head]]
+    # All panels in one buffer: one huge-page region for the kernel's weight stream.
+    arena = panel.Arena(sum(_panel_floats(g) for g in groups)) if panel.available() else None
+    emb, head = model.get_input_embeddings(), model.lm_head
     if emb is not None and emb.weight is head.weight:
         emb.weight = nn.Parameter(head.weight.detach(), requires_grad=False)  # the table stays row-major
-    fused.append(_relay([head], pack))
+    laid = [_relay(g, arena) for g in groups]
+    per = len(PROJECTIONS)
+    fused = [laid[i:i + per] for i in range(0, len(laid) - 1, per)] + [laid[-1]]
     _FUSED[model] = fused
     return True
 

