@@ -73,7 +73,8 @@ def _build(compiler: str) -> Path:
     os.close(fd)
     try:
         for flags in (FLAGS, FLAGS[:-1]):  # without OpenMP where the compiler has none (one thread)
-            done = subprocess.run([compiler, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+            done = subprocess.run([compiler, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True,
+                                  timeout=300)
             if done.returncode == 0:
                 os.replace(tmp, out)
                 return out
@@ -124,7 +125,7 @@ def kernel():
             try:
                 fn = _load()
                 _self_check(fn)
-            except (OSError, RuntimeError, AttributeError) as exc:
+            except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
                 warnings.warn(f"decodegate: the small-M CPU kernel is off ({exc}); using torch's products",
                               RuntimeWarning, stacklevel=2)
                 fn = None

@@ -80,10 +80,15 @@ def test_a_broken_kernel_is_refused():
     panel._self_check(real)
 
 
-def test_without_a_compiler_the_products_are_torchs(monkeypatch, tmp_path):
+@pytest.mark.parametrize("broken", ["compiler", "cache folder"])
+def test_without_a_compiler_the_products_are_torchs(monkeypatch, tmp_path, broken):
     monkeypatch.setattr(panel, "_LIB", [])
     monkeypatch.setenv("DECODEGATE_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", "false")  # a compiler that fails every build
+    if broken == "compiler":
+        monkeypatch.setenv("CC", "false")  # a compiler that fails every build
+    else:
+        (tmp_path / "file").write_text("")
+        monkeypatch.setenv("DECODEGATE_CACHE", str(tmp_path / "file"))  # no folder can be made there
     with pytest.warns(RuntimeWarning, match="small-M CPU kernel is off"):
         assert not panel.available()
     loaded = build_tiny("llama")
