@@ -8,8 +8,8 @@ Qwen2 modules do (RMSNorm in fp32, rotary embedding from the model's own `rotary
 `enable_gqa` where heads are grouped and no mask is needed, transformers' own causal mask and
 repeated key/value heads where one is), so its logits are bit-identical to `model(...)` on the same
 cache (tests/test_lean.py). It takes one token, or a block of up to `panel.MAX_ROWS` tokens (a K+1
-verification) when `decoders.panel`'s kernel is in use and no sliding window is configured; longer
-inputs (a prefill) go through transformers. It runs only on `decoders.kv`'s preallocated cache,
+verification) when `decoders.panel`'s kernel is in use (not for Qwen2 with a sliding window, whose
+layers mix mask kinds); longer inputs (a prefill) go through transformers. It runs only on `decoders.kv`'s preallocated cache,
 and falls back (returns None from `runner`, or `accepts` is False) wherever the shapes differ:
 other architectures, a sliding window the context has reached, weights not on a CPU. A model
 quantized with torch's dynamic int8 (`smollm2-135m-int8`, a draft) runs the one-token step through
