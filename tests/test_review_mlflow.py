@@ -372,3 +372,39 @@ def test_history_marks_runs_of_another_target(tmp_path, small_suite, mlflow_serv
 def test_history_refuses_a_server_that_is_down(capsys):
     assert main(["history", "--tracking-uri", f"http://127.0.0.1:{_free_port()}", "--figure", "none"]) == 2
     assert "not reachable" in capsys.readouterr().err
+
+
+TRACE_BURST = r'''
+import sys, time
+from mlflow import MlflowClient
+from harness.run import tracking_views as views
+uri = sys.argv[1]
+client = MlflowClient(uri)
+with views.tracing_to(uri):
+    exp = client.create_experiment("burst")
+    run = client.create_run(exp).info.run_id
+    recs, rows = {}, []
+    for i in range(6):
+        row = {"suite": "s", "item_id": f"i{i}", "seed": 0, "temperature": 0.0, "prompt": "p", "identical": False,
+               "divergence": "real", "divergence_position": 2, "candidate_score": 1.0, "candidate_passed": True}
+        recs[("s", f"i{i}", 0, 0.0)] = {
+            "candidate": "c", "suite": "s", "item_id": f"i{i}", "seed": 0, "temperature": 0.0, "tokens": [1] * 40,
+            "text": "x", "timing": {"wall_s": 0.1, "ttft_s": 0.01, "token_times_s": [0.001] * 40},
+            "stats": {"exit_layers": [3] * 40}}
+        rows.append(row)
+    made = views.log_traces(client, exp, run, recs, rows, {}, True, True, time.time_ns())
+traces = client.search_traces(locations=[exp], run_id=run, max_results=100)
+print(made, len(traces), sum(1 for t in traces if t.info.assessments))
+'''
+
+
+def test_many_spans_never_overflow_mlflows_trace_queue(tmp_path):
+    """`make decide` logged ~300 traces of up to 67 spans; MLflow's asynchronous queue (1000 tasks)
+    filled, dropped traces with a warning, and the assessments that followed failed ("Trace ...
+    not found"). A queue of 40 shows the same with 6 traces of 43 spans on a real sqlite store:
+    every trace must be stored, with its assessments."""
+    env = {**os.environ, "MLFLOW_ASYNC_TRACE_LOGGING_MAX_QUEUE_SIZE": "40", "PYTHONPATH": str(Path.cwd())}
+    done = subprocess.run([sys.executable, "-c", TRACE_BURST, f"sqlite:///{tmp_path}/mlflow.db"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-3:] == ["6", "6", "6"]

@@ -152,9 +152,29 @@ def _steps(rec: dict) -> list[tuple[str, str, dict, int, int]]:
             for i, layer in enumerate(layers)]
 
 
+class Pace:
+    """Flushes MLflow's asynchronous trace queue before it can fill. Every ended span and trace is
+    one task on that queue (1000 by default, `MLFLOW_ASYNC_TRACE_LOGGING_MAX_QUEUE_SIZE`); a full
+    queue drops them with only a warning, and the assessments logged afterwards then fail with
+    "Trace ... not found" (`make decide`: ~300 traces of up to 67 spans each)."""
+
+    def __init__(self):
+        from mlflow.environment_variables import MLFLOW_ASYNC_TRACE_LOGGING_MAX_QUEUE_SIZE
+        self.budget = max(1, (MLFLOW_ASYNC_TRACE_LOGGING_MAX_QUEUE_SIZE.get() or 1000) // 2)
+        self.pending = 0
+
+    def __call__(self) -> None:
+        self.pending += 1
+        if self.pending >= self.budget:
+            import mlflow
+            mlflow.flush_trace_async_logging()
+            self.pending = 0
+
+
 def log_trace(client, exp_id: str, run_id: str, rec: dict, row: dict, attributes: dict, log_text: bool,
-              start_ns: int) -> str:
-    """One generation as a trace: root span (inputs, output, labels), prompt span, step spans."""
+              start_ns: int, pace=lambda: None) -> str:
+    """One generation as a trace: root span (inputs, output, labels), prompt span, step spans;
+    `pace` is called after each span and the trace end."""
     # The same inputs on the baseline's and the candidate's trace: the run comparison pairs on them.
     inputs = {"prompt": row["prompt"]} if log_text and row.get("prompt") is not None else {}
     inputs.update(suite=rec["suite"], item_id=rec["item_id"], temperature=rec["temperature"], seed=rec["seed"])
@@ -184,6 +204,7 @@ def log_trace(client, exp_id: str, run_id: str, rec: dict, row: dict, attributes
                                attributes={"suite": rec["suite"], "item_id": rec["item_id"],
                                            "category": row.get("category") or ""}, start_time_ns=start_ns)
     client.end_span(tid, prompt.span_id, end_time_ns=start_ns + ttft_ns)
+    pace()
     steps = _steps(rec)
     decode = client.start_span("decode", tid, root.span_id, span_type="DECODE",
                                attributes={"tokens": len(rec.get("tokens") or []), "steps": len(steps),
@@ -198,9 +219,12 @@ def log_trace(client, exp_id: str, run_id: str, rec: dict, row: dict, attributes
         t1 = token_end[hi] if hi < len(token_end) else end_ns
         span = client.start_span(name, tid, decode.span_id, span_type=kind, attributes=a, start_time_ns=t0)
         client.end_span(tid, span.span_id, end_time_ns=max(t0, t1))
+        pace()
     client.end_span(tid, decode.span_id, end_time_ns=end_ns)
+    pace()
     outputs = {"text": rec.get("text", "")} if log_text else {"tokens": len(rec.get("tokens") or [])}
     client.end_trace(tid, outputs=outputs, end_time_ns=end_ns, status="ERROR" if rec.get("error") else "OK")
+    pace()
     return tid
 
 
@@ -247,11 +271,12 @@ def log_traces(client, exp_id: str, run_id: str, records_by_key: dict, rows: lis
     import mlflow
     made = []
     t = t0_ns
+    pace = Pace()
     for row in rows:
         rec = records_by_key.get(review.row_key(row))
         if rec is None:
             continue
-        made.append((log_trace(client, exp_id, run_id, rec, row, attributes, log_text, t), row))
+        made.append((log_trace(client, exp_id, run_id, rec, row, attributes, log_text, t, pace), row))
         t += int(((rec.get("timing") or {}).get("wall_s") or 0.0) * 1e9) + 1_000_000
     mlflow.flush_trace_async_logging()  # the traces must be stored before assessments refer to them
     for tid, row in made:
