@@ -5,7 +5,8 @@ Why not the libraries: on a 2-core AMD EPYC (AVX2, one thread) all of smollm2-13
 one row take 31-32 ms with MKL over an (in, out) layout, and 5 rows take 62-100 ms (oneDNN
 prepacked, MKL): their small-M kernels stream the weights once per few rows, or stall on them.
 `panel.c` streams every panel once for up to 6 rows, with the FMAs over the rows hidden under the
-memory traffic: 27-28 ms for one row, 35-37 ms for five (measured side by side in one process).
+memory traffic: 25.5-28 ms for one row, 34-37 ms for five, and 23.8 / 30.5 ms with the panels
+on huge pages (`Arena`; measured side by side in one process).
 
 Each output is one chain of fused multiply-adds in k order, so a row's result is the same bits
 whether it is computed alone or in a block: a K+1 verification's projections equal the one-token
