@@ -4,9 +4,9 @@ transformers' per-module dispatch or output bookkeeping. On smollm2-135m that di
 third of a step on a CPU.
 
 It performs the same operators, in the same order and dtype, as transformers' Llama, Mistral and
-Qwen2 modules do (RMSNorm in fp32, rotary embedding from the model's own `rotary_emb`, SDPA with
-`enable_gqa` where heads are grouped and no mask is needed, transformers' own causal mask and
-repeated key/value heads where one is), so its logits are bit-identical to `model(...)` on the same
+Qwen2 modules do (RMSNorm in fp32, rotary embedding from the model's own `rotary_emb`, SDPA, with
+transformers' own causal mask for a block; grouped key/value heads are read in place through
+`enable_gqa` where transformers copies them for a mask: the same bits), so its logits are bit-identical to `model(...)` on the same
 cache (tests/test_lean.py). It takes one token, or a block of up to `panel.MAX_ROWS` tokens (a K+1
 verification) when `decoders.panel`'s kernel is in use (not for Qwen2 with a sliding window, whose
 layers mix mask kinds); longer inputs (a prefill) go through transformers. It runs only on `decoders.kv`'s preallocated cache,
@@ -120,12 +120,6 @@ def _mask_call(sliding: bool):
     return make, ("cache" if "cache" in params else "past_key_values"), "position_ids" in params
 
 
-def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    # transformers' repeat_kv, operator for operator
-    b, h, s, d = x.shape
-    return x[:, :, None, :, :].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
-
-
 class LeanStep:
     """`(input_ids (1, T), cache, n_logits) -> logits (n_logits, V)` for one model, given its
     projections; T is 1, or up to `panel.MAX_ROWS` where `multi` is True."""
@@ -165,7 +159,11 @@ class LeanStep:
             return None  # what transformers' mask is for one new token under SDPA
         make, cache_kw, by_position = _mask_call(self.window is not None)
         kw = {"position_ids": positions} if by_position else {"cache_position": positions[0]}
-        return make(config=self.config, inputs_embeds=h, attention_mask=None, **{cache_kw: cache}, **kw)
+        mask = make(config=self.config, inputs_embeds=h, attention_mask=None, **{cache_kw: cache}, **kw)
+        if mask is not None and mask.dtype == torch.bool:
+            # what SDPA turns a boolean mask into on every call; here once for all layers
+            mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(mask.logical_not(), float("-inf"))
+        return mask
 
     def __call__(self, input_ids: torch.Tensor, cache, n_logits: int = 1) -> torch.Tensor:
         t = input_ids.shape[1]
@@ -203,11 +201,10 @@ class LeanStep:
 
     @staticmethod
     def _attend(q, k, v, mask, scaling, groups):
-        # transformers' sdpa_attention_forward for these shapes: grouped heads through
-        # enable_gqa without a mask, repeated with one
-        if mask is not None and groups > 1:
-            k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
-        kw = {"enable_gqa": True} if mask is None and groups > 1 else {}
+        # transformers' sdpa_attention_forward for these shapes. With a mask it repeats grouped
+        # key/value heads; SDPA's `enable_gqa` reads them in place and gives the same bits on a
+        # CPU (tests/test_lean.py) without copying the whole cache per layer.
+        kw = {"enable_gqa": True} if groups > 1 else {}
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=scaling,
                                               is_causal=mask is None and q.shape[2] > 1, **kw)
 
