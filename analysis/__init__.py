@@ -9,8 +9,8 @@ acceptance (:mod:`.acceptance`), early-exit statistics (:mod:`.exits`), latency 
 """
 
 from .acceptance import (
-    AcceptanceSummary, acceptance_by_group, acceptance_summary, expected_tokens_per_round,
-    theoretical_speedup,
+    AcceptanceSummary, acceptance_by_group, acceptance_summary, expected_round_tokens, expected_tokens_per_round,
+    round_speedup, theoretical_speedup,
 )
 from .exactness import (
     GoodnessOfFitResult, HomogeneityResult, InsufficientDataError, goodness_of_fit, homogeneity,
@@ -33,9 +33,9 @@ __all__ = [
     "InsufficientDataError", "LatencySummary", "McNemarResult", "NonInferiorityResult", "Pair",
     "PairKey", "PairingError", "Percentiles", "QualityDelta", "SpeedupResult", "WilcoxonResult",
     "acceptance_by_group", "acceptance_summary", "common_prefix_length", "exit_by_group",
-    "exit_summary", "exit_theoretical_speedup", "expected_tokens_per_round", "goodness_of_fit",
+    "exit_summary", "exit_theoretical_speedup", "expected_round_tokens", "expected_tokens_per_round", "goodness_of_fit",
     "holm", "homogeneity", "latency_summary", "mcnemar", "non_inferiority", "pair_records",
-    "paired_proportion_difference", "paired_speedup", "quality_delta", "quality_deltas",
+    "paired_proportion_difference", "paired_speedup", "quality_delta", "quality_deltas", "round_speedup",
     "split_by_candidate", "tango_interval", "theoretical_speedup", "token_identity",
     "wilcoxon_signed_rank", "PitFeatures", "PitTestResult", "pit_test",
 ]

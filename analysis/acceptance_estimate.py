@@ -11,7 +11,9 @@ Pure functions over per-position quantities (the models are run in `harness.comm
   greedy verification and an exact decoder this is what the decoder would count, except past an
   EOS (the decoder also tests drafts beyond the last output token; here a round stops there).
   α̂ = accepted / tested, the estimator of ``analysis.acceptance`` (tested = accepted +
-  rejected rounds).
+  rejected rounds). The replay also gives each round's draft length (0 for a plain step: prompt
+  lookup without a match), from which the speedup is Leviathan's per round
+  (``analysis.acceptance.round_speedup``), not the formula at K that assumes every round drafts K.
 - Sampling: α̂ = mean over the drafted positions of β_i = Σ_v min(p_i(v), q_i(v)) (Leviathan et
   al.'s expected acceptance of one draft token), teacher forced on the same outputs; a point-mass
   draft (prompt lookup) gives β_i = p_i(d_i).
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._common import as_rng, check_level
-from .acceptance import theoretical_speedup
+from .acceptance import round_speedup, theoretical_speedup
 
 
 @dataclass(frozen=True)
@@ -37,19 +39,23 @@ class PromptEstimate:
     tested: float        # tested drafts (greedy), or drafted positions (sampling)
     rounds: int
     agreement: float     # share of drafted positions where draft and target agree (argmax)
+    proposals: tuple[int, ...] = ()  # greedy: draft tokens per replayed round, 0 for a plain step
 
 
 def replay_greedy_rounds(n: int, budget: int, k: int, propose: Callable[[int, int], Sequence[int]],
-                         target_argmax: Sequence[int]) -> tuple[int, int, int]:
-    """(accepted, tested, rounds) of greedy speculation over an output of n tokens.
+                         target_argmax: Sequence[int]) -> tuple[int, int, int, tuple[int, ...]]:
+    """(accepted, tested, rounds, proposals) of greedy speculation over an output of n tokens;
+    proposals: the draft length of every round, 0 where the draft proposed nothing (a plain step).
 
     ``propose(i, k)``: the draft tokens for output indices i.. (at most k); ``target_argmax[i]``:
     the target's choice at output index i (teacher forced)."""
     accepted = tested = rounds = 0
+    proposals: list[int] = []
     i = 1  # the prefill emits index 0
     while i < n:
         room = min(k, budget - i - 1, n - i)  # no target logits past the output: stop the round there
         draft = list(propose(i, room))[:room] if room > 0 else []
+        proposals.append(len(draft))
         if not draft:
             i += 1  # a plain target step
             continue
@@ -60,7 +66,7 @@ def replay_greedy_rounds(n: int, budget: int, k: int, propose: Callable[[int, in
         accepted += j
         tested += j + (j < len(draft))
         i += j + 1
-    return accepted, tested, rounds
+    return accepted, tested, rounds, tuple(proposals)
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,8 @@ def _ratio_ci(num: np.ndarray, den: np.ndarray, level: float, n_resamples: int, 
 def summarize_estimates(prompts: Sequence[PromptEstimate], *, k: int, c: float | None,
                         confidence_level: float = 0.95, n_resamples: int = 2000,
                         rng: np.random.Generator | int | None = None) -> dict[str, GroupEstimate]:
-    """α̂ with its interval, overall ("all") and per category, and Leviathan's speedup at cost c."""
+    """α̂ with its interval, overall ("all") and per category, and Leviathan's speedup at cost c:
+    over the replayed rounds where the prompts have them (greedy), else at K."""
     level = check_level(confidence_level)
     gen = as_rng(rng)
     groups: dict[str, list[PromptEstimate]] = {"all": list(prompts)}
@@ -105,8 +112,11 @@ def summarize_estimates(prompts: Sequence[PromptEstimate], *, k: int, c: float |
         low, high = _ratio_ci(num, den, level, n_resamples, gen)
         weights = den if den.sum() > 0 else np.ones_like(den)
         agreement = float(np.average([p.agreement for p in ps], weights=weights)) if ps else float("nan")
-        speed = (float(theoretical_speedup(min(max(alpha, 0.0), 1.0), k, c))
-                 if c is not None and np.isfinite(alpha) else None)
+        speed = None
+        if c is not None and np.isfinite(alpha):
+            ks = [j for p in ps for j in p.proposals]
+            speed = (round_speedup(alpha, ks, c, k=k) if ks
+                     else float(theoretical_speedup(min(max(alpha, 0.0), 1.0), k, c)))
         out[name] = GroupEstimate(n_prompts=len(ps), rounds=sum(p.rounds for p in ps), alpha=alpha, ci_low=low,
                                   ci_high=high, agreement=agreement, theoretical_speedup=speed)
     return out

@@ -5,7 +5,8 @@ import pytest
 
 from analysis import (
     acceptance_by_group, acceptance_summary, exit_by_group, exit_summary, exit_theoretical_speedup,
-    expected_tokens_per_round, latency_summary, pair_records, paired_speedup, theoretical_speedup,
+    expected_round_tokens, expected_tokens_per_round, latency_summary, pair_records, paired_speedup, round_speedup,
+    theoretical_speedup,
 )
 from analysis.latency import decode_step_seconds, inter_token_latencies
 from analysis.calibration.synthetic import make_record, speculative_stats, token_times
@@ -46,6 +47,49 @@ def spec_pairs(rounds_by_item, *, k=4, step=0.05, draft_step=0.005, verify=0.06,
     return pair_records(base, cand)
 
 
+def test_round_speedup_is_leviathans_at_each_rounds_own_draft_length():
+    # every round at K: the formula, with and without the measured verify cost
+    for c, v in ((0.0, 1.0), (0.1, 1.0), (0.1, 1.3)):
+        assert round_speedup(0.7, [4] * 9, c, verify_cost=v) == pytest.approx(
+            float(theoretical_speedup(0.7, 4, c, verify_cost=v)))
+    # two rounds of 4 drafts, one of 2, three plain steps (prompt lookup without a match)
+    ks, a = [4, 4, 2, 0, 0, 0], 0.5
+    tokens = 2 * (1 + a + a**2 + a**3 + a**4) + (1 + a + a**2) + 3
+    assert expected_round_tokens(a, ks) == pytest.approx(tokens)
+    assert round_speedup(a, ks, 0.0) == pytest.approx(tokens / 6)
+    # c per draft token; a round of k drafts verifies at 1 + (v - 1) k / K steps
+    cost = 2 * (1.4 + 4 * 0.1) + (1.2 + 2 * 0.1) + 3
+    assert round_speedup(a, ks, 0.1, verify_cost=1.4) == pytest.approx(tokens / cost)
+    assert round_speedup(a, ks, 0.0) < float(theoretical_speedup(a, 4, 0.0))
+    assert round_speedup(1.0, [3, 0], 0.0) == pytest.approx(5 / 2) and round_speedup(0.0, [3, 0], 0.0) == 1.0
+    assert np.isnan(round_speedup(0.5, [], 0.0)) and np.isnan(round_speedup(float("nan"), [4], 0.0))
+    with pytest.raises(ValueError):
+        expected_round_tokens(0.5, [-1])
+
+
+def test_acceptance_theory_counts_rounds_without_a_draft_and_fallback_steps():
+    """Prompt lookup records a round of 0 drafts where the context has no match, and the kill
+    switch emits fallback tokens outside rounds: both are plain steps, one token for one step.
+    Leviathan's formula at K (kept as theoretical_speedup_fixed_k) counted neither."""
+    pairs = spec_pairs([[4, 2], [0, 4]])
+    for p, extra in zip(pairs, ([0, 0], [0])):
+        st = p.candidate["stats"]
+        st["proposed_per_round"] = st["proposed_per_round"] + [0] * len(extra)
+        st["accepted_per_round"] = st["accepted_per_round"] + extra
+        st["rounds"] += len(extra)
+    pairs[0].candidate["stats"]["fallback_tokens"] = 2
+    s = acceptance_summary(pairs, rng=0, n_resamples=200)
+    a = 10 / 12  # the plain rounds test nothing: α is unchanged
+    assert s.alpha == pytest.approx(a) and s.rounds == 7
+    per_k = sum(a**i for i in range(5))
+    c, v = 0.1, 0.06 * 4 / 7 / 0.05  # verify_time_s is spread over all 7 rounds
+    assert s.theoretical_speedup == pytest.approx((4 * per_k + 5) / (4 * 1.4 + 5))
+    assert s.theoretical_speedup_fixed_k == pytest.approx(float(theoretical_speedup(a, 4, c)))
+    assert s.theoretical_speedup < s.theoretical_speedup_fixed_k
+    assert s.theoretical_speedup_measured_verify == pytest.approx((4 * per_k + 5) / (7 * v + 16 * c))
+    assert s.achieved_over_theoretical == pytest.approx(s.achieved.statistic / s.theoretical_speedup)
+
+
 def test_acceptance_summary_hand_computed():
     pairs = spec_pairs([[4, 2], [0, 4]])
     s = acceptance_summary(pairs, rng=0, n_resamples=500)
@@ -63,6 +107,7 @@ def test_acceptance_summary_hand_computed():
     assert s.theoretical_speedup == pytest.approx(float(theoretical_speedup(10 / 12, 4, 0.1)))
     assert s.theoretical_speedup_measured_verify == pytest.approx(
         float(theoretical_speedup(10 / 12, 4, 0.1, verify_cost=1.2)))
+    assert s.theoretical_speedup_fixed_k == pytest.approx(s.theoretical_speedup)  # every round drafted K
     base_t = 0.1 + 0.05 * (9 - 1) + 0.1 + 0.05 * (7 - 1)
     cand_t = 2 * (0.1 + 2 * (0.02 + 0.06))
     assert s.achieved.statistic == pytest.approx((base_t / tokens) / (cand_t / tokens))
