@@ -82,6 +82,13 @@ def expected_round_tokens(alpha: float, proposals) -> float:
     return float(cumulative[k].sum())
 
 
+def round_costs(proposals: Sequence[int], *, k: int, c: float, verify_cost: float = 1.0) -> float:
+    """Target steps that rounds of these draft lengths take: a round of k_r > 0 drafts costs 1 + (v - 1) k_r / K
+    (its verification, linear from one token to the measured K+1 block) + k_r c; a plain one, 1."""
+    ks = np.asarray(proposals, dtype=float)
+    return float(np.where(ks > 0, 1.0 + (verify_cost - 1.0) * ks / k + c * ks, 1.0).sum())
+
+
 def round_speedup(alpha: float, proposals, c: float, *, k: int | None = None, verify_cost: float = 1.0) -> float:
     """Leviathan's expected speedup over the rounds a decoder ran, each at its own draft length.
 
@@ -98,8 +105,8 @@ def round_speedup(alpha: float, proposals, c: float, *, k: int | None = None, ve
     k = int(k or ks.max())
     if k <= 0:
         return 1.0
-    cost = np.where(ks > 0, 1.0 + (verify_cost - 1.0) * ks / k + c * ks, 1.0)
-    return expected_round_tokens(min(max(float(alpha), 0.0), 1.0), ks) / float(cost.sum())
+    return expected_round_tokens(min(max(float(alpha), 0.0), 1.0), ks) / round_costs(ks, k=k, c=c,
+                                                                                     verify_cost=verify_cost)
 
 
 @dataclass(frozen=True)

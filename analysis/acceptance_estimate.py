@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._common import as_rng, check_level
-from .acceptance import round_speedup, theoretical_speedup
+from .acceptance import round_costs, round_speedup, theoretical_speedup
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class PromptEstimate:
     rounds: int
     agreement: float     # share of drafted positions where draft and target agree (argmax)
     proposals: tuple[int, ...] = ()  # greedy: draft tokens per replayed round, 0 for a plain step
+    tokens: int = 0                  # output tokens (greedy replay)
+    prefill_steps: float = float("nan")  # the prompt's prefill, in target steps
 
 
 def replay_greedy_rounds(n: int, budget: int, k: int, propose: Callable[[int, int], Sequence[int]],
@@ -67,6 +69,24 @@ def replay_greedy_rounds(n: int, budget: int, k: int, propose: Callable[[int, in
         tested += j + (j < len(draft))
         i += j + 1
     return accepted, tested, rounds, tuple(proposals)
+
+
+def replayed_speedup(prompts: Sequence[PromptEstimate], *, k: int, c: float, verify_cost: float,
+                     confidence_level: float = 0.95, n_resamples: int = 2000,
+                     rng: np.random.Generator | int | None = None) -> tuple[float, float, float]:
+    """The speedup `regress` would measure (wall time per token, prefill included), predicted from
+    the replayed greedy rounds, with a percentile interval over prompts: Σ (P + n - 1) / Σ (P +
+    rounds' steps), P a prompt's prefill and n its output tokens, in target steps. The rounds are
+    the decoder's own (teacher forcing replays them exactly, tests/test_estimate_acceptance.py);
+    only their costs are modelled. NaN where a prompt lacks its prefill time or its rounds."""
+    nan = (float("nan"),) * 3
+    if not prompts or any(not np.isfinite(p.prefill_steps) or p.tokens < 1 for p in prompts):
+        return nan
+    num = np.array([p.prefill_steps + p.tokens - 1 for p in prompts], dtype=float)
+    den = np.array([p.prefill_steps + round_costs(p.proposals, k=k, c=c, verify_cost=verify_cost)
+                    for p in prompts], dtype=float)
+    low, high = _ratio_ci(num, den, check_level(confidence_level), n_resamples, as_rng(rng))
+    return float(num.sum() / den.sum()), low, high
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,30 @@ def test_replayed_rounds_are_the_decoders_own_plain_steps_included(tiny_llama, i
             assert replayed == mine, it.id
         else:  # past an EOS the decoder still tests drafts; the replay stops the round there
             assert replayed[:-1] == mine[:len(replayed) - 1], it.id
+        if res.finish_reason == "length":  # one target forward per round, after the prefill
+            assert len(replayed) == res.stats["target_forwards"] - 1, it.id
         plain += replayed.count(0)
     assert plain > 0  # the prompts include some without a match, or this test tests nothing
+    # the end-to-end prediction: prefill and rounds in target steps
+    rows = est["prompts"]
+    assert all(r["tokens"] == len(outputs[it.id][1]) and r["prefill_steps"] > 0 for r, it in zip(rows, items))
+    g = est["groups"]["all"]
+    assert g["predicted_ci_low"] <= g["predicted_speedup"] <= g["predicted_ci_high"]
+
+
+def test_replayed_speedup_hand_values():
+    from analysis.acceptance_estimate import PromptEstimate, replayed_speedup
+    a = PromptEstimate("a", (), 3, 4, 2, 1.0, proposals=(3, 0, 2), tokens=8, prefill_steps=2.0)
+    b = PromptEstimate("b", (), 0, 0, 0, 1.0, proposals=(0, 0), tokens=3, prefill_steps=1.0)
+    # rounds: 1 + 0.5·3/3 + 0.1·3, 1, 1 + 0.5·2/3 + 0.1·2; plain rounds cost one step
+    cost_a = 2.0 + (1.5 + 0.3) + 1 + (1 + 1 / 3 + 0.2)
+    want = ((2 + 7) + (1 + 2)) / (cost_a + (1 + 2))
+    got, low, high = replayed_speedup([a, b], k=3, c=0.1, verify_cost=1.5, rng=0)
+    assert got == pytest.approx(want) and low <= got <= high
+    # free drafts and a one-step verification: tokens over forwards
+    assert replayed_speedup([a], k=3, c=0.0, verify_cost=1.0)[0] == pytest.approx(9 / 5)
+    import math
+    assert math.isnan(replayed_speedup([PromptEstimate("c", (), 0, 0, 0, 1.0)], k=3, c=0.0, verify_cost=1.0)[0])
 
 
 def test_self_as_draft_is_perfect_and_sampling_beta(tiny_llama, items):

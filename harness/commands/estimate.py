@@ -11,8 +11,10 @@ and on the bench's prompts promised 2.56x where the rounds allowed ~1.5x. Sampli
 formula at K. Both assume that verifying K+1 tokens costs one target step; on a CPU it costs more,
 so the cost v of one K+1 forward over one step is measured here too
 (`decoders.measure.block_cost`), and the speedup with it (a round of k drafts verifying at
-1 + (v - 1) k / K steps) is reported beside: that is the figure to compare with what `regress`
-measures.
+1 + (v - 1) k / K steps) is reported beside. Greedy, the replayed rounds are the decoder's own, so
+the figure to compare with what `regress` measures is `predicted`: those rounds at their measured
+costs, plus each prompt's prefill (timed here), as wall time per token, with an interval over
+prompts.
 
 The baseline outputs are generated here with `standard` (greedy), or read from a regress run
 folder (`--baseline-run DIR`: its baseline's greedy records of this suite), which makes the
@@ -180,6 +182,20 @@ def model_step_seconds(loaded, context: list[int], reps: int = 12) -> float:
     return statistics.median(times[2:])
 
 
+def prefill_seconds(loaded, prompt: list[int]) -> float:
+    """One prefill of `prompt` as the decoders run it (their cache, their forward)."""
+    import torch
+    from decoders.common import forward, sync
+    from decoders.kv import CachePool
+    cache = CachePool(loaded.model).new(len(prompt) + 1, private=True)
+    with torch.inference_mode():
+        sync(loaded.device)
+        t = time.perf_counter()
+        forward(loaded.model, torch.tensor([prompt], device=loaded.device), cache, 1)
+        sync(loaded.device)
+    return time.perf_counter() - t
+
+
 def estimate_item(target, draft: Draft, prompt: list[int], out: list[int], budget: int, *, k: int,
                   temperature: float):
     """(accepted, tested, rounds, agreement, proposals per round (greedy; () when sampling)) of one
@@ -245,8 +261,16 @@ def estimate(target, draft_spec: str, items, outputs: dict, *, k: int = 4, tempe
     c = draft_step / target_step
     from decoders.measure import block_cost
     cost = block_cost(target.model, target.device, context, k)
+    if temperature == 0:  # the prefills, for the end-to-end prediction (regress times them too)
+        from dataclasses import replace
+        prefill_seconds(target, outputs[items[0].id][0])  # warm-up
+        prompts = [replace(p, tokens=len(outputs[it.id][1]),
+                           prefill_steps=prefill_seconds(target, outputs[it.id][0]) / target_step)
+                   for p, it in zip(prompts, items)]
     groups = summarize_estimates(prompts, k=k, c=c, rng=seed)
     from dataclasses import asdict
+
+    from analysis.acceptance_estimate import replayed_speedup
 
     from analysis.acceptance import round_speedup, theoretical_speedup
     rows = {}
@@ -259,6 +283,9 @@ def estimate(target, draft_spec: str, items, outputs: dict, *, k: int = 4, tempe
             else float(theoretical_speedup(min(max(a, 0.0), 1.0), k, c, verify_cost=cost.ratio)))
         if ks:
             row["plain_steps"] = sum(1 for j in ks if j == 0)
+            mine = [p for p in prompts if g == "all" or g[len("category:"):] in p.categories]
+            pred = replayed_speedup(mine, k=k, c=c, verify_cost=cost.ratio, rng=seed)
+            row["predicted_speedup"], row["predicted_ci_low"], row["predicted_ci_high"] = pred
         rows[g] = row
     return {"target": target.name, "draft": draft_spec, "k": k, "temperature": temperature,
             "method": "replayed greedy rounds" if temperature == 0 else "E[sum min(p, q)] per position",
@@ -275,16 +302,20 @@ def table(result: dict) -> str:
              f"target step {1e3 * result['target_step_s']:.2f} ms); verifying K+1 tokens costs "
              f"v = {f(result['verify_cost'], '.2f')} steps ({1e3 * result['verify_block_s']:.2f} ms)",
              f"{'group':<28} {'prompts':>7} {'rounds':>6} {'plain':>5} {'α̂':>6} {'95% CI':>15} {'agree':>6} "
-             f"{'theory':>7} {'with v':>7}"]
+             f"{'theory':>7} {'with v':>7} {'predicted [95% CI]':>20}"]
     for g, v in result["groups"].items():
         lines.append(f"{g:<28} {v['n_prompts']:>7} {v['rounds']:>6} {v.get('plain_steps', '–'):>5} {f(v['alpha']):>6} "
                      f"{'[' + f(v['ci_low']) + ', ' + f(v['ci_high']) + ']':>15} {f(v['agreement']):>6} "
                      f"{f(v['theoretical_speedup'], '.2f') + 'x':>7} "
-                     f"{f(v['theoretical_speedup_measured_verify'], '.2f') + 'x':>7}")
+                     f"{f(v['theoretical_speedup_measured_verify'], '.2f') + 'x':>7} "
+                     + (f"{f(v['predicted_speedup'], '.2f')}x [{f(v['predicted_ci_low'], '.2f')}, "
+                        f"{f(v['predicted_ci_high'], '.2f')}]" if "predicted_speedup" in v else "–").rjust(20))
     lines.append("rounds: rounds that drafted; plain: rounds without a draft (one target step each, greedy)")
     lines.append("theory: Leviathan's speedup over those rounds, each at its own draft length (at K when "
                  "sampling), a K+1 verification costing one step; with v: the same with the measured cost "
-                 "of verifying K+1 tokens, the figure comparable with `regress`")
+                 "of verifying K+1 tokens")
+    lines.append("predicted (greedy): the replayed rounds at their measured costs, prefill included: the "
+                 "speedup `regress` measures (wall time per token), with an interval over prompts")
     return "\n".join(lines)
 
 
