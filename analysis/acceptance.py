@@ -94,11 +94,11 @@ def round_speedup(alpha: float, proposals, c: float, *, k: int | None = None, ve
 
     Leviathan's formula assumes that every round proposes K tokens. Prompt lookup proposes fewer,
     or nothing where the context has no match (then the round is a plain target step): on the
-    bench's prompts it drafted in ~40% of its greedy rounds, and the formula at K promised 2.56x
-    where the rounds it ran allow ~1.5x. Here a round proposing k_r > 0 tokens yields Σ_{i<=k_r} α^i
-    tokens and costs k_r c + v_r steps, v_r = 1 + (v - 1) k_r / K (linear from one token to the
-    measured K+1 block); a round proposing nothing yields one token for one step. With every round
-    at K it is `theoretical_speedup(alpha, K, c, verify_cost=v)`."""
+    bench's prompts the formula at K promised 2.56x where the rounds it ran allow 1.61x. Here a
+    round proposing k_r > 0 tokens yields Σ_{i<=k_r} α^i tokens and costs k_r c + v_r steps,
+    v_r = 1 + (v - 1) k_r / K (linear from one token to the measured K+1 block); a round proposing
+    nothing yields one token for one step. With every round at K it is
+    `theoretical_speedup(alpha, K, c, verify_cost=v)`."""
     ks = np.asarray(proposals, dtype=int).reshape(-1)
     if ks.size == 0 or not np.isfinite([alpha, c, verify_cost]).all() or verify_cost <= 0 or c < 0:
         return float("nan")

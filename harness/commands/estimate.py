@@ -7,7 +7,7 @@ target step, timed here with a KV cache, median of repeated one-token steps) Lev
 theoretical speedup. Greedy, it is taken over the replayed rounds, each at its own draft length:
 prompt lookup drafts nothing where the context has no match, and such a round is a plain step
 (`analysis.acceptance.round_speedup`); the formula at K assumed that every round drafts K tokens,
-and on the bench's prompts promised 2.56x where the rounds allowed ~1.5x. Sampling, it is the
+and on the bench's prompts promised 2.56x where the rounds as run allow 1.61x. Sampling, it is the
 formula at K. Both assume that verifying K+1 tokens costs one target step; on a CPU it costs more,
 so the cost v of one K+1 forward over one step is measured here too
 (`decoders.measure.block_cost`), and the speedup with it (a round of k drafts verifying at
@@ -270,9 +270,8 @@ def estimate(target, draft_spec: str, items, outputs: dict, *, k: int = 4, tempe
     groups = summarize_estimates(prompts, k=k, c=c, rng=seed)
     from dataclasses import asdict
 
-    from analysis.acceptance_estimate import replayed_speedup
-
     from analysis.acceptance import round_speedup, theoretical_speedup
+    from analysis.acceptance_estimate import replayed_speedup
     rows = {}
     for g, v in groups.items():
         row = asdict(v)
