@@ -83,8 +83,9 @@ def expected_round_tokens(alpha: float, proposals) -> float:
 
 
 def round_costs(proposals: Sequence[int], *, k: int, c: float, verify_cost: float = 1.0) -> float:
-    """Target steps that rounds of these draft lengths take: a round of k_r > 0 drafts costs 1 + (v - 1) k_r / K
-    (its verification, linear from one token to the measured K+1 block) + k_r c; a plain one, 1."""
+    """Target steps that rounds of these draft lengths take: a round of k_r > 0 drafts costs
+    1 + (v - 1) k_r / K (its verification, linear from one token to the measured K+1 block) + k_r c;
+    a plain one, 1."""
     ks = np.asarray(proposals, dtype=float)
     return float(np.where(ks > 0, 1.0 + (verify_cost - 1.0) * ks / k + c * ks, 1.0).sum())
 

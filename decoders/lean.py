@@ -6,8 +6,8 @@ third of a step on a CPU.
 It performs the same operators, in the same order and dtype, as transformers' Llama, Mistral and
 Qwen2 modules do (RMSNorm in fp32, rotary embedding from the model's own `rotary_emb`, SDPA, with
 transformers' own causal mask for a block; grouped key/value heads are read in place through
-`enable_gqa` where transformers copies them for a mask: the same bits), so its logits are bit-identical to `model(...)` on the same
-cache (tests/test_lean.py). It takes one token, or a block of up to `panel.MAX_ROWS` tokens (a K+1
+`enable_gqa` where transformers copies them for a mask: the same bits), so its logits are
+bit-identical to `model(...)` on the same cache (tests/test_lean.py). It takes one token, or a block of up to `panel.MAX_ROWS` tokens (a K+1
 verification) when `decoders.panel`'s kernel is in use (not for Qwen2 with a sliding window, whose
 layers mix mask kinds); longer inputs (a prefill) go through transformers. It runs only on `decoders.kv`'s preallocated cache,
 and falls back (returns None from `runner`, or `accepts` is False) wherever the shapes differ:
@@ -162,7 +162,8 @@ class LeanStep:
         mask = make(config=self.config, inputs_embeds=h, attention_mask=None, **{cache_kw: cache}, **kw)
         if mask is not None and mask.dtype == torch.bool:
             # what SDPA turns a boolean mask into on every call; here once for all layers
-            mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(mask.logical_not(), float("-inf"))
+            mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(
+                mask.logical_not(), float("-inf"))
         return mask
 
     def __call__(self, input_ids: torch.Tensor, cache, n_logits: int = 1) -> torch.Tensor:
