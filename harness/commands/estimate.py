@@ -276,13 +276,13 @@ def estimate(target, draft_spec: str, items, outputs: dict, *, k: int = 4, tempe
     for g, v in groups.items():
         row = asdict(v)
         a = v.alpha
-        ks = [j for p in prompts if g == "all" or g[len("category:"):] in p.categories for j in p.proposals]
+        mine = [p for p in prompts if g == "all" or g[len("category:"):] in p.categories]
+        ks = [j for p in mine for j in p.proposals]
         row["theoretical_speedup_measured_verify"] = (
             None if a != a else round_speedup(a, ks, c, k=k, verify_cost=cost.ratio) if ks
             else float(theoretical_speedup(min(max(a, 0.0), 1.0), k, c, verify_cost=cost.ratio)))
         if ks:
             row["plain_steps"] = sum(1 for j in ks if j == 0)
-            mine = [p for p in prompts if g == "all" or g[len("category:"):] in p.categories]
             pred = replayed_speedup(mine, k=k, c=c, verify_cost=cost.ratio, rng=seed)
             row["predicted_speedup"], row["predicted_ci_low"], row["predicted_ci_high"] = pred
         rows[g] = row
