@@ -96,6 +96,11 @@ class Decoder:
     def generate(self, request: GenerationRequest) -> GenerationResult:  # pragma: no cover
         raise NotImplementedError
 
+    def reuse_prefill(self, on: bool) -> None:
+        """Let a request whose prompt equals the previous request's skip its prefill, with the
+        same logits and cache it would compute (decoders/kv.py). Off by default, since a skipped
+        prefill takes no time; the exactness windows turn it on. Backends without it ignore it."""
+
     def generate_many(self, requests):
         """Yield `(index, result)` for each request as it finishes, or `(index, DecoderError)`
         for a request that failed on its own. The default runs them one after another; engine

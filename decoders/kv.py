@@ -14,6 +14,12 @@ handed to the next request when they are large enough, so a request allocates no
 common case. A write past the capacity grows the buffers (a copy), which only happens when the
 capacity given was too small: correctness never depends on it.
 
+A pool can also hand back the previous request's prompt (`prefilled`, off unless
+`reuse_prefill` is set): a request never writes below its prompt's length, so when the next
+request has the same prompt its keys and values still sit at [0, len(prompt)) of the buffers, and
+the prefill's logits were kept. Many samples of one context (the exactness windows) then pay one
+prefill. It is opt-in because it changes what a prefill time measures.
+
 Kinds: "static" (this cache, the default) and "dynamic" (transformers' `DynamicCache`, the
 previous behaviour, kept selectable so that both can be measured side by side).
 """
@@ -131,6 +137,9 @@ class CachePool:
         self.model, self.kind = model, check_cache_kind(kind)
         self.num_layers = int(model.config.num_hidden_layers)
         self._last: PreallocatedCache | None = None
+        self.reuse_prefill = False
+        self._prompt: tuple | None = None  # the prompt whose keys and values _last's buffers hold
+        self._logits: torch.Tensor | None = None
 
     def new(self, capacity: int, private: bool = False):
         """An empty cache for a request that will hold at most `capacity` tokens. `private`: a
@@ -145,8 +154,28 @@ class CachePool:
                 reuse = bufs
         cache = PreallocatedCache(self.num_layers, capacity, reuse)
         if not private:
-            self._last = cache
+            self._last, self._prompt, self._logits = cache, None, None  # the prompt will be overwritten
         return cache
+
+    def prefilled(self, prompt_ids, capacity: int):
+        """(cache holding `prompt_ids`, the prefill's logits) when reuse is on and the previous
+        request prefilled the same prompt into buffers large enough; else None."""
+        prompt = tuple(prompt_ids)
+        if not self.reuse_prefill or self._prompt != prompt:
+            return None
+        bufs = self._last.buffers()
+        if not all(b is not None and b[0].shape[-2] >= capacity for b in bufs):
+            return None
+        cache = PreallocatedCache(self.num_layers, capacity, bufs)
+        for layer in cache.layers:
+            layer.length, layer.device, layer.is_initialized = len(prompt), layer._k.device, True
+        self._last = cache
+        return cache, self._logits.clone()
+
+    def remember(self, prompt_ids, logits: torch.Tensor) -> None:
+        """Note that the cache just handed out holds `prompt_ids`, prefilled to `logits`."""
+        if self.reuse_prefill and self.kind == "static":
+            self._prompt, self._logits = tuple(prompt_ids), logits.clone()
 
 
 def request_capacity(model, prompt_len: int, new_tokens: int, lookahead: int = 0) -> int:

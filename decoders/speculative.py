@@ -50,8 +50,15 @@ class TargetScorer:
         self.cache = None
 
     def prefill(self, prompt_ids, capacity: int | None = None) -> torch.Tensor:
-        self.cache = self.pool.new(capacity or len(prompt_ids) + 1)
-        return forward(self.model, torch.tensor([list(prompt_ids)], device=self.device), self.cache, 1)
+        capacity = capacity or len(prompt_ids) + 1
+        kept = self.pool.prefilled(prompt_ids, capacity)
+        if kept is not None:
+            self.cache, logits = kept
+            return logits
+        self.cache = self.pool.new(capacity)
+        logits = forward(self.model, torch.tensor([list(prompt_ids)], device=self.device), self.cache, 1)
+        self.pool.remember(prompt_ids, logits)
+        return logits
 
     def score(self, tokens: list[int], position: int) -> torch.Tensor:
         """Logits (T, V) after each of `tokens`, the first of which sits at absolute `position`."""
@@ -191,6 +198,12 @@ class SpeculativeDecoder(Decoder):
                                     exit_heads=exit_heads, cache=self.cache_kind, compile=self.compile)
         self.vocab = output_size(target.model)
         self.scorer = self.drafter.scorer() or TargetScorer(target, self.cache_kind, self.compile)
+
+    def reuse_prefill(self, on: bool) -> None:
+        # The target's prefill only: a draft model is fed the prompt with the first new token, and
+        # a self-draft's scorer writes its own layers into the shared cache.
+        if isinstance(self.scorer, TargetScorer):
+            self.scorer.pool.reuse_prefill = bool(on)
 
     # ---------------------------------------------------------------------------------- loop
     @torch.inference_mode()

@@ -28,15 +28,24 @@ class StandardDecoder(Decoder):
         self.pool = CachePool(target.model, cache)
         self.step = step_function(target.model, compile)
 
+    def reuse_prefill(self, on: bool) -> None:
+        self.pool.reuse_prefill = bool(on)
+
     @torch.inference_mode()
     def generate(self, request: GenerationRequest) -> GenerationResult:
         model, device = self.target.model, self.target.device
         out = Emitter(request, self.target.tokenizer, check_prompt_fits(model, request))
         key = prompt_key(request.seed, request.prompt_ids)
-        cache = self.pool.new(request_capacity(model, len(request.prompt_ids), out.max_new))
+        capacity = request_capacity(model, len(request.prompt_ids), out.max_new)
         position = len(request.prompt_ids)          # absolute position of the next new token
         with scope("prefill"):
-            logits = forward(model, torch.tensor([request.prompt_ids], device=device), cache)  # (1, V)
+            kept = self.pool.prefilled(request.prompt_ids, capacity)
+            if kept is not None:
+                cache, logits = kept
+            else:
+                cache = self.pool.new(capacity)
+                logits = forward(model, torch.tensor([request.prompt_ids], device=device), cache)  # (1, V)
+                self.pool.remember(request.prompt_ids, logits)
         forwards = 1
         while True:
             with scope("sampling"):

@@ -180,3 +180,68 @@ def test_the_one_read_pick_equals_the_separate_reads(sampling):
         for pick in (pick_and_margin, pick_and_margin_one_read):
             with pytest.raises(DecoderError, match="(NaN|inf) in logits at here"):
                 pick(logits, r, 7, 5, "here")
+
+
+# ------------------------------------------------------------------- a reused prefill
+
+def _counting_prefills(monkeypatch, module):
+    """Count the multi-token forwards (prefills) `module` runs through decoders.common.forward."""
+    calls = []
+
+    def counted(model, ids, cache, n_logits=1):
+        calls.append(ids.shape[1])
+        return forward(model, ids, cache, n_logits)
+    monkeypatch.setattr(module, "forward", counted)
+    return calls
+
+
+def _prompts(target):
+    a = req(target, **SAMPLED).prompt_ids
+    b = tuple(target.encode("A dog ran in the park. A dog ran in the", chat=False))
+    return a, b
+
+
+@pytest.mark.parametrize("make", ("standard", "prompt-lookup", "model"))
+def test_a_reused_prefill_gives_the_fresh_tokens(pair, make, monkeypatch):
+    """Samples of one prompt at several seeds, another prompt between them: with reuse on, every
+    request gives what a fresh decoder gives it, and the repeated prompt is prefilled once a run
+    of repeats."""
+    import decoders.speculative as spec
+    import decoders.standard as std
+    target, unrelated = pair
+
+    def build():
+        if make == "standard":
+            return StandardDecoder(target)
+        return SpeculativeDecoder(target, draft=unrelated if make == "model" else make, k=3, verify="rejection")
+    a, b = _prompts(target)
+    order = [(a, 0), (a, 1), (a, 2), (b, 0), (a, 3), (a, 4)]
+    fresh = [build().generate(GenerationRequest(p, max_new_tokens=12, temperature=0.9, top_p=0.9, seed=s))
+             for p, s in order]
+    calls = _counting_prefills(monkeypatch, std if make == "standard" else spec)
+    dec = build()
+    dec.reuse_prefill(True)
+    got = [dec.generate(GenerationRequest(p, max_new_tokens=12, temperature=0.9, top_p=0.9, seed=s))
+           for p, s in order]
+    assert [g.tokens for g in got] == [f.tokens for f in fresh]
+    assert [g.margins for g in got] == [f.margins for f in fresh]
+    assert len({tuple(f.tokens) for f in fresh}) > 3  # the seeds draw different samples
+    prefills = [n for n in calls if n > 1 and n in (len(a), len(b))]
+    assert prefills == [len(a), len(b), len(a)]
+
+
+def test_a_prompt_overwritten_while_reuse_was_off_is_prefilled_again(pair):
+    """Reuse on for prompt a, off for prompt b (b's prefill overwrites a's keys in the same
+    buffers), on again for a: a must not be served from the overwritten buffers."""
+    target = pair[0]
+    a, b = _prompts(target)
+    n = min(len(a), len(b))
+    a, b = a[:n], b[:n]  # the same length: b's keys land exactly on a's
+    fresh = StandardDecoder(target).generate(GenerationRequest(a, max_new_tokens=12))
+    dec = StandardDecoder(target)
+    dec.reuse_prefill(True)
+    dec.generate(GenerationRequest(a, max_new_tokens=12))
+    dec.reuse_prefill(False)
+    dec.generate(GenerationRequest(b, max_new_tokens=12))
+    dec.reuse_prefill(True)
+    assert dec.generate(GenerationRequest(a, max_new_tokens=12)).tokens == fresh.tokens

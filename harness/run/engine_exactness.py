@@ -87,26 +87,36 @@ class Reference:
         return (f"engine {self.engine.server.spec.name!r}'s own top-{TOP_K} raw logprobs over each output, shaped "
                 f"where they decide the nucleus")
 
-    def rows(self, context, tokens, request) -> tuple[list[torch.Tensor | None], np.ndarray]:
-        """Per position: the shaped distribution (V,) or None (left out); and the reference's
-        top-2 margins (logits). The forwards (or requests) are made once per sequence."""
+    def _raw(self, context, tokens):
+        """The reference's raw output over `tokens`, made once per sequence: logits (T, V) from
+        the target, or the engine's top-k logprobs per position."""
         key = (tuple(context), tuple(tokens))
         if key not in self._cache:
             if self.engine is None:
                 self._cache[key] = teacher_forced_logits(self.target, context, [list(tokens)])[0]
             else:
                 self._cache[key] = self.engine.prompt_logprobs(list(context), list(tokens), TOP_K)
-        raw = self._cache[key]
+        return self._cache[key]
+
+    def margins(self, context, tokens) -> np.ndarray:
+        """The reference's top-2 margins (logits) at each position of `tokens`."""
+        raw = self._raw(context, tokens)
+        if self.engine is not None:
+            return np.asarray([_gap(top) for top in raw], dtype=float)
+        top2 = torch.topk(raw.double(), 2, dim=-1).values
+        return (top2[:, 0] - top2[:, 1]).numpy()
+
+    def rows(self, context, tokens, request) -> list[torch.Tensor | None]:
+        """Per position: the shaped distribution (V,), or None where left out."""
+        raw = self._raw(context, tokens)
         if self.engine is not None:
             band = reference.boundary_band(self.noise, request.temperature)
-            rows = [reference.shaped_from_top_logprobs(top, request, self.vocab, band) for top in raw]
-            return rows, np.asarray([_gap(top) for top in raw], dtype=float)
+            return [reference.shaped_from_top_logprobs(top, request, self.vocab, band) for top in raw]
         p = shaped_probs(raw, request)
-        top2 = torch.topk(raw.double(), 2, dim=-1).values
-        pre = shaped_probs(raw, request, top_p=1.0) if request.top_p < 1.0 else None
-        rows = [p[t] if pre is None or not _boundary_unsure(pre[t], request, self.noise) else None
-                for t in range(len(tokens))]
-        return rows, (top2[:, 0] - top2[:, 1]).numpy()
+        if request.top_p >= 1.0:
+            return list(p)
+        unsure = boundary_unsure(shaped_probs(raw, request, top_p=1.0), request, self.noise)
+        return [None if u else row for row, u in zip(p, unsure.tolist())]
 
 
 def _engine_decoder(config, name: str, lineup, servers: dict | None):
@@ -125,16 +135,31 @@ def _gap(top: dict) -> float:
     return v[0] - v[1] if len(v) >= 2 else float("nan")
 
 
-def _boundary_unsure(pre: torch.Tensor, request, noise: float) -> bool:
-    """Whether the top-p nucleus of `pre` (the tempered distribution before the cut) could hold
-    other tokens under the engine-vs-reference noise: some token's mass-before has odds within
-    `reference.boundary_band` of top_p's (or within MASS_TOL of top_p)."""
-    q = torch.sort(pre, descending=True).values
-    before = (torch.cumsum(q, 0) - q).clamp(0.0, 1.0 - 1e-15)
+def boundary_unsure(pre: torch.Tensor, request, noise: float, k: int = 256) -> torch.Tensor:
+    """(T,) bool: whether the top-p nucleus of each row of `pre` (T, V) (the tempered distribution
+    before the cut) could hold other tokens under the engine-vs-reference noise: some token's
+    mass-before has odds within `reference.boundary_band` of top_p's (or within MASS_TOL of
+    top_p)."""
     band = reference.boundary_band(noise, request.temperature)
-    o, target = before / (1.0 - before), reference.odds(request.top_p)
-    near = (o >= target / band) & (o < target * band) | ((before - request.top_p).abs() < MASS_TOL)
-    return bool((near & (q > 0)).any())
+    target = reference.odds(request.top_p)
+
+    def near(q):  # q: rows sorted in descending order
+        before = (torch.cumsum(q, -1) - q).clamp(0.0, 1.0 - 1e-15)
+        o = before / (1.0 - before)
+        hit = (o >= target / band) & (o < target * band) | ((before - request.top_p).abs() < MASS_TOL)
+        return (hit & (q > 0)).any(-1)
+
+    # Sorting 49k-token rows dominated the exactness checks. Past the k largest tokens every
+    # mass-before is at least the top k's mass, so where that mass already lies above the band
+    # (and above top_p + MASS_TOL) no later token can be near: the top k decide. Other rows sort.
+    top = torch.topk(pre, min(k, pre.shape[-1]), dim=-1).values
+    out = near(top)
+    tb = target * band
+    edge = max(tb / (1.0 + tb) if math.isfinite(tb) else 1.0, request.top_p + MASS_TOL)
+    rest = (~out & (top.sum(-1) < edge + 1e-9)).nonzero().flatten()
+    if rest.numel():
+        out[rest] = near(torch.sort(pre[rest], dim=-1, descending=True).values)
+    return out
 
 
 # ---------------------------------------------------------------------------------- features
@@ -157,7 +182,7 @@ class Seqs:
 def _features(ref: Reference, seqs: Seqs) -> dict:
     feats, left_out, tokens, entropy = [], 0, 0, {}
     for r, req in seqs.rows:
-        rows, _ = ref.rows(req.prompt_ids, r["tokens"], req)
+        rows = ref.rows(req.prompt_ids, r["tokens"], req)
         keep = [t for t, row in enumerate(rows) if row is not None]
         tokens += len(rows)
         left_out += len(rows) - len(keep)
@@ -176,7 +201,7 @@ def measured_noise(ref: Reference, seqs: Seqs) -> dict:
     the control's positions (logits): how far the engine's numerics sit from the reference's."""
     gaps = []
     for r, req in seqs.rows:
-        _, ref_margins = ref.rows(req.prompt_ids, r["tokens"], req)
+        ref_margins = ref.margins(req.prompt_ids, r["tokens"])
         mine = np.asarray([np.nan if m is None else m for m in r.get("margins") or []], dtype=float)
         n = min(mine.size, ref_margins.size)
         d = np.abs(mine[:n] - ref_margins[:n])
@@ -203,7 +228,7 @@ def seed_check(ref: Reference, base: Seqs, aa: Seqs | None) -> dict:
             if a["tokens"] == b["tokens"]:
                 identical += 1
                 # An honoured seed reproduces a sample x with probability P(x) under the reference.
-                rows, _ = ref.rows(req.prompt_ids, a["tokens"], req)
+                rows = ref.rows(req.prompt_ids, a["tokens"], req)
                 log_chance += sum(math.log(max(float(row[tok]), 1e-300)) for row, tok in zip(rows, a["tokens"])
                                   if row is not None)
     chance = math.exp(log_chance) if pairs else None

@@ -260,10 +260,19 @@ def _uncertain_windows(base_seqs: list[tuple], n: int) -> list[tuple]:
 
 
 def _generate(decoder, request, seeds) -> list[dict]:
+    """One sample of `request` per seed. The samples share their prompt, so the decoder prefills
+    it once (nothing here is timed)."""
+    reuse = getattr(decoder, "reuse_prefill", None)
+    if reuse is not None:
+        reuse(True)
     out = []
-    for seed in seeds:
-        res = decoder.generate(dataclasses.replace(request, seed=seed))
-        out.append({"tokens": list(res.tokens), "stats": {k: res.stats[k] for k in STATS_KEPT if k in res.stats}})
+    try:
+        for seed in seeds:
+            res = decoder.generate(dataclasses.replace(request, seed=seed))
+            out.append({"tokens": list(res.tokens), "stats": {k: res.stats[k] for k in STATS_KEPT if k in res.stats}})
+    finally:
+        if reuse is not None:
+            reuse(False)
     return out
 
 

@@ -10,9 +10,9 @@ so a bug in the shaping the decoders share would otherwise be invisible to every
   transformers' min_tokens_to_keep = 1). Deliberate differences: float64 here against float32
   there, and the order among tied logits; both move a token only when it sits at the top-p
   boundary within rounding, which `at_top_p_boundary` reports so a check can set it aside.
-- `teacher_forced_logits`: a model's logits after each token of sequences continuing a context,
-  one batched forward per chunk of equal-length sequences (fp32 targets: batched and one-token
-  forwards agree far below any sampling boundary).
+- `teacher_forced_logits`: a model's logits after each token of sequences continuing a context:
+  the context once, then one batched forward per chunk of equal-length sequences on its keys and
+  values (fp32 targets: batched and one-token forwards agree far below any sampling boundary).
 - `replayed_draft_logits`: a draft model's logits where it proposed, recomputed the way it
   computed them while decoding: on its own KV cache, fed in the chunks the drafter fed (the whole
   context on its first proposal, then one token per step, two after a round it saw fully
@@ -95,23 +95,35 @@ def _cache_kwarg(cls) -> str:
 @torch.inference_mode()
 def teacher_forced_logits(loaded, context, seqs: list[list[int]]) -> list[torch.Tensor]:
     """For each sequence s continuing `context`, the logits (len(s), V) at the positions of s's
-    tokens (float32, on the CPU)."""
+    tokens (float32, on the CPU). The context is computed once: its keys and values are repeated
+    for each chunk of equal-length sequences (many samples of one window share a long context)."""
+    import copy
+    from transformers import DynamicCache
+    model = loaded.model
     out: list[torch.Tensor | None] = [None] * len(seqs)
     by_len: dict[int, list[int]] = {}
     for i, s in enumerate(seqs):
         by_len.setdefault(len(s), []).append(i)
-    context = list(context)
+    if set(by_len) <= {0}:
+        return [torch.empty(0, output_size(model)) for _ in seqs]
+    kw = _cache_kwarg(type(model))
+    prefix = DynamicCache(config=model.config)
+    ids = torch.tensor([list(context)], device=loaded.device)
+    first = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: prefix}).logits[0].float().cpu()  # (1, V)
     for length, idx in by_len.items():
-        if length == 0:
+        if length <= 1:
             for i in idx:
-                out[i] = torch.empty(0, output_size(loaded.model))
+                out[i] = first[:length]
             continue
         for start in range(0, len(idx), CHUNK):
             part = idx[start:start + CHUNK]
-            ids = torch.tensor([context + list(seqs[i][:-1]) for i in part], device=loaded.device)
-            logits = loaded.model(input_ids=ids, logits_to_keep=length).logits.float().cpu()  # (B, T, V)
+            cache = copy.deepcopy(prefix)
+            if len(part) > 1:
+                cache.batch_repeat_interleave(len(part))
+            ids = torch.tensor([list(seqs[i][:-1]) for i in part], device=loaded.device)
+            logits = model(input_ids=ids, use_cache=True, **{kw: cache}).logits.float().cpu()  # (B, T - 1, V)
             for j, i in enumerate(part):
-                out[i] = logits[j]
+                out[i] = torch.cat([first, logits[j]])
     return out
 
 
