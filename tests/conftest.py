@@ -64,18 +64,21 @@ def smollm2():
 # --no-loadscope-reorder) start them at once and the short ones fill in around them: otherwise
 # xdist sends the files with the most tests first and a 2-test file of several minutes starts
 # last, alone on one core (a whole run ended with one worker idle for 20 minutes that way).
-# Seconds of test time per file on a quiet 2-core AMD EPYC without AVX-512, `make test` of commit
-# f68e505 (the first two start together on two workers, so their order between them does not matter).
+# Seconds of test time per file on a 2-core AMD EPYC without AVX-512, `make test` of the commit
+# after f11f2a5, the default model already converted by `make install` (the first two start
+# together on two workers, so their order between them does not matter).
 LONG_FIRST = (
-    "test_exactness_int8.py",            # ~385 s: real smollm2 + int8 draft, two regress runs
-    "test_engine_sampled.py",            # ~330 s: five real llama.cpp candidates, three seeds
-    "test_engine_sampled_reference.py",  # ~265 s
-    "test_exactness_gates.py",           # ~130 s
+    "test_exactness_int8.py",            # ~200 s: real smollm2 + int8 draft, two regress runs
+    "test_engine_sampled.py",            # ~195 s: five real llama.cpp candidates, three seeds
+    "test_engine_sampled_reference.py",  # ~185 s
     "test_engines.py",                   # ~130 s
-    "test_regress.py",                   # ~115 s
     "test_load_engine.py",               # ~115 s
-    "test_baseline_reuse.py",            # ~95 s
-    "test_engine_reuse.py",              # ~75 s
+    "test_regress.py",                   # ~105 s
+    "test_review_mlflow.py",             # ~80 s
+    "test_exactness_gates.py",           # ~65 s
+    "test_baseline_reuse.py",            # ~65 s
+    "test_compiled_step.py",             # ~60 s
+    "test_engine_reuse.py",              # ~55 s
 )
 
 

@@ -98,6 +98,22 @@ class Reference:
                 self._cache[key] = self.engine.prompt_logprobs(list(context), list(tokens), TOP_K)
         return self._cache[key]
 
+    def prefetch(self, seqs: list["Seqs"]) -> None:
+        """Teacher-force every in-process sequence not yet seen, those continuing one prompt in
+        one call: the prompt's keys and values are then computed once for all of its samples
+        (every seed of every candidate), not once per sample."""
+        if self.engine is not None:
+            return  # the engine's logprobs come one request at a time; its prompt cache shares prefixes
+        todo: dict[tuple, dict[tuple, None]] = {}  # prompt -> its outputs, each once, in order
+        for s in seqs:
+            for r, req in s.rows:
+                context, tokens = tuple(req.prompt_ids), tuple(r["tokens"])
+                if (context, tokens) not in self._cache:
+                    todo.setdefault(context, {})[tokens] = None
+        for context, outs in todo.items():
+            for tokens, logits in zip(outs, teacher_forced_logits(self.target, context, [list(t) for t in outs])):
+                self._cache[(context, tokens)] = logits
+
     def margins(self, context, tokens) -> np.ndarray:
         """The reference's top-2 margins (logits) at each position of `tokens`."""
         raw = self._raw(context, tokens)
@@ -274,15 +290,18 @@ def _level(config, ref: Reference, rows_of, base_name: str, aa_name: str | None,
            progress: bool) -> dict:
     from tqdm import tqdm
     base = rows_of(base_name)
+    aa = rows_of(aa_name) if aa_name else None
+    mine_of = {name: rows_of(name) for name in cands}
+    ref.prefetch([base, *([aa] if aa else []), *mine_of.values()])
     noise = measured_noise(ref, base)
     ref.noise = noise["max"] or 0.0
     control = _features(ref, base)
-    seeds = seed_check(ref, base, rows_of(aa_name) if aa_name else None)
+    seeds = seed_check(ref, base, aa)
     level = config.gates.exactness_pvalue / 2  # the candidate's test and its control
     ctrl = analysis.pit_test(control["features"], level=level, rng=rng)
     out = {}
     for name in tqdm(cands, desc="exactness (engines)", disable=not progress, leave=False):
-        mine = rows_of(name)
+        mine = mine_of[name]
         cand = _features(ref, mine)
         res = analysis.pit_test(cand["features"], level=level, rng=rng)
         stats = [r.get("stats") or {} for r, _ in mine.rows]
