@@ -1,14 +1,19 @@
 """The in-process reference of the engine exactness check (harness/run/engine_exactness.py):
-teacher-forcing every sample of a prompt in one call must give the rows that teacher-forcing each
-sample alone gives, and must compute each prompt once."""
+teacher-forcing every sample of a prompt in one call must give what teacher-forcing each sample
+alone gives, must compute each prompt once, and must not hold every sample's logits."""
 from __future__ import annotations
 
 import types
 
+import numpy as np
+import pytest
 import torch
 
+from analysis import pit
 from harness.run import engine_exactness
 from harness.run.engine_exactness import Reference, Seqs
+
+A, B = [5, 9, 13, 21, 34, 55], [7, 3, 11]
 
 
 def _reference(loaded) -> Reference:
@@ -16,38 +21,67 @@ def _reference(loaded) -> Reference:
     return Reference(config, types.SimpleNamespace(baseline_target=loaded), None)
 
 
-def _seqs(rows) -> Seqs:
+def _seqs(outs) -> Seqs:
     seqs = Seqs.__new__(Seqs)
-    seqs.rows = rows
+    seqs.rows = [({"tokens": t, "temperature": 0.7, "margins": [1.0] * len(t)},
+                  types.SimpleNamespace(prompt_ids=p, temperature=0.7, top_p=0.8, top_k=0)) for p, t in outs]
     return seqs
 
 
-def test_prefetched_rows_match_one_sample_at_a_time(tiny_llama, monkeypatch):
-    request = lambda prompt: types.SimpleNamespace(prompt_ids=prompt, temperature=0.7, top_p=0.8, top_k=0)
-    a, b = [5, 9, 13, 21, 34, 55], [7, 3, 11]
-    outs = [(a, [1, 2, 3, 4]), (a, [4, 3, 2, 1]), (a, [8, 8]), (b, [2, 4, 6, 8]), (a, [1, 2, 3, 4]), (b, [9])]
-    rows = [({"tokens": t}, request(p)) for p, t in outs]
-
-    calls = []
+@pytest.fixture
+def calls(monkeypatch):
+    """(prompt, number of outputs) of every teacher-forced call the reference makes."""
+    seen = []
     real = engine_exactness.teacher_forced_logits
     monkeypatch.setattr(engine_exactness, "teacher_forced_logits",
-                        lambda loaded, ctx, seqs: calls.append((tuple(ctx), len(seqs))) or real(loaded, ctx, seqs))
-    batched = _reference(tiny_llama)
-    batched.prefetch([_seqs(rows[:3]), _seqs(rows[3:])])
-    # one call per prompt, each distinct sample once (the repeated one is not computed again)
-    assert sorted(calls) == sorted([(tuple(a), 3), (tuple(b), 2)])
+                        lambda loaded, ctx, seqs: seen.append((tuple(ctx), len(seqs))) or real(loaded, ctx, seqs))
+    return seen
+
+
+def test_a_prompts_samples_in_one_call_match_one_at_a_time(tiny_llama, calls):
+    outs = [[1, 2, 3, 4], [4, 3, 2, 1], [8, 8], [1, 2, 3, 4]]
+    batched = _reference(tiny_llama).raw_many(A, outs)
+    assert calls == [(tuple(A), 3)]  # one call, each distinct output once
+    alone = _reference(tiny_llama)
+    for out, got in zip(outs, batched):
+        want = alone.raw_many(A, [out])[0]
+        # fp32 logits of a batched and a single forward: rounding in the last bits only
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_features_go_one_prompt_at_a_time_and_agree_with_each_sample_alone(tiny_llama, calls):
+    base = _seqs([(A, [1, 2, 3, 4]), (B, [2, 4, 6, 8]), (A, [8, 8])])
+    cand = _seqs([(A, [4, 3, 2, 1]), (B, [9]), (A, [1, 2, 3, 4])])
+    ref = _reference(tiny_llama)
+    got = engine_exactness.features(ref, {"base": base, "cand": cand})
+    assert sorted(calls) == sorted([(tuple(A), 3), (tuple(B), 2)])
+    assert ref._cache == {} and ref._kept == 0  # nothing held once the features are made
 
     alone = _reference(tiny_llama)
+    for name, seqs in (("base", base), ("cand", cand)):
+        parts, tokens, left_out = [], 0, 0
+        for r, req in seqs.rows:
+            rows = alone.rows(req.prompt_ids, r["tokens"], req)
+            keep = [t for t, row in enumerate(rows) if row is not None]
+            tokens, left_out = tokens + len(rows), left_out + len(rows) - len(keep)
+            if keep:
+                parts.append(pit.features(torch.stack([rows[t] for t in keep]).numpy(), [r["tokens"][t] for t in keep]))
+        want = pit.PitFeatures.concat(parts)
+        assert got[name]["tokens"] == tokens and got[name]["left_out"] == left_out and got[name]["records"] == 3
+        assert len(got[name]["features"]) == len(want) > 0
+        for f in pit.PitFeatures.FIELDS:  # pooled in record order
+            np.testing.assert_allclose(getattr(got[name]["features"], f), getattr(want, f), rtol=0, atol=1e-5)
+
+
+def test_the_noise_pass_keeps_logits_only_up_to_its_budget(tiny_llama, calls, monkeypatch):
+    outs = [(A, [i, i + 1, i + 2]) for i in range(1, 9)]
+    one = _reference(tiny_llama).raw_many(A, [outs[0][1]])[0]
+    per = one.numel() * one.element_size()
+    monkeypatch.setattr(engine_exactness, "KEEP_BYTES", 3 * per)
+    ref, base = _reference(tiny_llama), _seqs(outs)
     calls.clear()
-    for r, req in rows:
-        got = batched.rows(req.prompt_ids, r["tokens"], req)
-        want = alone.rows(req.prompt_ids, r["tokens"], req)
-        assert len(got) == len(want) == len(r["tokens"])
-        for g, w in zip(got, want):
-            assert (g is None) == (w is None)
-            if g is not None:
-                # float64 probabilities from fp32 logits of a batched and a single forward
-                torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
-        torch.testing.assert_close(torch.as_tensor(batched.margins(req.prompt_ids, r["tokens"])),
-                                   torch.as_tensor(alone.margins(req.prompt_ids, r["tokens"])), rtol=0, atol=1e-4)
-    assert len(calls) == 5  # the one-at-a-time side computed each distinct sample by itself
+    engine_exactness.measured_noise(ref, base)
+    assert calls == [(tuple(A), 8)] and len(ref._cache) == 3 and ref._kept == 3 * per
+    calls.clear()
+    engine_exactness.features(ref, {"base": base})
+    assert calls == [(tuple(A), 5)]  # the three kept are not computed again; the rest are

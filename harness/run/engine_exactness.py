@@ -46,6 +46,8 @@ from harness.run.runner import WorkItem, make_request
 TOP_K = 20            # logprobs asked of an engine reference per position
 MASS_TOL = 1e-4       # the nucleus boundary's own rounding, on top of the measured noise
 SEED_LEVEL = 1e-3     # the chance an honoured seed reproduces every sample, below which it is ignored
+KEEP_BYTES = 1 << 30  # in-process logits held from the noise pass for the control's (~130 samples
+                      # of 40 tokens at a 49k vocabulary)
 
 
 def needs_check(spec) -> bool:
@@ -79,6 +81,7 @@ class Reference:
         if self.name.startswith("engine:"):
             self.engine = _engine_decoder(config, self.name[len("engine:"):], lineup, servers)
         self._cache: dict = {}
+        self._kept = 0  # bytes of in-process logits in _cache
 
     def describe(self) -> str:
         if self.engine is None:
@@ -87,44 +90,35 @@ class Reference:
         return (f"engine {self.engine.server.spec.name!r}'s own top-{TOP_K} raw logprobs over each output, shaped "
                 f"where they decide the nucleus")
 
-    def _raw(self, context, tokens):
-        """The reference's raw output over `tokens`, made once per sequence: logits (T, V) from
-        the target, or the engine's top-k logprobs per position."""
-        key = (tuple(context), tuple(tokens))
-        if key not in self._cache:
-            if self.engine is None:
-                self._cache[key] = teacher_forced_logits(self.target, context, [list(tokens)])[0]
-            else:
-                self._cache[key] = self.engine.prompt_logprobs(list(context), list(tokens), TOP_K)
-        return self._cache[key]
+    def raw_many(self, context, outputs: list, keep: bool = False) -> list:
+        """The reference's raw output over each of `outputs` continuing `context`: logits (T, V)
+        from the target, or the engine's top-k logprobs per position. In-process, the outputs
+        not at hand are teacher-forced in one call (the prompt's keys and values computed once
+        for every seed of every decoder); `keep` holds them for a later pass, up to KEEP_BYTES
+        (past that they are computed again: a large run must not hold every sample's logits)."""
+        context, keys = tuple(context), [tuple(t) for t in outputs]
+        todo = [t for t in dict.fromkeys(keys) if (context, t) not in self._cache]
+        if self.engine is None:
+            got = dict(zip(todo, teacher_forced_logits(self.target, context, [list(t) for t in todo]) if todo else []))
+        else:
+            got = {t: self.engine.prompt_logprobs(list(context), list(t), TOP_K) for t in todo}
+        for t, raw in got.items():
+            if self.engine is not None:  # top-k dicts: small, and each position cost a request
+                self._cache[(context, t)] = raw
+            elif keep and self._kept + raw.numel() * raw.element_size() <= KEEP_BYTES:
+                self._cache[(context, t)] = raw
+                self._kept += raw.numel() * raw.element_size()
+        return [got[t] if t in got else self._cache[(context, t)] for t in keys]
 
-    def prefetch(self, seqs: list["Seqs"]) -> None:
-        """Teacher-force every in-process sequence not yet seen, those continuing one prompt in
-        one call: the prompt's keys and values are then computed once for all of its samples
-        (every seed of every candidate), not once per sample."""
-        if self.engine is not None:
-            return  # the engine's logprobs come one request at a time; its prompt cache shares prefixes
-        todo: dict[tuple, dict[tuple, None]] = {}  # prompt -> its outputs, each once, in order
-        for s in seqs:
-            for r, req in s.rows:
-                context, tokens = tuple(req.prompt_ids), tuple(r["tokens"])
-                if (context, tokens) not in self._cache:
-                    todo.setdefault(context, {})[tokens] = None
-        for context, outs in todo.items():
-            for tokens, logits in zip(outs, teacher_forced_logits(self.target, context, [list(t) for t in outs])):
-                self._cache[(context, tokens)] = logits
-
-    def margins(self, context, tokens) -> np.ndarray:
-        """The reference's top-2 margins (logits) at each position of `tokens`."""
-        raw = self._raw(context, tokens)
+    def margins(self, raw) -> np.ndarray:
+        """The reference's top-2 margins (logits) at each position of one raw output."""
         if self.engine is not None:
             return np.asarray([_gap(top) for top in raw], dtype=float)
         top2 = torch.topk(raw.double(), 2, dim=-1).values
         return (top2[:, 0] - top2[:, 1]).numpy()
 
-    def rows(self, context, tokens, request) -> list[torch.Tensor | None]:
-        """Per position: the shaped distribution (V,), or None where left out."""
-        raw = self._raw(context, tokens)
+    def shape(self, raw, request) -> list[torch.Tensor | None]:
+        """Per position of one raw output: the shaped distribution (V,), or None where left out."""
         if self.engine is not None:
             band = reference.boundary_band(self.noise, request.temperature)
             return [reference.shaped_from_top_logprobs(top, request, self.vocab, band) for top in raw]
@@ -133,6 +127,9 @@ class Reference:
             return list(p)
         unsure = boundary_unsure(shaped_probs(raw, request, top_p=1.0), request, self.noise)
         return [None if u else row for row, u in zip(p, unsure.tolist())]
+
+    def rows(self, context, tokens, request) -> list[torch.Tensor | None]:
+        return self.shape(self.raw_many(context, [tokens])[0], request)
 
 
 def _engine_decoder(config, name: str, lineup, servers: dict | None):
@@ -195,33 +192,60 @@ class Seqs:
             self.rows.append((r, req))
 
 
-def _features(ref: Reference, seqs: Seqs) -> dict:
-    feats, left_out, tokens, entropy = [], 0, 0, {}
-    for r, req in seqs.rows:
-        rows = ref.rows(req.prompt_ids, r["tokens"], req)
-        keep = [t for t, row in enumerate(rows) if row is not None]
-        tokens += len(rows)
-        left_out += len(rows) - len(keep)
-        if keep:
-            p = torch.stack([rows[t] for t in keep])
-            feats.append(pit.features(p.numpy(), [r["tokens"][t] for t in keep]))
-            ent = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)
-            entropy.setdefault(r["temperature"], []).extend(ent.tolist())
-    return {"features": pit.PitFeatures.concat(feats) if feats else pit.empty_features(), "left_out": left_out,
-            "tokens": tokens, "records": len(seqs.rows),
-            "entropy": {t: float(np.mean(v)) for t, v in entropy.items()}}
+def _by_prompt(named: dict[str, Seqs]) -> dict[tuple, list[tuple[str, int]]]:
+    """{prompt: [(decoder, row index)]}: the samples that share a prompt, across decoders."""
+    groups: dict[tuple, list[tuple[str, int]]] = {}
+    for name, seqs in named.items():
+        for i, (_, req) in enumerate(seqs.rows):
+            groups.setdefault(tuple(req.prompt_ids), []).append((name, i))
+    return groups
+
+
+def features(ref: Reference, named: dict[str, Seqs], progress: bool = False) -> dict[str, dict]:
+    """{decoder: its PIT features pooled over its records (in record order), with counts and mean
+    entropy per temperature}, one prompt at a time: that prompt's samples from every decoder are
+    teacher-forced together, shaped, reduced to features and let go."""
+    from tqdm import tqdm
+    per = {name: [None] * len(seqs.rows) for name, seqs in named.items()}
+    groups = _by_prompt(named)
+    for context, members in tqdm(groups.items(), desc="exactness (engines)", disable=not progress, leave=False):
+        raws = ref.raw_many(context, [named[n].rows[i][0]["tokens"] for n, i in members])
+        for (n, i), raw in zip(members, raws):
+            r, req = named[n].rows[i]
+            rows = ref.shape(raw, req)
+            keep = [t for t, row in enumerate(rows) if row is not None]
+            feat, ent = None, []
+            if keep:
+                p = torch.stack([rows[t] for t in keep])
+                feat = pit.features(p.numpy(), [r["tokens"][t] for t in keep])
+                ent = (-(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)).tolist()
+            per[n][i] = (feat, len(rows), len(rows) - len(keep), ent)
+    out = {}
+    for name, seqs in named.items():
+        feats = [f for f, *_ in per[name] if f is not None]
+        entropy: dict = {}
+        for (r, _), (_, _, _, ent) in zip(seqs.rows, per[name]):
+            entropy.setdefault(r["temperature"], []).extend(ent)
+        out[name] = {"features": pit.PitFeatures.concat(feats) if feats else pit.empty_features(),
+                     "left_out": sum(x[2] for x in per[name]), "tokens": sum(x[1] for x in per[name]),
+                     "records": len(seqs.rows),
+                     "entropy": {t: float(np.mean(v)) for t, v in entropy.items() if v}}
+    return out
 
 
 def measured_noise(ref: Reference, seqs: Seqs) -> dict:
     """The largest gap between the top-2 margins the engine reported and the reference's, over
     the control's positions (logits): how far the engine's numerics sit from the reference's."""
     gaps = []
-    for r, req in seqs.rows:
-        ref_margins = ref.margins(req.prompt_ids, r["tokens"])
-        mine = np.asarray([np.nan if m is None else m for m in r.get("margins") or []], dtype=float)
-        n = min(mine.size, ref_margins.size)
-        d = np.abs(mine[:n] - ref_margins[:n])
-        gaps.extend(d[np.isfinite(d)].tolist())
+    for context, members in _by_prompt({"": seqs}).items():
+        raws = ref.raw_many(context, [seqs.rows[i][0]["tokens"] for _, i in members], keep=True)
+        for (_, i), raw in zip(members, raws):
+            r = seqs.rows[i][0]
+            ref_margins = ref.margins(raw)
+            mine = np.asarray([np.nan if m is None else m for m in r.get("margins") or []], dtype=float)
+            n = min(mine.size, ref_margins.size)
+            d = np.abs(mine[:n] - ref_margins[:n])
+            gaps.extend(d[np.isfinite(d)].tolist())
     return {"max": float(max(gaps)) if gaps else None, "median": float(np.median(gaps)) if gaps else None,
             "positions": len(gaps)}
 
@@ -288,21 +312,19 @@ def run_checks(config, run_dir, lineup, suites, servers: dict | None = None, pro
 
 def _level(config, ref: Reference, rows_of, base_name: str, aa_name: str | None, cands: list[str], rng,
            progress: bool) -> dict:
-    from tqdm import tqdm
     base = rows_of(base_name)
     aa = rows_of(aa_name) if aa_name else None
     mine_of = {name: rows_of(name) for name in cands}
-    ref.prefetch([base, *([aa] if aa else []), *mine_of.values()])
     noise = measured_noise(ref, base)
-    ref.noise = noise["max"] or 0.0
-    control = _features(ref, base)
+    ref.noise = noise["max"] or 0.0  # shaping leaves positions out by it: known before any is shaped
+    feats = features(ref, {base_name: base, **mine_of}, progress)
+    control = feats[base_name]
     seeds = seed_check(ref, base, aa)
     level = config.gates.exactness_pvalue / 2  # the candidate's test and its control
     ctrl = analysis.pit_test(control["features"], level=level, rng=rng)
     out = {}
-    for name in tqdm(cands, desc="exactness (engines)", disable=not progress, leave=False):
-        mine = mine_of[name]
-        cand = _features(ref, mine)
+    for name in cands:
+        mine, cand = mine_of[name], feats[name]
         res = analysis.pit_test(cand["features"], level=level, rng=rng)
         stats = [r.get("stats") or {} for r, _ in mine.rows]
         by_key = {(r["suite"], r["item_id"], r["temperature"], r["seed"]): r["tokens"] for r, _ in base.rows}
