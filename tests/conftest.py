@@ -15,6 +15,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _own_module_baseline_store(tmp_path_factory):
+    """Each module its own baseline store, set before the module's own fixtures run: a
+    module-scoped fixture that runs `regress` (the real-model runs) would otherwise write to the
+    user's store under ~/.cache, and a later `make regress` reuse rows a test made."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DECODEGATE_BASELINE_STORE", str(tmp_path_factory.mktemp("module-baselines")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _own_baseline_store(tmp_path_factory, monkeypatch):
     """Each test its own baseline store: no test reuses another's baseline by accident (the

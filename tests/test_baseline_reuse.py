@@ -473,3 +473,17 @@ speed_items = 9
     again = {(r["suite"], r["item_id"]) for r in rows(tmp_path / "r3", "baseline") if not r.get("reused")}
     assert again != {(r["suite"], r["item_id"]) for r in fresh}
     assert summary(tmp_path / "r3")["baseline_store"]["speed_sample"]["by_suite"] == {"alpha": 6, "beta": 3}
+
+
+@pytest.fixture(scope="module")
+def store_of_a_module_fixture():
+    """Where a module-scoped fixture's `regress` would store its baseline (the real-model runs
+    of tests/test_exactness_int8.py are such fixtures)."""
+    from harness.run.store import default_root
+    return default_root()
+
+
+def test_a_module_fixture_never_writes_to_the_users_store(store_of_a_module_fixture, tmp_path_factory):
+    from harness.models import cache_dir
+    assert tmp_path_factory.getbasetemp() in store_of_a_module_fixture.parents
+    assert cache_dir() not in store_of_a_module_fixture.parents
