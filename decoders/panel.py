@@ -62,9 +62,10 @@ def _cpu_flags() -> str:
         return ""
 
 
-def _build(compiler: str) -> Path:
+def _build(compiler: str, defines: tuple[str, ...] = ()) -> Path:
     src = SOURCE.read_bytes()
-    key = hashlib.sha256(src + " ".join((compiler,) + FLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    flags = FLAGS + defines
+    key = hashlib.sha256(src + " ".join((compiler,) + flags).encode() + _cpu_flags().encode()).hexdigest()[:16]
     out = _cache_dir() / f"panel-{key}.so"
     if out.exists():
         return out
@@ -73,7 +74,7 @@ def _build(compiler: str) -> Path:
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so")
     os.close(fd)
     try:
-        for flags in (FLAGS, FLAGS[:-1]):  # without OpenMP where the compiler has none (one thread)
+        for flags in (flags, tuple(f for f in flags if f != "-fopenmp")):  # without OpenMP where the compiler has none
             done = subprocess.run([compiler, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True,
                                   timeout=300)
             if done.returncode == 0:
@@ -85,11 +86,12 @@ def _build(compiler: str) -> Path:
             os.unlink(tmp)
 
 
-def _load():
+def _load(defines: tuple[str, ...] = ()):
+    """The compiled `panel_linear`; `defines` (-DNAME=VALUE) pick a code path, for the tests."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc) found")
-    fn = ctypes.CDLL(str(_build(compiler))).panel_linear
+    fn = ctypes.CDLL(str(_build(compiler, defines))).panel_linear
     fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     fn.restype = None
@@ -192,8 +194,11 @@ def linear(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | N
     flat = x.reshape(-1, k)
     if not flat.is_contiguous():
         flat = flat.contiguous()
+    fn = _LIB[0] if _LIB else kernel()
+    if fn is None:
+        raise RuntimeError("the small-M CPU kernel is not available here (panel.available() is False)")
     y = torch.empty(flat.shape[0], n, dtype=torch.float32)
     with scope("panel_linear"):  # not a torch operator: named so that the profiler counts it as one
-        _LIB[0](flat.data_ptr(), flat.shape[0], k, panels.data_ptr(), n,
+        fn(flat.data_ptr(), flat.shape[0], k, panels.data_ptr(), n,
                 None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
     return y.view(*x.shape[:-1], n)

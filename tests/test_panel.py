@@ -56,6 +56,25 @@ def test_a_rows_result_does_not_depend_on_the_block(k, n):
         torch.set_num_threads(threads)
 
 
+def test_both_one_row_paths_give_the_same_bits():
+    """One row streams one panel at a time where a panel is one 512-bit register (AVX-512), two at
+    once elsewhere; both must be the same FMA chains, so tokens do not depend on the processor's
+    vector width. Both paths are built here, whatever this processor picks."""
+    one, two = panel._load(("-DONE_PANEL=1",)), panel._load(("-DONE_PANEL=0",))
+    g = torch.Generator().manual_seed(3)
+    for k, n in SHAPES:
+        w, b = torch.randn(k, n, generator=g), torch.randn(n, generator=g)
+        wp = panel.pack(w)
+        x = torch.randn(panel.MAX_ROWS, k, generator=g)
+        for m in (1, 2, 5, 7, panel.MAX_ROWS):
+            for threads in (1, 2):
+                y1, y2 = torch.empty(m, n), torch.empty(m, n)
+                one(x.data_ptr(), m, k, wp.data_ptr(), n, b.data_ptr(), y1.data_ptr(), threads)
+                two(x.data_ptr(), m, k, wp.data_ptr(), n, b.data_ptr(), y2.data_ptr(), threads)
+                assert torch.equal(y1, y2), (k, n, m, threads)
+                assert torch.equal(y1[:1], _product(x[:1], w, b)), (k, n, m)  # and this machine's own
+
+
 def test_a_broken_kernel_is_refused():
     """The self-check run before first use fails on a kernel that sums in another order per
     block size, and on one that drops the bias."""
