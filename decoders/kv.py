@@ -87,10 +87,11 @@ class PreallocatedLayer(DynamicLayer):
         start, end = self.length, self.length + key_states.shape[-2]
         if end > self._k.shape[-2]:
             self._grow(end)
-        self._k[:, :, start:end].copy_(key_states)
-        self._v[:, :, start:end].copy_(value_states)
+        # narrow: one view operator where [:, :, a:b] is three (a decode step makes 120 of these)
+        self._k.narrow(2, start, end - start).copy_(key_states)
+        self._v.narrow(2, start, end - start).copy_(value_states)
         self.length = end
-        return self._k[:, :, :end], self._v[:, :, :end]
+        return self._k.narrow(2, 0, end), self._v.narrow(2, 0, end)
 
     def _grow(self, need: int) -> None:
         # Only when the capacity given was too small: double, copy the valid prefix.

@@ -41,9 +41,17 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * x.to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated, once per forward: rotate_half(x) * sin, transformers'
+    (-x2, x1) * (s1, s2), is then x.roll(half) * (-s1, s2), the same products bit for bit (a
+    negation is exact and a product's sign is the sign of its factors), in 2 operators, not 5."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    # transformers' apply_rotary_pos_emb: (x * cos) + (rotate_half(x) * sin)
+    return (x * cos) + (x.roll(x.shape[-1] // 2, -1) * signed_sin)
 
 
 def _mm(laid_out, bias):
@@ -173,7 +181,7 @@ class LeanStep:
         positions = torch.arange(start, start + t, device=h.device).unsqueeze(0)
         mask = self._mask(h, cache, positions)
         cos, sin = self.rotary(h, positions)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = cos.unsqueeze(1), _signed_sin(sin.unsqueeze(1))
         hd = self.head_dim
         for kv, (w_in, eps_in, qkv, o, w_post, eps_post, gate_up, down, act, scaling, groups) in zip(
                 cache.layers, self.layers):
@@ -184,8 +192,7 @@ class LeanStep:
                 q = q.view(1, t, -1, hd).transpose(1, 2)
                 k = k.view(1, t, -1, hd).transpose(1, 2)
                 v = v.view(1, t, -1, hd).transpose(1, 2)
-                q = (q * cos) + (_rotate_half(q) * sin)
-                k = (k * cos) + (_rotate_half(k) * sin)
+                q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
                 k, v = kv.update(k, v)
                 att = self._attend(q, k, v, mask, scaling, groups)
                 att = o(att.transpose(1, 2).contiguous().reshape(t, -1)).view(1, t, -1)

@@ -72,7 +72,10 @@ def test_a_broken_lean_step_is_caught(monkeypatch):
     """The identity check above has teeth: a step that rotates keys wrongly, or that drops one
     residual, no longer matches."""
     loaded = build_tiny("llama")
-    monkeypatch.setattr(lean, "_rotate_half", lambda x: x)
+    monkeypatch.setattr(lean, "_signed_sin", lambda sin: sin)  # rotate_half's negation dropped
+    assert not _lean_and_modules(loaded)
+    monkeypatch.undo()
+    monkeypatch.setattr(lean, "_rotate", lambda x, cos, sin: x)  # no rotation at all
     assert not _lean_and_modules(loaded)
     monkeypatch.undo()
     assert _lean_and_modules(loaded)
