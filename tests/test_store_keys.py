@@ -63,6 +63,43 @@ def test_engine_key_has_the_processor_and_the_launch_environment(tmp_path, own_c
     assert fpr.engine_fingerprint(launched(*cmd)) != plain
 
 
+ZEN2 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 23
+model\t\t: 49
+model name\t: AMD EPYC
+cpu MHz\t\t: 2595.124
+flags\t\t: fpu sse4_2 avx fma f16c avx2 hypervisor
+bogomips\t: 5190.24
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+"""
+ZEN5 = ZEN2.replace("cpu family\t: 23", "cpu family\t: 26").replace("model\t\t: 49", "model\t\t: 2").replace(
+    "avx2 hypervisor", "avx2 avx512f avx512bw avx512vl avx512_bf16 hypervisor")
+
+
+def test_two_processors_under_one_model_name_key_apart(tmp_path, monkeypatch):
+    """A virtual machine showed "AMD EPYC" for a Zen 2 without AVX-512 and a Zen 5 with it: other
+    kernels, other rounding, so a baseline from one is no baseline for the other. The same chip
+    at another clock, or on another host, still keys alike."""
+    info = tmp_path / "cpuinfo"
+    monkeypatch.setattr(fpr, "CPUINFO", info)
+
+    def kind(text):
+        info.write_text(text)
+        return fpr._processor("cpu"), fpr.environment("cpu"), fpr.host_processors()
+
+    zen2, zen5 = kind(ZEN2), kind(ZEN5)
+    assert zen2[0] != zen5[0] and zen2[1] != zen5[1] and zen2[2] != zen5[2]
+    assert "AMD EPYC" in zen2[0] and "avx512f" in zen5[0] and "avx512f" not in zen2[0]
+    # without AVX-512 but a later model: still another kind
+    assert kind(ZEN2.replace("model\t\t: 49", "model\t\t: 113"))[0] != zen2[0]
+    # the same chip, another clock, another bogomips, no hypervisor flag: the same kind
+    same = ZEN2.replace("2595.124", "3300.000").replace("5190.24", "5200.00").replace(" hypervisor", "")
+    assert kind(same)[0] == zen2[0]
+
+
 def test_engine_client_code_is_fingerprinted_from_its_source(tmp_path, monkeypatch):
     from decoders.engines.llamacpp import LlamaCppDecoder
     import decoders.engines as engines

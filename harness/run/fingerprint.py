@@ -209,20 +209,43 @@ def code_fingerprint(decoder) -> str:
     return h.hexdigest()[:16]
 
 
+CPUINFO = Path("/proc/cpuinfo")
+# The extensions a CPU's kernels dispatch on (MKL, oneDNN, ggml, decoders/panel.c): two chips that
+# differ here run other kernels and can round differently. Other flags (hypervisor, microcode
+# features) are left out, so identical hosts still share a store.
+VECTOR_FLAGS = frozenset({
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512dq", "avx512bw", "avx512vl",
+    "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8",   # x86
+    "asimd", "asimddp", "sve", "sve2", "i8mm", "bf16", "sme"})                          # Arm
+
+
 def _processor(device) -> str:
     """Which chip computes: kernels (and so near-tie outcomes) differ between GPU models and
-    between CPU vector units, so a baseline is reused only on the same kind of processor."""
+    between CPU vector units, so a baseline is reused only on the same kind of processor. A
+    virtual machine often shows one model name ("AMD EPYC") for several generations, so a CPU is
+    named by vendor, family, model and vector extensions too (a Zen 2 without AVX-512 and a Zen
+    5 with it share that name)."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields: dict[str, str] = {}
+        for line in CPUINFO.read_text().splitlines():
+            key, sep, value = line.partition(":")
+            if not sep:
+                if fields:
+                    break  # the first processor's block is enough: they are all alike
+                continue
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine()
+        fields = {}
+    name = fields.get("model name") or fields.get("Hardware") or ""
+    kind = [fields[k] for k in ("vendor_id", "cpu family", "model", "CPU implementer", "CPU part") if k in fields]
+    flags = sorted(VECTOR_FLAGS.intersection((fields.get("flags") or fields.get("Features") or "").split()))
+    if not (name or kind or flags):
+        import platform
+        return platform.processor() or platform.machine()
+    return f"{name} [{' '.join(kind)}; {' '.join(flags)}]"
 
 
 def environment(device) -> dict:
