@@ -1,14 +1,14 @@
 """The baseline store: baseline generations kept by content, reused by later runs.
 
 A row's key is a hash of everything the generation depends on (`key_parts`): the target's
-fingerprint (weights and tokenizer, harness.run.fingerprint), the decoder, its options and
-source, the request (prompt ids, sampling, seed, budget, stops), the device, its processor (model,
-and for a CPU vendor, family and vector extensions) and dtype, and torch and transformers
-versions, or for an engine its build, launch flags and environment, this machine's processors, the files its command names (by full path and content)
-and the client code that builds its requests (harness.run.reuse refuses engines given only by a
-URL unless the config opts in). Equal key,
-equal output (for a deterministic baseline), so a regress run takes the rows it finds and
-generates the rest. A changed fingerprint matches nothing: nothing is reused.
+fingerprint (weights and tokenizer, harness.run.fingerprint), the decoder, its options and source,
+the request (prompt ids, sampling, seed, budget, stops), the device, its processor (model, and for
+a CPU vendor, family and vector extensions) and dtype, and torch and transformers versions, or for
+an engine its build, launch flags and environment, this machine's processors, the files its command
+names (by full path and content) and the client code that builds its requests (harness.run.reuse
+refuses engines given only by a URL unless the config opts in). Equal key, equal output (for a
+deterministic baseline), so a regress run takes the rows it finds and generates the rest. A changed
+fingerprint matches nothing: nothing is reused.
 
 The store is a folder (default `<user cache>/decodegate/baselines`), one JSON file per row,
 written to a temporary name and renamed into place: two runs writing at once never tear a row,
