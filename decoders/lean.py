@@ -32,13 +32,38 @@ FAMILIES = ("llama", "mistral", "qwen2")
 _RUNNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_norm_modules(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # transformers' LlamaRMSNorm, operator for operator (bit-identical results)
     dtype = x.dtype
     x = x.to(torch.float32)
     variance = x.pow(2).mean(-1, keepdim=True)
     x = x * torch.rsqrt(variance + eps)
     return weight * x.to(dtype)
+
+
+_TORCH_NORM: list = []  # [bool]: whether torch's own rms_norm gives the same bits here
+
+
+def _torch_norm_agrees() -> bool:
+    """torch's `rms_norm` runs the same operators in C++ (pow, mean, + eps, rsqrt, two products;
+    ~7.6 against ~10.3 us a call from Python, 61 calls a step on smollm2-135m). It is used only
+    where it gives transformers' bits, checked once on this build and processor: a torch whose
+    kernel sums in another order falls back to the operators above."""
+    if not _TORCH_NORM:
+        g = torch.Generator().manual_seed(0)
+        ok = True
+        for width, rows, scale in ((576, 1, 1.0), (576, 5, 1e3), (64, 3, 1e-3), (960, 1, 10.0), (37, 2, 1.0)):
+            x = torch.randn(1, rows, width, generator=g) * scale
+            w = torch.randn(width, generator=g)
+            ok = ok and torch.equal(F.rms_norm(x, (width,), w, 1e-5), _rms_norm_modules(x, w, 1e-5))
+        _TORCH_NORM.append(ok)
+    return _TORCH_NORM[0]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == weight.dtype == torch.float32 and _torch_norm_agrees():
+        return F.rms_norm(x, weight.shape, weight, eps)
+    return _rms_norm_modules(x, weight, eps)
 
 
 def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
@@ -75,16 +100,16 @@ def _fused_projections(model):
         q, kv = a.q_proj.out_features, a.k_proj.out_features
         qkv_mm, gu_mm, inter = _mm(qkv, bias), _mm(gate_up, None), layer.mlp.gate_proj.out_features
 
-        def split_qkv(x, f=qkv_mm, q=q, kv=kv):
+        def split_qkv(x, f=qkv_mm, qk=q + kv):
             t = f(x)
-            return t[:, :q], t[:, q:q + kv], t[:, q + kv:]
+            return t[:, :qk], t[:, qk:]
 
         def split_gu(x, f=gu_mm, i=inter):
             t = f(x)
             return t[:, :i], t[:, i:]
 
         def each_qkv(x, a=a):  # a group without shared panels: each module's own
-            return a.q_proj(x), a.k_proj(x), a.v_proj(x)
+            return torch.cat((a.q_proj(x), a.k_proj(x)), -1), a.v_proj(x)
 
         def each_gu(x, m=layer.mlp):
             return m.gate_proj(x), m.up_proj(x)
@@ -104,7 +129,7 @@ def _module_projections(model):
         a, m = layer.self_attn, layer.mlp
         q, k, v, o, g, u, d = (flat(f) for f in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj,
                                                   m.down_proj))
-        out.append(((lambda x, q=q, k=k, v=v: (q(x), k(x), v(x))), o,
+        out.append(((lambda x, q=q, k=k, v=v: (torch.cat((q(x), k(x)), -1), v(x))), o,
                     (lambda x, g=g, u=u: (g(x), u(x))), d))
     return out, flat(model.lm_head)
 
@@ -147,6 +172,7 @@ class LeanStep:
         self.norm_w, self.norm_eps = model.model.norm.weight, model.model.norm.variance_epsilon
         self.head = head
         self.head_dim = model.model.layers[0].self_attn.head_dim
+        self.heads = model.model.layers[0].self_attn.q_proj.out_features // self.head_dim
         window = getattr(cfg, "sliding_window", None)
         self.window = window if window and getattr(cfg, "use_sliding_window", True) else None
         # Several tokens need transformers' own mask: Llama's, or Mistral's with its window (Qwen2
@@ -181,28 +207,29 @@ class LeanStep:
         positions = torch.arange(start, start + t, device=h.device).unsqueeze(0)
         mask = self._mask(h, cache, positions)
         cos, sin = self.rotary(h, positions)
-        cos, sin = cos.unsqueeze(1), _signed_sin(sin.unsqueeze(1))
-        hd = self.head_dim
+        cos, sin = cos.unsqueeze(2), _signed_sin(sin.unsqueeze(2))           # (1, T, 1, D)
+        hd, heads = self.head_dim, self.heads
         for kv, (w_in, eps_in, qkv, o, w_post, eps_post, gate_up, down, act, scaling, groups) in zip(
                 cache.layers, self.layers):
             with scope("norms"):  # the parts `bench --profile-round` splits a step into
                 x = _rms_norm(h, w_in, eps_in)
             with scope("attention"):
-                q, k, v = qkv(x.view(t, -1))                                   # (T, q), (T, kv), (T, kv)
-                q = q.view(1, t, -1, hd).transpose(1, 2)
-                k = k.view(1, t, -1, hd).transpose(1, 2)
-                v = v.view(1, t, -1, hd).transpose(1, 2)
-                q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-                k, v = kv.update(k, v)
+                qk, v = qkv(x.view(t, -1))                                     # (T, q + kv), (T, kv)
+                # Queries and keys sit side by side: one rotation for both (elementwise, so the
+                # same bits as rotating each), in (1, T, heads, D) order, then viewed per head.
+                qk = _rotate(qk.view(1, t, -1, hd), cos, sin)
+                q = qk.narrow(2, 0, heads).transpose(1, 2)                     # (1, heads, T, D)
+                k = qk.narrow(2, heads, qk.shape[2] - heads).transpose(1, 2)
+                k, v = kv.update(k, v.view(1, t, -1, hd).transpose(1, 2))
                 att = self._attend(q, k, v, mask, scaling, groups)
                 att = o(att.transpose(1, 2).contiguous().reshape(t, -1)).view(1, t, -1)
-            h = h + att
+            h = h.add_(att)  # h is this forward's own tensor (the embedding's output, then sums)
             with scope("norms"):
                 x = _rms_norm(h, w_post, eps_post).view(t, -1)
             with scope("mlp"):
                 g, u = gate_up(x)
-                mlp = down(act(g) * u).view(1, t, -1)
-            h = h + mlp
+                mlp = down(act(g).mul_(u)).view(1, t, -1)
+            h = h.add_(mlp)
         with scope("lm_head"):
             h = _rms_norm(h[:, t - n_logits:], self.norm_w, self.norm_eps)
             return self.head(h.view(n_logits, -1))                            # (n_logits, V)

@@ -97,10 +97,14 @@ def probs(logits: torch.Tensor, request: GenerationRequest) -> torch.Tensor:
 
 
 def check_finite(logits: torch.Tensor, where: str) -> None:
-    if not torch.isfinite(logits).all():
-        bad = "NaN" if torch.isnan(logits).any() else "inf"
-        raise DecoderError(f"{bad} in logits at {where}: the model produced non-finite values "
-                           f"(check dtype and weights)")
+    # A sum is finite only when every term is (a NaN or an infinity carries through it), and it
+    # costs ~6 us where isfinite().all() costs ~77 over a 49k vocabulary on a CPU. A sum that is
+    # not finite (a bad value, or an overflow of finite ones) is then looked at element by element.
+    if torch.isfinite(logits.sum()) or torch.isfinite(logits).all():
+        return
+    bad = "NaN" if torch.isnan(logits).any() else "inf"
+    raise DecoderError(f"{bad} in logits at {where}: the model produced non-finite values "
+                       f"(check dtype and weights)")
 
 
 def top2_margin(logits: torch.Tensor) -> torch.Tensor:

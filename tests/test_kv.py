@@ -182,6 +182,25 @@ def test_the_one_read_pick_equals_the_separate_reads(sampling):
                 pick(logits, r, 7, 5, "here")
 
 
+def test_the_finiteness_check_reads_every_value():
+    """`check_finite` looks at the sum first: finite values whose sum overflows must not be
+    called non-finite, and one NaN or infinity anywhere (both infinities at once included, whose
+    sum is NaN) must be, with its name."""
+    from decoders.sampling import check_finite
+    big = torch.full((2, 300), 3e38)  # every value finite, the sum +inf
+    check_finite(big, "here")
+    check_finite(-big, "here")
+    check_finite(torch.empty(0, 5), "here")
+    for values, name in (((float("nan"),), "NaN"), ((float("inf"),), "inf"), ((float("-inf"),), "inf"),
+                         ((float("inf"), float("-inf")), "inf"), ((float("nan"), float("inf")), "NaN")):
+        for base in (torch.randn(2, 300), big):
+            logits = base.clone()
+            for i, v in enumerate(values):
+                logits[1, 7 + 50 * i] = v
+            with pytest.raises(DecoderError, match=f"^{name} in logits at here"):
+                check_finite(logits, "here")
+
+
 # ------------------------------------------------------------------- a reused prefill
 
 def _counting_prefills(monkeypatch, module):

@@ -83,6 +83,27 @@ def test_a_broken_lean_step_is_caught(monkeypatch):
     assert not _lean_and_modules(loaded)
 
 
+def test_torch_norm_is_used_only_where_it_gives_the_modules_bits(monkeypatch):
+    """torch's own `rms_norm` stands in for transformers' operators only where a check on this
+    build gives the same bits; a torch whose norm rounds otherwise falls back, and the step then
+    still matches the modules bit for bit."""
+    loaded = build_tiny("llama")
+    assert lean._torch_norm_agrees()  # torch 2.13 on a CPU: the same operators in C++
+    real = torch.nn.functional.rms_norm
+
+    def other_order(x, shape, weight, eps):  # the same formula, the squares summed backwards
+        v = x.pow(2).flip(-1).cumsum(-1)[..., -1:] / x.shape[-1]
+        return weight * (x * torch.rsqrt(v + eps))
+    monkeypatch.setattr(lean, "_TORCH_NORM", [])
+    monkeypatch.setattr(lean.F, "rms_norm", other_order)
+    assert not lean._torch_norm_agrees()
+    assert _lean_and_modules(loaded)
+    monkeypatch.setattr(lean, "_TORCH_NORM", [True])  # forced in, it is caught
+    assert not _lean_and_modules(loaded)
+    monkeypatch.setattr(lean.F, "rms_norm", real)
+    assert _lean_and_modules(loaded)
+
+
 @pytest.mark.parametrize("family", ("llama", "qwen2"))
 def test_layout_keeps_tokens_and_logits(family, monkeypatch):
     """The laid-out model gives the tokens of the model as loaded (transformers' own layout and
