@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -23,7 +24,16 @@ def test_bench_reports_every_decoder(tmp_path, capsys):
     spec = res["decoders"]["spec[tiny-qwen2]"]["T=0"]
     assert spec["identity"] == 1.0  # greedy speculative never changes tokens
     assert 0 <= spec["alpha"] <= 1 and spec["tau"] >= 1 and spec["theoretical_speedup"] > 0
-    assert res["roofline"]["standard_over_bound"] > 0
+    roof = res["roofline"]
+    assert roof["standard_over_bound"] > 0
+    # The bound's bandwidth: one probe before every prompt and temperature of every round, between
+    # the decoders, and their median; the best probe's (tighter) bound beside it.
+    probes = roof["memory_bandwidth_probes_gbs"]
+    assert len(probes) == 1 * len(res["prompts"]) * 2 and all(p > 0 for p in probes)
+    assert roof["memory_bandwidth_gbs"] == pytest.approx(statistics.median(probes))
+    assert roof["best_probe_gbs"] == max(probes)
+    assert roof["standard_over_best_probe_bound"] >= roof["standard_over_bound"]
+    assert f"median of {len(probes)} probes" in text
     # The kill switch stops an unrelated draft and leaves the target's own layers drafting.
     assert res["decoders"]["spec[tiny-qwen2]"]["T=0"]["fallbacks"] > 0
     assert set(res["profile"]) == {"spec[tiny-qwen2]", "spec[prompt-lookup]", "spec[self:2]"}
