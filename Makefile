@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml | $(BASE)
 llama-server: $(LLAMA_STAMP)
 
 # Ninja where it is installed: the same build from the source distribution took 278 s with
-# cmake's default Makefiles and 218 s with Ninja, side by side on 2 cores.
+# cmake's default Makefiles and 218 s with Ninja, one right after the other on 2 cores.
 LLAMA_GENERATOR ?= $(if $(shell command -v ninja 2>/dev/null),Ninja)
 
 $(LLAMA_STAMP): | $(BASE)
