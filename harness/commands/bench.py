@@ -6,10 +6,10 @@ and `early-exit` at a few thresholds — interleaved (A B C A B C ...) after a w
 machine noise hits every decoder alike. Reports tokens/s, per-token latency p50/p95, the paired
 speedup over `standard` with a bootstrap interval, α, τ, c, the theoretical speedup and
 achieved/theoretical, per category; a roofline line (weight bytes per token / the device's copy
-bandwidth, probed between the decoders in every round); the measured cost of verifying K+1 tokens in one-token steps; and with
-`--profile-round` a torch-profiler split of a step (LM head, attention, MLPs, norms, KV-cache
-writes, sampling, verification, drafting, Python overhead) per decoder, and where a speculative
-round spends its time. `--compare-old` runs every in-process decoder a second time with the
+bandwidth, probed between the decoders in every round); the measured cost of verifying K+1
+tokens in one-token steps; and with `--profile-round` a torch-profiler split of a step (LM head,
+attention, MLPs, norms, KV-cache writes, sampling, verification, drafting, Python overhead) per
+decoder, and where a speculative round spends its time. `--compare-old` runs every in-process decoder a second time with the
 previous KV cache (`cache="dynamic"`, labels ending in `@dynamic`) in the same interleaved rounds,
 and `--compile` adds `standard[compiled]`; the goals section prints the ratios side by side.
 Timings are measurements on this machine in this run; compare ratios, not absolute numbers.
