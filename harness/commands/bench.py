@@ -9,9 +9,10 @@ achieved/theoretical, per category; a roofline line (weight bytes per token / th
 bandwidth, probed between the decoders in every round); the measured cost of verifying K+1
 tokens in one-token steps; and with `--profile-round` a torch-profiler split of a step (LM head,
 attention, MLPs, norms, KV-cache writes, sampling, verification, drafting, Python overhead) per
-decoder, and where a speculative round spends its time. `--compare-old` runs every in-process decoder a second time with the
-previous KV cache (`cache="dynamic"`, labels ending in `@dynamic`) in the same interleaved rounds,
-and `--compile` adds `standard[compiled]`; the goals section prints the ratios side by side.
+decoder, and where a speculative round spends its time. `--compare-old` runs every in-process
+decoder a second time with the previous KV cache (`cache="dynamic"`, labels ending in
+`@dynamic`) in the same interleaved rounds, and `--compile` adds `standard[compiled]`; the goals
+section prints the ratios side by side.
 Timings are measurements on this machine in this run; compare ratios, not absolute numbers.
 """
 from __future__ import annotations
