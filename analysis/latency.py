@@ -93,6 +93,15 @@ def _timing(record: Mapping[str, Any]) -> tuple[float, float, int]:
     return float(timing["wall_s"]), float(timing.get("ttft_s", np.nan)), len(tokens)
 
 
+def _decode_timing(record: Mapping[str, Any], key) -> tuple[float, int]:
+    """(seconds after the first token, tokens after the first) of one record."""
+    wall, ttft, n = _timing(record)
+    if not np.isfinite(ttft) or not 0 <= ttft <= wall:
+        raise ValueError(f"{key}: record {record.get('item_id')!r} has no usable timing.ttft_s "
+                         f"({ttft!r} of a {wall!r} s wall): cannot time its decode phase")
+    return wall - ttft, max(n - 1, 0)
+
+
 def inter_token_latencies(record: Mapping[str, Any]) -> np.ndarray:
     """Seconds between successive tokens of one record (length n - 1)."""
     times = (record.get("timing") or {}).get("token_times_s")
@@ -248,9 +257,13 @@ def jackknife_bounds(sums, *, confidence_level: float, bound_level: float):
 def paired_speedup(
     pairs: Sequence[Pair], *, confidence_level: float = 0.95, n_resamples: int = 9999,
     method: str = "jackknife", rng: np.random.Generator | int | None = None, alpha: float = 0.05,
-    clusters: np.ndarray | None = None,
+    clusters: np.ndarray | None = None, decode_only: bool = False,
 ) -> SpeedupResult:
     """Speedup of the candidate over the baseline in wall time per token, paired by prompt.
+
+    ``decode_only``: the decode phase only, wall - TTFT over the tokens after the first, what a
+    theory of decoding steps (Leviathan's speedup) predicts; a pair where either side emitted one
+    token is left out, and a record without a TTFT is an error, not a fallback to the whole wall.
 
     ``clusters``: the independent unit of each pair (default: its prompt, see
     :func:`analysis._common.prompt_clusters`); pass ``np.arange(len(pairs))`` to treat every pair
@@ -261,13 +274,23 @@ def paired_speedup(
     """
     if not pairs:
         raise ValueError("paired_speedup needs at least one pair")
-    rows = []
+    rows, kept = [], []
     for pair in pairs:
-        bw, _, bn = _timing(pair.baseline)
-        cw, _, cn = _timing(pair.candidate)
+        if decode_only:
+            sides = [_decode_timing(pair.baseline, pair.key), _decode_timing(pair.candidate, pair.key)]
+            if min(n for _, n in sides) == 0:
+                continue  # a side stopped at its first token: this pair has no decode phase
+            (bw, bn), (cw, cn) = sides
+        else:
+            bw, _, bn = _timing(pair.baseline)
+            cw, _, cn = _timing(pair.candidate)
         if bn == 0 or cn == 0 or bw <= 0 or cw <= 0:
             raise ValueError(f"{pair.key}: needs tokens and a positive wall time on both sides")
         rows.append((bw, bn, cw, cn))
+        kept.append(pair)
+    if not rows:
+        raise ValueError("no pair has a decode phase (two or more tokens on both sides)")
+    pairs = kept
     bw, bn, cw, cn = (np.asarray(col, dtype=float) for col in zip(*rows))
     ids = prompt_clusters(pairs) if clusters is None else np.asarray(clusters, dtype=np.int64)
     return speedup_from_arrays(bw, bn, cw, cn, ids, confidence_level=confidence_level, n_resamples=n_resamples,

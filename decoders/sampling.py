@@ -113,6 +113,21 @@ def top2_margin(logits: torch.Tensor) -> torch.Tensor:
     return top[..., 0] - top[..., 1]
 
 
+def argmax_and_margin(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`argmax` and `top2_margin` of rows (..., V) from one top-2 pass (a K+1 block's two reads of
+    5 x 49k logits took ~0.36 ms on a CPU, about 2% of a step). Where the top two tie (margin 0,
+    or NaN) the top-2's index need not be the first maximum, which argmax returns: those rows
+    take argmax's, so the token is argmax's on every row."""
+    top = torch.topk(logits.float(), 2, dim=-1)
+    margin = top.values[..., 0] - top.values[..., 1]
+    token = top.indices[..., 0]
+    unsure = ~(margin > 0)
+    # On a CPU a read costs nothing and ties are rare; elsewhere, no read inside the step.
+    if logits.device.type != "cpu" or bool(unsure.any()):
+        token = torch.where(unsure, logits.argmax(dim=-1), token)
+    return token, margin
+
+
 def choose(logits: torch.Tensor, request: GenerationRequest, key: int, positions) -> torch.Tensor:
     """Token ids for rows of logits (N, V) at the given absolute positions.
 

@@ -29,9 +29,9 @@ from decoders.common import (Emitter, check_prompt_fits, context_length, forward
                              rollback, scope, step_function, sync)
 from decoders.drafters import Draft, make_drafter, output_size
 from decoders.kv import DEFAULT_CACHE, CachePool, check_cache_kind, request_capacity
-from decoders.sampling import (ACCEPT, RESIDUAL, check_finite, gumbel, prompt_key, shape_logits, top2_margin,
-                               uniforms)
-from decoders.verify import Verdict, verify_coupled, verify_greedy, verify_rejection
+from decoders.sampling import (ACCEPT, RESIDUAL, argmax_and_margin, check_finite, gumbel, prompt_key, shape_logits,
+                               top2_margin, uniforms)
+from decoders.verify import Verdict, keep_until_mismatch, verify_coupled, verify_rejection
 
 VERIFIERS = ("rejection", "coupled")
 # Sampling requests without `verify` use the classic rejection verifier: the highest acceptance
@@ -280,12 +280,12 @@ class _Run:
                 return
         else:
             with scope("verify"):
-                verdict = self._verify(logits, draft, position)
+                verdict, margin = self._verify(logits, draft, position)
                 # One read from the device for the whole block: the verdict, every row's margin
-                # and the finiteness check (the stopping rule needs the tokens on the host).
+                # and the finiteness check (the stopping rule needs the tokens on the host). A sum
+                # is finite only when every term is; one that is not is checked value by value.
                 row = torch.cat([verdict.accepted.double(), verdict.token.double(),
-                                 torch.isfinite(logits).all().double()[None],
-                                 top2_margin(logits).double()]).tolist()
+                                 torch.isfinite(logits.sum()).double()[None], margin.double()]).tolist()
             if not row[2]:
                 check_finite(logits, f"positions {position}..{position + n}")
             accepted, token, margins = int(row[0]), int(row[1]), row[3:]
@@ -301,21 +301,24 @@ class _Run:
         if n > 0:
             self._adapt(n, accepted)
 
-    def _verify(self, logits: torch.Tensor, draft: Draft, position: int) -> Verdict:
-        """One block: logits (K+1, V) from the target, K draft tokens at positions position.. ."""
+    def _verify(self, logits: torch.Tensor, draft: Draft, position: int) -> tuple[Verdict, torch.Tensor]:
+        """One block: logits (K+1, V) from the target, K draft tokens at positions position.. .
+        Returns the verdict and every row's top-2 margin (K+1,)."""
         r, device = self.request, logits.device
         d = torch.tensor([draft.tokens], device=device)  # (1, K)
-        if self.verifier == "greedy":
-            return verify_greedy(logits[None], d)
+        if self.verifier == "greedy":  # verify_greedy's argmax, read with the margins in one pass
+            choice, margin = argmax_and_margin(logits)
+            return keep_until_mismatch(choice[None], d), margin
+        margin = top2_margin(logits)
         logp = shape_logits(logits, r.temperature, r.top_k, r.top_p)  # (K+1, V)
         positions = range(position, position + len(draft.tokens) + 1)
         if self.verifier == "coupled":
             g = torch.stack([self.noise.at(p) for p in positions])  # (K+1, V)
-            return verify_coupled(logp[None], d, g[None])
+            return verify_coupled(logp[None], d, g[None]), margin
         q = None if draft.q is None else draft.q.to(device)[None]  # None: a point mass (prompt lookup)
         u_accept = torch.cat([uniforms(self.key, p, 1, ACCEPT) for p in positions[:-1]]).to(device)[None]
         u_sample = torch.cat([uniforms(self.key, p, 1, RESIDUAL) for p in positions]).to(device)[None]
-        return verify_rejection(logp.exp()[None], q, d, u_accept, u_sample)
+        return verify_rejection(logp.exp()[None], q, d, u_accept, u_sample), margin
 
     def _emit_one(self, logits: torch.Tensor, t: float | None = None) -> bool:
         """`standard`'s own step from logits (1, V): choose, emit; True when the request is done.

@@ -35,7 +35,7 @@ class Verdict(NamedTuple):
     token: torch.Tensor     # (B,) long, the target token that follows them
 
 
-def _keep_until_mismatch(choice: torch.Tensor, draft: torch.Tensor) -> Verdict:
+def keep_until_mismatch(choice: torch.Tensor, draft: torch.Tensor) -> Verdict:
     """choice (B, K+1): the target's token for each row. Keep drafts up to the first mismatch;
     the next token is the target's own choice at that row (row K when all matched)."""
     k = draft.shape[1]
@@ -47,14 +47,14 @@ def _keep_until_mismatch(choice: torch.Tensor, draft: torch.Tensor) -> Verdict:
 
 def verify_greedy(target_logits: torch.Tensor, draft: torch.Tensor) -> Verdict:
     """target_logits (B, K+1, V) raw; draft (B, K)."""
-    return _keep_until_mismatch(target_logits.argmax(dim=-1), draft)
+    return keep_until_mismatch(target_logits.argmax(dim=-1), draft)
 
 
 def verify_coupled(target_logp: torch.Tensor, draft: torch.Tensor, gumbel: torch.Tensor) -> Verdict:
     """target_logp (B, K+1, V) shaped log-probabilities (temperature, top-k, top-p applied);
     gumbel (B, K+1, V) the noise of each row's absolute position, the same noise the draft
     proposed with and that `standard` samples with."""
-    return _keep_until_mismatch((target_logp + gumbel).argmax(dim=-1), draft)
+    return keep_until_mismatch((target_logp + gumbel).argmax(dim=-1), draft)
 
 
 def sample_inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

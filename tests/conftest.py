@@ -39,11 +39,11 @@ def broken_greedy_verifier(monkeypatch):
     import decoders.speculative as spec
     from decoders.verify import Verdict
 
-    def accept_all(target_logits, draft):
+    def accept_all(choice, draft):  # choice (B, K+1): the target's argmax per row
         k = draft.shape[1]
-        return Verdict(accepted=draft.new_full((draft.shape[0],), k), token=target_logits[:, k].argmax(-1))
+        return Verdict(accepted=draft.new_full((draft.shape[0],), k), token=choice[:, k])
 
-    monkeypatch.setattr(spec, "verify_greedy", accept_all)
+    monkeypatch.setattr(spec, "keep_until_mismatch", accept_all)
 
 
 @pytest.fixture(scope="session")

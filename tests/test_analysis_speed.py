@@ -31,19 +31,20 @@ def test_theoretical_speedup_hand_values():
 
 
 def spec_pairs(rounds_by_item, *, k=4, step=0.05, draft_step=0.005, verify=0.06, suite="factual",
-               categories=("general",)):
-    """Baseline (one token per step) and speculative records whose wall time follows the rounds."""
+               categories=("general",), ttft=0.1):
+    """Baseline (one token per step) and speculative records whose wall time follows the rounds,
+    each after a prefill of `ttft` seconds."""
     base, cand = [], []
     for i, acc in enumerate(rounds_by_item):
         n_tokens = 1 + sum(a + 1 for a in acc)
         item = f"{suite}-{i}"
         base.append(make_record(item_id=item, suite=suite, categories=categories,
-                                tokens=list(range(n_tokens)), ttft_s=0.1, step_s=step))
+                                tokens=list(range(n_tokens)), ttft_s=ttft, step_s=step))
         st = speculative_stats(acc, k=k, draft_time_s=draft_step * k * len(acc), verify_time_s=verify * len(acc))
-        wall = 0.1 + len(acc) * (k * draft_step + verify)
+        wall = ttft + len(acc) * (k * draft_step + verify)
         cand.append(make_record(candidate="spec", decoder="speculative", item_id=item, suite=suite,
                                 categories=categories, tokens=list(range(n_tokens)), stats=st,
-                                ttft_s=0.1, wall_s=wall, step_s=0.0))
+                                ttft_s=ttft, wall_s=wall, step_s=0.0))
     return pair_records(base, cand)
 
 
@@ -87,7 +88,7 @@ def test_acceptance_theory_counts_rounds_without_a_draft_and_fallback_steps():
     assert s.theoretical_speedup_fixed_k == pytest.approx(float(theoretical_speedup(a, 4, c)))
     assert s.theoretical_speedup < s.theoretical_speedup_fixed_k
     assert s.theoretical_speedup_measured_verify == pytest.approx((4 * per_k + 5) / (7 * v + 16 * c))
-    assert s.achieved_over_theoretical == pytest.approx(s.achieved.statistic / s.theoretical_speedup)
+    assert s.achieved_over_theoretical == pytest.approx(s.achieved_decode.statistic / s.theoretical_speedup)
 
 
 def test_acceptance_summary_hand_computed():
@@ -111,8 +112,44 @@ def test_acceptance_summary_hand_computed():
     base_t = 0.1 + 0.05 * (9 - 1) + 0.1 + 0.05 * (7 - 1)
     cand_t = 2 * (0.1 + 2 * (0.02 + 0.06))
     assert s.achieved.statistic == pytest.approx((base_t / tokens) / (cand_t / tokens))
-    assert s.achieved_over_theoretical == pytest.approx(s.achieved.statistic / s.theoretical_speedup)
+    # the theory is of decoding steps: it is held against the decode phase, prefill left out
+    base_d, cand_d = 0.05 * (9 - 1) + 0.05 * (7 - 1), 2 * 2 * (0.02 + 0.06)
+    assert s.achieved_decode.statistic == pytest.approx(base_d / cand_d)
+    assert s.achieved_over_theoretical == pytest.approx(base_d / cand_d / s.theoretical_speedup)
     assert s.statistic == s.alpha and s.confidence_interval()[0] <= s.alpha <= s.confidence_interval()[1]
+
+
+def test_achieved_over_theory_does_not_move_with_the_prefill():
+    """Leviathan's speedup is a theory of decoding steps. A prefill both sides pay alike dilutes the
+    end-to-end speedup (it once counted in achieved/theory, so a longer prompt read as a less
+    efficient decoder); the ratio to theory takes the decode phase alone."""
+    short, long = (acceptance_summary(spec_pairs([[4, 2], [0, 4]], ttft=t), rng=0, n_resamples=200) for t in (0.1, 2.0))
+    assert long.achieved.statistic < short.achieved.statistic  # end to end: diluted by the prefill
+    assert long.achieved_decode.statistic == pytest.approx(short.achieved_decode.statistic)
+    assert long.achieved_over_theoretical == pytest.approx(short.achieved_over_theoretical)
+    assert long.theoretical_speedup == pytest.approx(short.theoretical_speedup)
+
+
+def test_achieved_over_theory_without_a_ttft_is_no_figure():
+    """Fail closed: where a record has no TTFT the decode phase cannot be timed, and the ratio is
+    NaN (shown as missing), not the end-to-end speedup standing in for it."""
+    pairs = spec_pairs([[4, 2], [0, 4]])
+    del pairs[1].candidate["timing"]["ttft_s"]
+    with pytest.raises(ValueError, match="ttft"):
+        paired_speedup(pairs, decode_only=True)
+    s = acceptance_summary(pairs, rng=0, n_resamples=200)
+    assert np.isfinite(s.achieved.statistic)
+    assert np.isnan(s.achieved_decode.statistic) and np.isnan(s.achieved_over_theoretical)
+
+
+def test_decode_speedup_leaves_out_pairs_without_a_decode_phase():
+    pairs = spec_pairs([[4, 2], [0, 4], [0]])  # the third: one round, nothing accepted, 2 tokens
+    for side in (pairs[2].baseline, pairs[2].candidate):
+        side["tokens"] = side["tokens"][:1]
+    d = paired_speedup(pairs, decode_only=True)
+    assert d.n == 2 and d.statistic == pytest.approx((0.05 * 14) / (2 * 2 * (0.02 + 0.06)))
+    with pytest.raises(ValueError, match="decode phase"):
+        paired_speedup(pairs[2:], decode_only=True)
 
 
 def test_alpha_estimate_is_unbiased_where_accepted_over_proposed_is_not():

@@ -201,6 +201,49 @@ def test_the_finiteness_check_reads_every_value():
                 check_finite(logits, "here")
 
 
+def test_argmax_and_margin_is_argmax_and_top2_margin_on_every_row():
+    """The greedy verifier reads its choices and margins from one top-2 pass. Where the top two
+    tie, the top-2's index is not argmax's first maximum (on this torch it is the later one), so
+    those rows must take argmax's own."""
+    from decoders.sampling import argmax_and_margin, top2_margin
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 3000, generator=g) * 5
+    for r in range(0, 64, 2):  # ties for the top in every other row, at random places
+        i, j = sorted(torch.randperm(3000, generator=g)[:2].tolist())
+        logits[r, i] = logits[r, j] = 40.0
+    logits[1, :] = float("-inf")
+    logits[3, 9] = float("nan")
+    token, margin = argmax_and_margin(logits)
+    assert torch.equal(token, logits.argmax(-1))
+    torch.testing.assert_close(margin, top2_margin(logits), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("value, error", [(float("nan"), "NaN"), (float("inf"), "inf"), (3e38, None)],
+                         ids=("nan", "inf", "finite-overflow"))
+def test_a_verification_block_is_checked_value_by_value(pair, monkeypatch, value, error):
+    """The K+1 block's finiteness rides in its one read as the sum's: a NaN or infinity in any row
+    ends the request with the error naming it, and finite logits whose sum overflows do not."""
+    target, _ = pair
+    dec = SpeculativeDecoder(target, draft=target, k=3)  # its own draft: every round drafts
+    score = dec.scorer.score
+
+    def spoiled(tokens, position):
+        logits = score(tokens, position)
+        if len(tokens) > 1:
+            logits = logits.clone()
+            if error is None:
+                logits[1:, -50:] = value  # every row's sum overflows, each value finite
+            else:
+                logits[-1, 3] = value
+        return logits
+    monkeypatch.setattr(dec.scorer, "score", spoiled)
+    if error is None:
+        assert len(dec.generate(req(target)).tokens) == 24
+    else:
+        with pytest.raises(DecoderError, match=f"^{error} in logits at positions"):
+            dec.generate(req(target))
+
+
 # ------------------------------------------------------------------- a reused prefill
 
 def _counting_prefills(monkeypatch, module):

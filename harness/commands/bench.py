@@ -5,7 +5,8 @@ runs `standard`, `hf` greedy, `speculative` per drafter, `hf-assisted` with the 
 and `early-exit` at a few thresholds — interleaved (A B C A B C ...) after a warm-up, so that
 machine noise hits every decoder alike. Reports tokens/s, per-token latency p50/p95, the paired
 speedup over `standard` with a bootstrap interval, α, τ, c, the theoretical speedup and
-achieved/theoretical, per category; a roofline line (weight bytes per token / the device's copy
+achieved/theoretical (the decode phase's speedup, prefill left out, as the theory has it), per
+category; a roofline line (weight bytes per token / the device's copy
 bandwidth, probed between the decoders in every round); the measured cost of verifying K+1
 tokens in one-token steps; and with `--profile-round` a torch-profiler split of a step (LM head,
 attention, MLPs, norms, KV-cache writes, sampling, verification, drafting, Python overhead) per
@@ -235,6 +236,7 @@ def run_bench(args) -> dict:
                 entry[tag] = {**entry.get(tag, {}), "alpha": acc.alpha, "acceptance_rate": acc.acceptance_rate,
                               "tau": acc.tau, "c": acc.c, "theoretical_speedup": acc.theoretical_speedup,
                               "achieved_over_theoretical": acc.achieved_over_theoretical,
+                              "decode_speedup": acc.achieved_decode.statistic,
                               "theoretical_speedup_fixed_k": acc.theoretical_speedup_fixed_k,
                               "theoretical_speedup_measured_verify": acc.theoretical_speedup_measured_verify,
                               "plain_rounds": sum(int(np.sum(np.asarray(p.candidate["stats"].get("proposed_per_round") or [1]) == 0))
@@ -304,7 +306,8 @@ def goals(result: dict) -> dict:
     standard's step over the roofline (goal <= 1.5), the K+1 verification in one-token steps
     (<= 1.2), greedy prompt lookup's achieved over theoretical speedup (>= 0.8; the theory over the
     rounds it ran, `analysis.acceptance.round_speedup`, and beside it over Leviathan's formula at K,
-    which assumes every round drafts K tokens), and each exact
+    which assumes every round drafts K tokens; both over the decode phase's speedup, which is what
+    they predict, and the end-to-end speedup over the theory beside them), and each exact
     in-process speculative decoder's tokens/s over transformers' own with the same draft (>= 1)."""
     r, ds = result["roofline"], result["decoders"]
     out = {"standard_over_roofline": {"new": r["standard_over_bound"]},
@@ -318,8 +321,13 @@ def goals(result: dict) -> dict:
         e = ds.get(f"spec[prompt-lookup]{suffix}", {}).get("T=0", {})
         if e.get("achieved_over_theoretical") is not None:
             out.setdefault("greedy_lookup_over_theory", {})[which] = e["achieved_over_theoretical"]
-        if e.get("theoretical_speedup_fixed_k") and e.get("speedup") is not None:
-            out.setdefault("greedy_lookup_over_formula_at_k", {})[which] = e["speedup"] / e["theoretical_speedup_fixed_k"]
+        if e.get("theoretical_speedup") and e.get("speedup") is not None:
+            # the end-to-end speedup (each request's prefill on both sides) over the same theory:
+            # the figure this goal read before it took the decode phase alone
+            out.setdefault("greedy_lookup_end_to_end_over_theory", {})[which] = e["speedup"] / e["theoretical_speedup"]
+        if e.get("theoretical_speedup_fixed_k") and e.get("decode_speedup") is not None:
+            out.setdefault("greedy_lookup_over_formula_at_k", {})[which] = (e["decode_speedup"]
+                                                                            / e["theoretical_speedup_fixed_k"])
     for label, e in ds.items():
         if e["decoder"] != "speculative":
             continue
@@ -397,7 +405,9 @@ def table(result: dict) -> str:
     lines.append("\ngoals (issue 26): standard/roofline <= 1.5, verify K+1 <= 1.2 steps, greedy lookup "
                  "achieved/theory >= 0.8, in-process over transformers' own >= 1\n"
                  "  (theory: Leviathan's speedup over the rounds run, each at its own draft length, rounds without "
-                 "a draft as plain steps; 'formula_at_k' assumes every round drafts K)")
+                 "a draft as plain steps; 'formula_at_k' assumes every round drafts K. Both are theories of the "
+                 "decode phase, so 'achieved' there is too: wall - TTFT over the tokens after the first; "
+                 "'end_to_end' divides the speedup column, prefill included)")
     for name, vals in result["goals"].items():
         lines.append(f"  {name:<56} " + "  ".join(f"{k} {v:.2f}" for k, v in vals.items() if v is not None))
     for label, prof in result.get("step_profile", {}).items():

@@ -292,6 +292,7 @@ def headline_metrics(cand: dict) -> dict:
         a = cand["acceptance"]
         for k in ("alpha", "tau", "c", "theoretical_speedup", "achieved_over_theoretical"):
             m[k] = a.get(k)
+        m["decode_speedup"] = (a.get("achieved_decode") or {}).get("statistic")  # what the theory is held to
     if ok(cand, "exits"):
         m["avg_layers"] = cand["exits"]["mean_layers"]
         m["exit_theoretical_speedup"] = cand["exits"]["theoretical_speedup"]
