@@ -27,9 +27,13 @@ LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
 install: $(STAMP)
 
 # The bare environment with a current pip: what both the packages and the server's build need.
+# setuptools too, before the two run at once: torch requires it, and the server's isolated build
+# starts its interpreter through the venv's distutils-precedence.pth, which imports setuptools'
+# _distutils_hack. Installed by torch's branch while the build started, it failed a fresh clone's
+# setup once ("No module named '_distutils_hack.override'").
 $(BASE):
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --upgrade pip setuptools
 	touch $@
 
 $(STAMP): pyproject.toml | $(BASE)
