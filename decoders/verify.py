@@ -80,27 +80,31 @@ def verify_rejection(p: torch.Tensor, q: torch.Tensor | None, draft: torch.Tenso
     correction (row of the first rejection) or bonus (row K) draw.
     """
     b, k = draft.shape
+    v = p.shape[-1]
     p_draft = p[:, :k].gather(-1, draft[..., None])[..., 0]          # (B, K) p(d_i)
     if q is None:
         q_draft = torch.ones_like(p_draft)
-        q_rows = torch.zeros_like(p[:, :k]).scatter_(-1, draft[..., None], 1.0)
     else:
         q_draft = q.gather(-1, draft[..., None])[..., 0]             # (B, K) q(d_i) > 0: d_i ~ q
-        q_rows = q
     # Accept with probability min(1, p/q), written without dividing: u < p/q  <=>  u*q < p.
     keep = u_accept * q_draft < p_draft                              # (B, K)
     accepted = keep.long().cumprod(dim=1).sum(dim=1)                 # (B,)
-    # Row i < K: residual max(p - q, 0) (normalised inside the sampler); row K: p for the bonus.
-    residual = (p[:, :k] - q_rows).clamp_min(0)                      # (B, K, V)
-    rows = torch.cat([residual, p[:, k:]], dim=1)                    # (B, K+1, V)
-    at = accepted[:, None, None].expand(b, 1, rows.shape[-1])
-    chosen = rows.gather(1, at)[:, 0]                                # (B, V)
+    # The row that draws: after a rejection at i < K the residual max(p_i - q_i, 0) (normalised
+    # inside the sampler), after K acceptances p_K for the bonus. Only that row is formed, with
+    # the operators the K residual rows were formed with before: the same bits
+    # (tests/test_verify.py), 0.32 -> 0.27 ms for K = 4 over 49k tokens.
+    p_row = p.gather(1, accepted[:, None, None].expand(b, 1, v))[:, 0]   # (B, V)
+    i = accepted.clamp_max(k - 1)[:, None]                           # (B, 1) the draft row at a rejection
+    if q is None:  # a point mass on d_i
+        q_row = torch.zeros_like(p_row).scatter_(-1, draft.gather(1, i), 1.0)
+    else:
+        q_row = q.gather(1, i[..., None].expand(b, 1, v))[:, 0]
+    chosen = torch.where((accepted < k)[:, None], (p_row - q_row).clamp_min(0), p_row)
     u = u_sample.gather(1, accepted[:, None])[:, 0]                  # (B,)
     token = sample_inverse_cdf(chosen, u)
     # A residual can be all zero only when p == q on that row, where a rejection has probability
     # 0 (and p(d) / q(d) = 1 > u). Floating point can still get there: fall back to p.
     empty = chosen.sum(dim=-1) <= 0
     if empty.any():
-        p_row = p.gather(1, at)[:, 0]
         token = torch.where(empty, sample_inverse_cdf(p_row, u), token)
     return Verdict(accepted, token)

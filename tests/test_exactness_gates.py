@@ -230,7 +230,7 @@ def test_a_top_p_bug_in_the_shared_sampler_is_named(smoke_config, tmp_path, monk
     from tests.test_exactness_reference import shortcut_bug
     import decoders.sampling as sampling
 
-    monkeypatch.setattr(sampling, "_top_p_drop", shortcut_bug)
+    monkeypatch.setattr(sampling, "_top_p_only", shortcut_bug)
     run = tmp_path / "run"
     assert main(["regress", "--config", str(smoke_config), "--run-dir", str(run), "--no-progress",
                  "--no-tracking"]) == 1

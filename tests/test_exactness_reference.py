@@ -25,16 +25,16 @@ from harness.verdict.gate import decide
 SETTINGS = [(0.7, 0, 0.95), (1.0, 50, 1.0), (0.5, 20, 0.9), (1.3, 0, 0.5), (0.7, 3, 0.95)]
 
 
-def shortcut_bug(logp, top_p, probe=256):
+def shortcut_bug(x, logp, top_p, probe=256):
     """The 256-token top-p shortcut with its test turned the wrong way: whenever the top tokens
     already cover top_p, nothing is cut (the nucleus is the whole vocabulary)."""
     k = min(probe, logp.shape[-1])
     if bool((torch.topk(logp, k, dim=-1).values.exp().sum(dim=-1) >= top_p).all()):
-        return torch.zeros_like(logp, dtype=torch.bool)
-    return ORIGINAL_TOP_P(logp, top_p, probe)
+        return x
+    return ORIGINAL_TOP_P(x, logp, top_p, probe)
 
 
-ORIGINAL_TOP_P = sampling._top_p_drop
+ORIGINAL_TOP_P = sampling._top_p_only
 
 
 @pytest.mark.parametrize("t,top_k,top_p", SETTINGS)
@@ -65,7 +65,7 @@ def test_a_top_p_bug_in_the_decoders_does_not_move_the_reference(monkeypatch):
     logits = torch.randn(32, 200, generator=g) * 2
     req = GenerationRequest((1,), temperature=0.7, top_p=0.9)
     before_ref, before_ours = reference.shaped_probs(logits, req), sampling.probs(logits, req)
-    monkeypatch.setattr(sampling, "_top_p_drop", shortcut_bug)
+    monkeypatch.setattr(sampling, "_top_p_only", shortcut_bug)
     after = sampling.probs(logits, req)
     assert ((after > 0) & (before_ours == 0)).any()        # the bug is real: the decoders sample outside the nucleus
     assert torch.equal(reference.shaped_probs(logits, req), before_ref)

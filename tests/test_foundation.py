@@ -118,6 +118,35 @@ def test_shape_logits_matches_transformers_warpers():
         assert_probabilities_close(ours, torch.softmax(ref, -1))
 
 
+def _masked_reference(logits, t, k, p):
+    """shape_logits as the plain definition: a full sort, a mask over the vocabulary, the same
+    operators on what is kept (what the sampler computed before the kept values were scattered)."""
+    x = logits.float() / t
+    if k:
+        x = x.masked_fill(x < torch.topk(x, k, dim=-1).values[..., -1:], float("-inf"))
+    logp = torch.log_softmax(x, dim=-1)
+    if p < 1:
+        sorted_logp, idx = torch.sort(logp, dim=-1, descending=True)
+        ps = sorted_logp.exp()
+        drop_sorted = (ps.cumsum(dim=-1) - ps) >= p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(logp, dtype=torch.bool).scatter(-1, idx, drop_sorted)
+        logp = torch.log_softmax(x.masked_fill(drop, float("-inf")), dim=-1)
+    return logp
+
+
+@pytest.mark.parametrize("vocab", [5000, 49152])
+def test_shape_logits_gives_the_masked_definitions_bits(vocab):
+    """Sampled tokens depend on these bits: the nucleus is computed over the top few hundred
+    tokens and its values scattered into a row of -inf, and that must equal masking the full
+    vocabulary, on peaked rows (the top-256 path) and flat ones (the full-sort fallback)."""
+    g = torch.Generator().manual_seed(3)
+    for scale in (0.05, 3.0, 12.0):
+        logits = torch.randn(5, vocab, generator=g) * scale
+        for t, k, p in ((0.7, 0, 0.95), (1.0, 0, 0.5), (0.3, 0, 0.9), (1.2, 40, 0.9), (0.7, 0, 1.0)):
+            assert torch.equal(shape_logits(logits, t, k, p), _masked_reference(logits, t, k, p)), (scale, t, k, p)
+
+
 def test_noise_key_depends_on_seed_and_prompt():
     assert prompt_key(0, [1, 2, 3]) == prompt_key(0, [1, 2, 3])
     assert prompt_key(0, [1, 2, 3]) != prompt_key(1, [1, 2, 3])

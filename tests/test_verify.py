@@ -137,6 +137,35 @@ def test_broken_verifiers_fail_the_same_test(name):
     assert block_pvalue(BROKEN[name], P, Q) < ALPHA
 
 
+def _every_row_rejection(p, q, draft, u_accept, u_sample):
+    """verify_rejection as Algorithm 1 reads: every residual row formed, then the one that draws
+    picked (the verifier forms only that row now)."""
+    b, k = draft.shape
+    p_draft = p[:, :k].gather(-1, draft[..., None])[..., 0]
+    if q is None:
+        q_draft, q_rows = torch.ones_like(p_draft), torch.zeros_like(p[:, :k]).scatter_(-1, draft[..., None], 1.0)
+    else:
+        q_draft, q_rows = q.gather(-1, draft[..., None])[..., 0], q
+    accepted = (u_accept * q_draft < p_draft).long().cumprod(dim=1).sum(dim=1)
+    rows = torch.cat([(p[:, :k] - q_rows).clamp_min(0), p[:, k:]], dim=1)
+    at = accepted[:, None, None].expand(b, 1, rows.shape[-1])
+    chosen = rows.gather(1, at)[:, 0]
+    u = u_sample.gather(1, accepted[:, None])[:, 0]
+    token = sample_inverse_cdf(chosen, u)
+    empty = chosen.sum(dim=-1) <= 0
+    return V.Verdict(accepted, torch.where(empty, sample_inverse_cdf(p.gather(1, at)[:, 0], u), token))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("with_q", [True, False], ids=["q", "point-mass"])
+def test_rejection_forms_only_the_drawing_row_with_the_same_result(dtype, with_q):
+    d = draws(P.to(dtype), Q.to(dtype) if with_q else None, seed=4)
+    got = verify_rejection(d["p"], d["q"], d["draft"], d["u_accept"], d["u_sample"])
+    want = _every_row_rejection(d["p"], d["q"], d["draft"], d["u_accept"], d["u_sample"])
+    assert torch.equal(got.accepted, want.accepted) and torch.equal(got.token, want.token)
+    assert set(got.accepted.tolist()) == set(range(P.shape[0]))  # every row drew in some block
+
+
 def test_rejection_acceptance_rate_is_one_minus_total_variation():
     d = draws(P, Q, seed=1)
     verdict = verify_rejection(d["p"], d["q"], d["draft"], d["u_accept"], d["u_sample"])
