@@ -141,7 +141,7 @@ class AcceptanceSummary:
     achieved_over_theoretical: float
     # The decode phase (wall - TTFT, tokens after the first): what the theory above predicts, so
     # `achieved_over_theoretical` divides this one. `achieved` is end to end, prefill included.
-    achieved_decode: SpeedupResult | None = None
+    achieved_decode: SpeedupResult
 
     @property
     def statistic(self) -> float:
