@@ -84,6 +84,19 @@ def test_llamacpp_tokens_margins_and_timing(plain, smollm2_target):
     assert abs(sum(t.token_times_s) - t.wall_s) < 1e-6 * max(1.0, t.wall_s) + 1e-9
 
 
+def test_requests_to_an_engine_share_one_http_client(plain, smollm2_target, monkeypatch):
+    """The `engine:NAME` reference asks one position per request: a client (and an SSL context
+    loading the CA certificates, 20 ms) made per request cost more than the engine's answer."""
+    import httpx
+    made, real = [], httpx.Client.__init__
+    monkeypatch.setattr(httpx.Client, "__init__", lambda self, *a, **kw: (made.append(1), real(self, *a, **kw))[1])
+    dec = make_decoder("llama.cpp", smollm2_target, engine=plain)
+    tokens = smollm2_target.encode(" Paris is the capital of France.")[:6]
+    out = dec.prompt_logprobs(smollm2_target.encode(PROMPTS[0]), tokens, 5)
+    assert len(out) == len(tokens) and all(len(top) == 5 for top in out)
+    assert plain.metrics() and not made
+
+
 @pytest.mark.slow
 def test_stop_strings_and_budget_mean_what_they_mean_in_process(plain, smollm2_target):
     dec = make_decoder("llama.cpp", smollm2_target, engine=plain)
