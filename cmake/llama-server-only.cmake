@@ -4,11 +4,14 @@
 # other target leaves the default build: what the two need (ggml, llama, common, mtmd, ...) is
 # still built, as their dependencies.
 #
-# The rest is compiled as a unity build, several sources per compile (llama alone has one source
-# per model architecture), except mtmd, whose helper sources refuse to share a compile with its
-# internals, and ggml-cpu, whose kernels are kept in their own compiles.
+# The rest is compiled as a unity build, several sources per compile, except ggml-cpu, whose
+# kernels keep their own compiles. llama.cpp's own CMakeLists unity-build only llama's per-model
+# sources; its core sources are folded in too, and so are mtmd's per-model sources (its helper
+# sources refuse to share a compile with its internals: `#error` in mtmd-helper.cpp). Measured
+# with Ninja -j2 on 2 cores, one build after the other: 419 -> 358 s of compiles (src 116 -> 78,
+# mtmd 78 -> 50), 3 min 30 s -> 3 min 06 s, and the server's logprobs bit for bit the same.
 set(DECODEGATE_LLAMA_TOOLS llama-server llama-quantize)
-set(DECODEGATE_NO_UNITY mtmd ggml-cpu)
+set(DECODEGATE_NO_UNITY ggml-cpu)
 
 function(_decodegate_targets dir out)
   get_property(targets DIRECTORY "${dir}" PROPERTY BUILDSYSTEM_TARGETS)
@@ -18,6 +21,22 @@ function(_decodegate_targets dir out)
     list(APPEND targets ${more})
   endforeach()
   set(${out} ${targets} PARENT_SCOPE)
+endfunction()
+
+# A target's sources as absolute paths: source properties set from this (top-level) scope read
+# relative paths against the top-level folder, not the target's.
+function(_decodegate_sources target out)
+  get_target_property(dir ${target} SOURCE_DIR)
+  get_target_property(srcs ${target} SOURCES)
+  set(abs "")
+  foreach(s IN LISTS srcs)
+    if(IS_ABSOLUTE "${s}")
+      list(APPEND abs "${s}")
+    else()
+      list(APPEND abs "${dir}/${s}")
+    endif()
+  endforeach()
+  set(${out} ${abs} PARENT_SCOPE)
 endfunction()
 
 function(_decodegate_slim)
@@ -31,6 +50,15 @@ function(_decodegate_slim)
       set_target_properties(${t} PROPERTIES UNITY_BUILD ON)
     endif()
   endforeach()
+  if(TARGET llama)
+    _decodegate_sources(llama srcs)
+    set_source_files_properties(${srcs} TARGET_DIRECTORY llama PROPERTIES SKIP_UNITY_BUILD_INCLUSION OFF)
+  endif()
+  if(TARGET mtmd)
+    _decodegate_sources(mtmd srcs)
+    list(FILTER srcs EXCLUDE REGEX "/models/[^/]*$")
+    set_source_files_properties(${srcs} TARGET_DIRECTORY mtmd PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+  endif()
 endfunction()
 
 cmake_language(DEFER DIRECTORY "${CMAKE_SOURCE_DIR}" CALL _decodegate_slim)

@@ -201,6 +201,17 @@ def _by_prompt(named: dict[str, Seqs]) -> dict[tuple, list[tuple[str, int]]]:
     return groups
 
 
+def _features_of(rows: list, tokens: list[int]) -> tuple:
+    """(PIT features or None, positions, positions left out, entropies) of one shaped output."""
+    keep = [t for t, row in enumerate(rows) if row is not None]
+    feat, ent = None, []
+    if keep:
+        p = torch.stack([rows[t] for t in keep])
+        feat = pit.features(p.numpy(), [tokens[t] for t in keep])
+        ent = (-(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)).tolist()
+    return feat, len(rows), len(rows) - len(keep), ent
+
+
 def features(ref: Reference, named: dict[str, Seqs], progress: bool = False) -> dict[str, dict]:
     """{decoder: its PIT features pooled over its records (in record order), with counts and mean
     entropy per temperature}, one prompt at a time: that prompt's samples from every decoder are
@@ -210,16 +221,13 @@ def features(ref: Reference, named: dict[str, Seqs], progress: bool = False) -> 
     groups = _by_prompt(named)
     for context, members in tqdm(groups.items(), desc="exactness (engines)", disable=not progress, leave=False):
         raws = ref.raw_many(context, [named[n].rows[i][0]["tokens"] for n, i in members])
+        done: dict = {}  # a correct candidate repeats the baseline's samples: shaped once
         for (n, i), raw in zip(members, raws):
             r, req = named[n].rows[i]
-            rows = ref.shape(raw, req)
-            keep = [t for t, row in enumerate(rows) if row is not None]
-            feat, ent = None, []
-            if keep:
-                p = torch.stack([rows[t] for t in keep])
-                feat = pit.features(p.numpy(), [r["tokens"][t] for t in keep])
-                ent = (-(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)).tolist()
-            per[n][i] = (feat, len(rows), len(rows) - len(keep), ent)
+            key = (tuple(r["tokens"]), req.temperature, req.top_k, req.top_p)
+            if key not in done:
+                done[key] = _features_of(ref.shape(raw, req), r["tokens"])
+            per[n][i] = done[key]
     out = {}
     for name, seqs in named.items():
         feats = [f for f, *_ in per[name] if f is not None]
