@@ -75,12 +75,12 @@ def smollm2():
 # xdist sends the files with the most tests first and a 2-test file of several minutes starts
 # last, alone on one core (a whole run ended with one worker idle for 20 minutes that way).
 # Seconds of test time per file on a 2-core AMD EPYC without AVX-512, `make test` of the commit
-# after f11f2a5, the default model already converted by `make install` (the first two start
-# together on two workers, so their order between them does not matter).
+# after f11f2a5, the default model already converted by `make install` (the first ones start
+# together, one per worker, so their order among them does not matter).
 LONG_FIRST = (
     "test_exactness_int8.py",            # ~200 s: real smollm2 + int8 draft, two regress runs
     "test_engine_sampled.py",            # ~195 s: five real llama.cpp candidates, three seeds
-    "test_engine_sampled_reference.py",  # ~185 s
+    "test_engine_sampled_reference.py",  # ~185 s (~115 s once its engine requests shared a client)
     "test_engines.py",                   # ~130 s
     "test_load_engine.py",               # ~115 s
     "test_regress.py",                   # ~105 s
