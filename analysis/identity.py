@@ -36,16 +36,25 @@ from .pairing import Pair, PairKey
 
 DEFAULT_EPS = 1e-3
 DTYPE_EPS = {"float32": 1e-3, "float64": 1e-3, "bfloat16": 1.0, "float16": 0.125}
+# The measured noise widens eps up to this many times the dtype's default, no further: batched and
+# one-token forwards that disagree by more are not rounding apart (a wrong mask or position in
+# the batched path, one outlier record), and an eps that wide would excuse real divergences.
+MAX_WIDENING = 10.0
 
 
 def near_tie_epsilon(dtype: str | None, measured_max: float | None = None) -> tuple[float, str]:
     """(eps, how it was chosen) for logits computed in ``dtype`` ("float32", "torch.bfloat16",
-    ...), given the largest measured margin noise between batched and one-token forwards."""
+    ...), given the largest measured margin noise between batched and one-token forwards. Noise
+    beyond ``MAX_WIDENING`` times the dtype's default is named and not used: eps stays the default."""
     name = str(dtype or "float32").replace("torch.", "")
     eps = DTYPE_EPS.get(name)
     source = f"dtype {name}" if eps is not None else f"dtype {name} unknown, fp32 default"
     eps = DEFAULT_EPS if eps is None else eps
     if measured_max is not None and np.isfinite(measured_max):
+        if 2.0 * measured_max > MAX_WIDENING * eps:
+            return float(eps), (f"{source}; the measured margin noise {measured_max:.3g} is more than rounding "
+                                f"in {name} (2 x noise > {MAX_WIDENING:g} x {eps:g}): not used, so divergences "
+                                f"above {eps:g} count as real")
         if 2.0 * measured_max > eps:
             return float(2.0 * measured_max), f"measured: 2 x max margin noise {measured_max:.3g} (above the {source} default {eps:g})"
         source += f", measured margin noise max {measured_max:.3g}"

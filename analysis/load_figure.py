@@ -69,8 +69,9 @@ def load_figure(load: dict[str, Any], path: str | Path) -> Path:
     for ax in (sp_ax, gp_ax):  # ticks at the rates tried, written plainly
         ax.set_xticks(load["rates"], [f"{r:g}" for r in load["rates"]])
         ax.xaxis.set_minor_locator(NullLocator())
-    sp_ax.legend(fontsize=8)
-    gp_ax.legend(fontsize=8)
+    for ax in (sp_ax, gp_ax):
+        if ax.get_legend_handles_labels()[0]:  # no speedup to draw (every request failed): no legend
+            ax.legend(fontsize=8)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

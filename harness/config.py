@@ -393,6 +393,9 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"{where}: candidates names {n!r}{hint}, which no [[candidates]] defines")
         candidates = tuple(c for c in candidates if c.name in p["candidates"])
+        if not candidates:  # a run of the baseline alone would gate nothing and exit 0
+            raise ConfigError(f"{where}: candidates = [] selects no candidate; name at least one of "
+                              f"{', '.join(known)}, or leave the key out to run them all")
     prof = Profile(name=profile, subset=p.get("subset", profile), suites=suite_names, temperatures=temps,
                    sample_suites=tuple(p.get("sample_suites", suite_names)), seeds=tuple(p.get("seeds", [0])),
                    max_new_tokens=p.get("max_new_tokens"), exactness_prompts=int(p.get("exactness_prompts", 2)),

@@ -125,6 +125,24 @@ def test_drift_statistic_small_drop_within_tolerance_passes_large_fails():
         acceptance_drift(ref, [_row("other", [1], [3])], rng=0)
 
 
+def test_a_drafter_that_stops_proposing_is_not_left_ungated():
+    """The reference drafted in 120 rounds, the candidate (prompt lookup finding no match, a
+    drafter that broke) in none on the same prompts: the gate said "not gated" and the run passed."""
+    from harness.config import Gates
+    from harness.verdict.gate import decide
+    from harness.verdict.plain import plain
+    ref = [_row(f"i{i}", [3, 3, 2, 3], [3, 3, 3, 3]) for i in range(30)]
+    silent = [_row(f"i{i}", [0] * 12, [0] * 12) for i in range(30)]
+    drift = {"reference": "runs/ref", **plain(acceptance_drift(ref, silent, tolerance=0.05, rng=0))}
+    cand = {"kind": "exact", "decoder": "speculative", "options": {"verify": "coupled"}, "acceptance_drift": drift,
+            "suites": {"s": {"identity": {"T=0": {"n": 30, "identical": 30, "near_ties": 0, "divergences": []}}}}}
+    d = decide(cand, Gates())
+    failed = {r.name: r.detail for r in d.results if r.status == "fail"}
+    assert not d.passed and {"acceptance all alpha", "acceptance all tau"} <= set(failed)
+    assert "drafted in 0 round(s) where the reference runs/ref drafted in 120" in failed["acceptance all tau"]
+    assert decide(cand, Gates(inconclusive="warn")).passed  # inconclusive, not worse
+
+
 def test_mlflow_last_reference_and_log_text_false(reference, tmp_path, capsys):
     from harness.run import tracking
     folder, suite, ref_run = reference

@@ -93,3 +93,15 @@ def test_bad_input():
         token_identity(pairs, method="agresti")
     with pytest.raises(ValueError, match="eps"):
         token_identity(pairs, eps=-1)
+
+
+def test_measured_noise_widens_eps_only_as_far_as_rounding_goes():
+    from analysis.identity import near_tie_epsilon
+    assert near_tie_epsilon("torch.float32", 2e-5)[0] == 1e-3                  # rounding: the default holds
+    assert near_tie_epsilon("torch.float32", 3e-3)[0] == pytest.approx(6e-3)   # widened to 2 x noise
+    # Batched and one-token forwards 2.4 logits apart are not rounding: eps 4.8 made every
+    # divergence below it a "near-tie", and identity passed on real divergences.
+    eps, source = near_tie_epsilon("torch.float32", 2.4)
+    assert eps == 1e-3 and "not used" in source and "2.4" in source
+    assert near_tie_epsilon("bfloat16", 4.0)[0] == pytest.approx(8.0)      # bf16: within 10 x its 1.0
+    assert near_tie_epsilon("bfloat16", 6.0)[0] == 1.0

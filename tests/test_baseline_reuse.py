@@ -203,7 +203,8 @@ def test_corrupt_and_unreadable_store_rows_are_skipped_with_a_warning(tmp_path, 
     err = capsys.readouterr().err
     assert str(files[0]) in err and str(files[1]) in err and "skipped" in err
     st = summary(tmp_path / "r2")["baseline_store"]
-    assert st["reused_rows"] == N_ITEMS - 2 and len(st["skipped"]) == 2
+    # speed_items = 0: one stored row is still generated again to re-check the store
+    assert st["reused_rows"] == N_ITEMS - 3 and len(st["skipped"]) == 2 and st["retimed"] == 1
     # The skipped rows were generated again and stored whole.
     assert all(json.loads(f.read_text())["key"] == f.stem for f in files[:2])
 
@@ -268,7 +269,8 @@ def test_store_from_a_logged_mlflow_run(tmp_path, echo_suite):
     args[-1] = f"mlflow:{parent}"
     assert main([*args, "--run-dir", str(tmp_path / "r2")]) == 0
     st = summary(tmp_path / "r2")["baseline_store"]
-    assert st["reused_rows"] == N_ITEMS and st["store"] == f"mlflow:{parent}"
+    assert st["reused_rows"] == N_ITEMS - 1 and st["retimed"] == 1 and not st["retimed_disagreed"]
+    assert st["store"] == f"mlflow:{parent}"
 
 
 # ------------------------------------------------------------------------ sequential looks
@@ -388,19 +390,23 @@ def test_an_mlflow_store_on_a_server_that_is_down_is_refused_before_any_model_lo
 # ------------------------------------------------------------- reuse that fails closed (issue 21)
 
 
-def test_a_tampered_store_row_is_caught_by_retiming_and_nothing_is_reused(tmp_path, echo_suite, capsys):
-    store = tmp_path / "store"
-    cfg = config(tmp_path, echo_suite, EXACT + SAME)
-    assert regress(cfg, tmp_path / "r1", "--baseline-store", str(store)) == 0
-    first = summary(tmp_path / "r1")
-    assert regress(cfg, tmp_path / "reused", "--baseline-store", str(store)) == 0    # takes 50 stored rows
-    # Every stored row's content is changed, its key is not: the file still hashes to its name.
+def tamper(store: Path) -> None:
+    """Every stored row's content changed, its key not: each file still hashes to its name."""
     for f in store.rglob("*.json"):
         row = json.loads(f.read_text())
         toks, margins = row["result"]["tokens"], row["result"]["margins"]
         at = max(range(len(toks)), key=lambda i: margins[i] if margins[i] is not None else -1)
         toks[at] = (toks[at] + 1) % 250                          # a flip where the baseline was sure
         f.write_text(json.dumps(row))
+
+
+def test_a_tampered_store_row_is_caught_by_retiming_and_nothing_is_reused(tmp_path, echo_suite, capsys):
+    store = tmp_path / "store"
+    cfg = config(tmp_path, echo_suite, EXACT + SAME)
+    assert regress(cfg, tmp_path / "r1", "--baseline-store", str(store)) == 0
+    first = summary(tmp_path / "r1")
+    assert regress(cfg, tmp_path / "reused", "--baseline-store", str(store)) == 0    # takes 50 stored rows
+    tamper(store)
     # Resuming the run that took stored rows: its re-timed rows now differ, so the rows it took are
     # suspect, and it stops naming the items instead of finishing on them.
     capsys.readouterr()
@@ -418,6 +424,20 @@ def test_a_tampered_store_row_is_caught_by_retiming_and_nothing_is_reused(tmp_pa
     assert "0 of 60 rows reused" in report and "differ from the stored" in report
     assert verdicts(summary(tmp_path / "r2")) == verdicts(first)
     # Nothing of the tampered content reached the records.
+    fresh = {r["item_id"]: r["tokens"] for r in rows(tmp_path / "r1", "baseline")}
+    assert all(r["tokens"] == fresh[r["item_id"]] for r in rows(tmp_path / "r2", "baseline"))
+
+
+def test_without_a_speed_sample_one_stored_row_is_still_rechecked(tmp_path, echo_suite):
+    """`speed_items = 0`: the re-check had no sample row, so every tampered stored row was taken."""
+    store = tmp_path / "store"
+    cfg = config(tmp_path, echo_suite, EXACT, speed_items=0)
+    assert regress(cfg, tmp_path / "r1", "--baseline-store", str(store)) == 0  # an empty store: all generated
+    tamper(store)
+    assert regress(cfg, tmp_path / "r2", "--baseline-store", str(store)) == 0
+    st = summary(tmp_path / "r2")["baseline_store"]
+    assert st["retimed"] == 1 and len(st["retimed_disagreed"]) == 1 and st["reuse_refused"]
+    assert st["reused_rows"] == 0 and st["baseline_rows"] == N_ITEMS
     fresh = {r["item_id"]: r["tokens"] for r in rows(tmp_path / "r1", "baseline")}
     assert all(r["tokens"] == fresh[r["item_id"]] for r in rows(tmp_path / "r2", "baseline"))
 

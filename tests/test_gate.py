@@ -165,6 +165,17 @@ def test_exactness_without_rejections_shows_nothing():
     assert mixed.passed and "exactness x@4 T=0.7" in names(mixed, "warn")
 
 
+def test_exactness_checks_that_could_not_have_failed_do_not_pass():
+    """Checks that fit but could detect no distortion at all (detectable_tv None) decide nothing."""
+    blind = decide(rej({"all": pit(0.4, detectable=None)}, [window(0.2) | {"detectable_tv": None}]), Gates())
+    assert not blind.passed and names(blind, "fail") == {"exactness"}
+    assert {"exactness PIT all", "exactness x@4 T=0.7"} <= names(blind, "warn")
+    assert "large enough to detect" in next(r.detail for r in blind.results if r.name == "exactness")
+    # one check with the power to fail is enough: the blind ones are named, not gated
+    one = decide(rej({"all": pit(0.4, detectable=None)}, [window(0.2)]), Gates())
+    assert one.passed and "exactness PIT all" in names(one, "warn")
+
+
 def test_exactness_control_failure_is_not_the_candidate():
     d = decide(rej({"all": pit(1e-6)}, control=pit(1e-7)), Gates())
     assert not d.passed and "baseline's own samples fail" in d.failures[0].detail

@@ -242,3 +242,38 @@ def test_shipped_load_profile():
     cfg = load_config(ROOT / "regress-engine.toml", "load")
     assert len(cfg.profile.load.rates) >= 3 and cfg.profile.load.slo.items()
     assert {c.name for c in cfg.candidates} == {"llama-ngram", "llama-draft"}
+
+
+# ---------------------------------------------------------------------------- failed requests
+
+def _run_dir(tmp_path, base_errors: int, cand_errors: int, n: int = 20) -> Path:
+    """load.jsonl / load_levels.jsonl as harness.run.load writes them: one level at 1 req/s."""
+    import json
+    rows = []
+    for name, errors in (("baseline", base_errors), ("c", cand_errors)):
+        for i in range(n):
+            r = row(i, 0.2, [0.05] * 9, error="HTTP 503: server is down" if i < errors else None)
+            rows.append({**r, "candidate": name, "rate": 1.0})
+    (tmp_path / "load.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    levels = [{"candidate": name, "rate": 1.0, "wall_s": 20.0} for name in ("baseline", "c")]
+    (tmp_path / "load_levels.jsonl").write_text("".join(json.dumps(lv) + "\n" for lv in levels))
+    return tmp_path
+
+
+@pytest.mark.parametrize("base_errors,cand_errors,status,needle", [
+    (0, 20, "fail", "the candidate failed 20 of 20"),        # the candidate's engine died under load
+    (0, 1, "fail", "the baseline 0 of 20"),
+    (20, 20, "fail", "inconclusive: the baseline failed"),  # both died: nothing was compared
+    (1, 2, "warn", "both sides"),                            # over capacity on both, no test tells them apart
+    (0, 0, "pass", "no failed candidate request"),
+])
+def test_failed_load_requests_are_gated_without_an_slo(tmp_path, base_errors, cand_errors, status, needle):
+    """No [profiles.NAME.slo]: a candidate whose every load request failed passed (its gates were
+    the unloaded run's)."""
+    from harness.verdict.load import apply
+    cfg = load_config(_cfg(tmp_path, "rates = [1]\nload_requests = 20"), "load")
+    summary = {"baseline": "baseline", "candidates": {"c": {"verdict": "pass", "gates": []}}}
+    passed = apply(summary, cfg, _run_dir(tmp_path, base_errors, cand_errors))
+    [gate] = [g for g in summary["candidates"]["c"]["gates"] if g["name"] == "load errors"]
+    assert gate["status"] == status and needle in gate["detail"]
+    assert passed == (status != "fail") and (summary["candidates"]["c"]["verdict"] == "fail") == (status == "fail")

@@ -10,7 +10,7 @@ same GGUF as its own draft). Checked on it:
 - SLOs: the run's loose ones pass; an impossibly tight TTFT objective is over capacity at every
   level (the baseline misses it too) and not gated; an E2E objective at the baseline's own p95
   fails the slow candidate wherever the baseline meets it;
-- the slow candidate "never pays";
+- the slow candidate is not shown to pay at any level;
 - faults: the n-gram server is killed after its first level, so it refuses every request of the
   second: error rows for that level only, its first level intact, and the run goes on.
 """
@@ -131,7 +131,7 @@ def test_rate_sweep_slos_crossover_and_a_refusing_level(tmp_path):
 
     # The slow candidate (a draft as large as its target) never pays.
     assert load["crossover"]["slow"]["status"] == "never pays", load["crossover"]["slow"]
-    assert "slow never pays" in (run_dir / "report.txt").read_text()
+    assert "slow is not shown to pay at any level tried" in (run_dir / "report.txt").read_text()
 
     # The run's loose SLOs: the slow candidate passes them; the n-gram one fails where it refused.
     gates = {g["name"]: g for g in summary["candidates"]["slow"]["gates"]}
@@ -139,6 +139,10 @@ def test_rate_sweep_slos_crossover_and_a_refusing_level(tmp_path):
     ngram_e2e = next(g for g in summary["candidates"]["ngram"]["gates"] if g["name"] == "slo e2e_p95_s")
     assert ngram_e2e["status"] == "fail" and "6 req/s: FAIL" in ngram_e2e["detail"]
     assert code == 1 and summary["candidates"]["ngram"]["verdict"] == "fail"
+    # Its failed requests are a gate of their own, SLOs or not; the slow candidate failed none.
+    errs = next(g for g in summary["candidates"]["ngram"]["gates"] if g["name"] == "load errors")
+    assert errs["status"] == "fail" and "6 req/s: the candidate failed 32 of 32" in errs["detail"]
+    assert gates["load errors"]["status"] == "pass"
 
     # Other SLOs on the same rows: a TTFT objective no one meets is over capacity everywhere (not
     # gated); an E2E objective at the baseline's own p95 at the lower rate fails the slow candidate

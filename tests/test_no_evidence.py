@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from analysis.calibration.synthetic import make_record
 from harness.cli import main
-from harness.config import load_config
+from harness.config import ConfigError, load_config
 from harness.verdict.gate import decide
 from harness.verdict.summary import summarize
 from suites.format import item_from_row, make_suite
 
 
-def _config(tmp_path: Path, candidates: str, suites: str, profile_suites: str, extra: str = ""):
+def _config(tmp_path: Path, candidates: str, suites: str, profile_suites: str, extra: str = "",
+            temperatures: str = "[0.0]"):
     cfg = tmp_path / "regress.toml"
     cfg.write_text(f"""
 target = "tiny-llama"
@@ -27,7 +30,7 @@ decoder = "standard"
 [profiles.smoke]
 subset = "smoke"
 suites = {profile_suites}
-temperatures = [0.0]
+temperatures = {temperatures}
 seeds = [0]
 {extra}
 """)
@@ -192,3 +195,35 @@ seeds = [0]
     assert cand["suites"]["mixed"]["exits"]["n"] == 2 and cand["exits"]["n"] == 2
     failed = {g["name"] for g in cand["gates"] if g["status"] == "fail"}
     assert {"errors", "baseline errors"} <= failed
+
+
+def test_a_profile_that_selects_no_candidate_is_refused(tmp_path):
+    """`candidates = []` in a profile ran the baseline alone, gated nothing and exited 0."""
+    with pytest.raises(ConfigError, match=r"candidates = \[\] selects no candidate.*spec"):
+        _config(tmp_path, SPEC, "[suites.f]\nmargin = 0.2", '["f"]', extra="candidates = []")
+
+
+ASSISTED = """
+[[candidates]]
+name = "assisted"
+decoder = "hf-assisted"
+options = { draft = "tiny-llama" }
+"""
+
+
+def test_an_exact_candidate_with_only_speed_to_show_fails_coverage(tmp_path):
+    """Sampled only (no identity at T=0, no tested distribution) and no quality margin: a faster
+    candidate whose outputs nobody compared passed on its speed gate alone."""
+    config = _config(tmp_path, ASSISTED.replace('name = "assisted"', 'name = "assisted"\nmin_speedup = 1.1'),
+                     "[suites.f]", '["f"]', temperatures="[0.7]")
+    suite = _suite("f", [f"q{i}" for i in range(8)])
+    records = []
+    for i in range(8):
+        records.append(make_record(suite="f", suite_hash=suite.hash, item_id=f"q{i}", temperature=0.7,
+                                   tokens=(1, 2, 3, 4), step_s=0.05))
+        records.append(make_record(candidate="assisted", decoder="hf-assisted", suite="f", suite_hash=suite.hash,
+                                   item_id=f"q{i}", temperature=0.7, tokens=(9, 8, 7, i), step_s=0.02))
+    gates, passed = _gates(summarize(config, records, [suite]), "assisted", config)
+    assert gates["speed"].status == "pass"  # the only gate that applied
+    assert not passed and gates["coverage"].status == "fail"
+    assert "no identity, exactness or quality gate" in gates["coverage"].detail

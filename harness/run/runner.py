@@ -295,6 +295,9 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
             found[spec.name, w.key(spec.name)] = (key, parts, reuse.lookup(spec, key))
         return found[spec.name, w.key(spec.name)]
 
+    if reuse is not None:
+        sample |= _one_stored_row_rechecked(sample, population, lineup, stored)
+
     def ordered(pending: list) -> list:
         """The sample first; then items by which baselines would take a stored row (none first),
         so that the items each baseline generates sit together in whole blocks."""
@@ -402,6 +405,20 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
 
 def _label(w: WorkItem) -> str:
     return f"{w.suite.name}/{w.item.id} seed={w.seed} T={w.temperature:g}"
+
+
+def _one_stored_row_rechecked(sample: set, population: list, lineup: Lineup, stored) -> set:
+    """The store's re-check compares sample rows with their stored rows. A sample without one
+    stored row (`speed_items = 0`, or every sampled item a store miss) re-checked nothing, and
+    every other stored row was taken unchecked: add the first item that has one (a set of one
+    key), so that no stored row is taken before at least one is reproduced."""
+    from harness.run import speed_sample
+    bases = [s for s in lineup.specs if s.name in lineup.baseline_names]
+    hit = lambda w: any(stored(s, w)[2] is not None for s in bases)  # noqa: E731
+    if any(hit(w) for w in population if speed_sample.key(w) in sample):
+        return set()
+    first = next((w for w in population if hit(w)), None)
+    return set() if first is None else {speed_sample.key(first)}
 
 
 def _recheck_resumed(run_dir: Path, rows: list[dict], reuse, lineup: Lineup, stage: list, sample: set,

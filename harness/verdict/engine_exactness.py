@@ -6,7 +6,8 @@
   deviates no more than it; a candidate that deviates more than its control fails.
 - `exactness PIT all`: every token the candidate sampled, at the positions the reference decides.
   A token of probability 0 there, or p below the level, fails; a pass says the distortion (TV)
-  it could have detected at that size.
+  it could have detected at that size. A fit too small to detect any distortion (no TV up to 0.5
+  with 80% power) is inconclusive, never a pass.
 - `seed`: a baseline whose samples at different seeds agree where an honoured seed would almost
   never reproduce them ignores the seed: its draws are not independent, so no test on them can be
   read (fail). One whose A/A run at the same seed does not reproduce it is named (warn).
@@ -79,6 +80,11 @@ def gates(cand: dict, gates_cfg) -> list[GateResult]:
     elif control_bad:
         out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but "
                               f"against a reference its own control fails; {_coverage(mine)}"))
+    elif not mine.get("detectable_tv"):
+        # A test that could not have failed does not pass: more sampled tokens (seeds, items) decide.
+        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but "
+                              f"{_detect(mine)}: a test of this size could not have failed; {_coverage(mine)}; "
+                              f"{drafted}; more sampled tokens (seeds or items) would decide"))
     else:
         out.append(GateResult("exactness PIT all", "pass", f"fits {ref}: p={mine['pvalue']:.3g} vs {level:.3g}; "
                               f"{_coverage(mine)}; {_detect(mine)}; {drafted}"))

@@ -284,6 +284,8 @@ def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
             status = "warn" if exercised else _inconclusive(gates)
             out.append(GateResult(name, status, f"inconclusive: the verifier rejected no draft here, so a wrong "
                                   f"correction could not show; {desc}"))
+        elif not detect:  # could not have failed; the candidate's verdict rests on the checks that could
+            out.append(GateResult(name, "warn", f"inconclusive: fits, but could not have failed: {desc}"))
         else:
             out.append(GateResult(name, "pass", f"fits: {desc}"))
     if not exercised:
@@ -292,6 +294,11 @@ def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
     elif not tested:
         out.append(GateResult("exactness", _inconclusive(gates), f"inconclusive: no exactness check yielded a "
                               f"p-value although the verifier rejected {exercised} draft token(s)"))
+    elif not any(c.get("detectable_tv") and c.get("rejected") for c in tested):
+        out.append(GateResult("exactness", _inconclusive(gates), f"inconclusive: no exactness check of a window "
+                              f"with rejections was large enough to detect any top-two distortion (TV up to 0.5) "
+                              f"with 80% power; {exercised} draft token(s) rejected; more sampled tokens (raise "
+                              f"exactness_samples, or more prompts and seeds) would decide"))
     return out
 
 
@@ -319,10 +326,12 @@ def _speed_gate(cand: dict) -> list[GateResult]:
 # ------------------------------------------------------------------------- acceptance drift
 
 
-def _acceptance_gates(cand: dict) -> list[GateResult]:
+def _acceptance_gates(cand: dict, gates: Gates) -> list[GateResult]:
     """`acceptance_reference`: α and τ, overall and per category with enough rounds, must not fall
     below the reference beyond the tolerance with an interval that excludes it (see
-    analysis.acceptance_drift: paired bootstrap over prompts, Bonferroni over the comparisons)."""
+    analysis.acceptance_drift: paired bootstrap over prompts, Bonferroni over the comparisons).
+    A candidate that drafts in too few rounds where the reference drafted in enough, on the same
+    prompts, is not "not gated": its drafter stopped proposing, and nothing shows it did not regress."""
     drift = cand.get("acceptance_drift")
     if not drift:
         return []
@@ -331,6 +340,13 @@ def _acceptance_gates(cand: dict) -> list[GateResult]:
     tol = drift["tolerance"]
     out = []
     for c in drift["comparisons"]:
+        if (c["group"] == "all" and c["rounds_reference"] >= drift["min_rounds"] > c["rounds_candidate"]):
+            out.append(GateResult(f"acceptance all {c['quantity']}", _inconclusive(gates), f"inconclusive: the "
+                                  f"candidate drafted in {c['rounds_candidate']} round(s) where the reference "
+                                  f"{drift['reference']} drafted in {c['rounds_reference']} on the same "
+                                  f"{c['n_prompts']} prompts (fewer than {drift['min_rounds']}): its drafter stopped "
+                                  f"proposing, so its {c['quantity']} cannot be shown within -{tol:.0%}"))
+            continue
         if not c["gated"]:
             continue  # too few rounds on one side (or no interval): reported, not gated
         what = f"{c['quantity']} {c['reference']:.3f} -> {c['candidate']:.3f} ({c['relative_change']:+.1%}"
@@ -377,6 +393,14 @@ def _is_quality(result: GateResult) -> bool:
     return result.name == "refusal behaviour" or result.name.startswith("quality ")
 
 
+def _checks_outputs(result: GateResult) -> bool:
+    """A gate that looked at whether the candidate's own outputs moved: identity, a test of its
+    sampled tokens (not the controls, which test the reference), or quality."""
+    if _is_quality(result) or result.name.startswith("identity "):
+        return True
+    return result.name.startswith("exactness ") and "control" not in result.name
+
+
 # ----------------------------------------------------------------------------------- decision
 
 # Results that do not count as a gate having checked something.
@@ -417,13 +441,19 @@ def decide(cand: dict, gates: Gates) -> Decision:
                                   f"speedup to hold against it: {why}"))
     else:
         results += _speed_gate(cand)
-    results += _acceptance_gates(cand)
+    results += _acceptance_gates(cand, gates)
     results += _analysis_gates(cand)
     if not [r for r in results if r.name not in INFORMATIONAL]:
         # A gate that checked nothing must not pass silently (e.g. a lossy candidate on suites
         # without margins, or a profile without greedy runs).
         results.append(GateResult("coverage", "fail", "no gate applied to this candidate: give its suites a "
                                   "quality margin, or run it greedily"))
+    elif cand["kind"] == "exact" and not any(_checks_outputs(r) for r in results):
+        # Speed, acceptance drift or a seed warning say nothing about whether outputs moved.
+        results.append(GateResult("coverage", "fail", "no identity, exactness or quality gate applied: nothing "
+                                  "checked that this exact candidate's outputs are the baseline's; run it "
+                                  "greedily (temperature 0: token identity), or sample it where its "
+                                  "distribution is tested, or give its suites a quality margin"))
     elif cand["kind"] == "lossy" and not any(_is_quality(r) for r in results):
         # A lossy decoder changes outputs by design: speed or acceptance cannot stand in for quality.
         results.append(GateResult("quality", "fail", "no quality test: a lossy candidate changes outputs by "

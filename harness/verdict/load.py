@@ -3,7 +3,7 @@ the SLO gates (harness.verdict.slo), each candidate's crossover, and the harness
 
 `apply(summary, config, run_dir)` reads `load.jsonl` and `load_levels.jsonl` (harness.run.load),
 puts the numbers in `summary["load"]` (and each candidate's `load` and MLflow `metrics`), adds
-the SLO gates to each candidate's gates, draws `figures/load.png` and returns whether every
+the failed-request gate and the SLO gates to each candidate's gates, draws `figures/load.png` and returns whether every
 new gate passed. `lines(summary)` is the report's section. Every number comes from
 analysis.load; this module only arranges them and decides.
 """
@@ -87,14 +87,16 @@ def _words(name: str, c: dict, why: dict) -> str:
     if c["status"] == "pays at every level tried":
         return f"{name} pays at every level tried (up to {c['rate']:g} req/s)"
     if c["status"] == "never pays":
-        return f"{name} never pays: not even at {c['next']:g} req/s, the lowest level tried ({why[c['next']]})"
+        # "Pays" needs a speedup bound above 1; below it is "not shown to pay", not a shown loss.
+        return (f"{name} is not shown to pay at any level tried: not even at {c['next']:g} req/s, the lowest "
+                f"({why[c['next']]})")
     if c["status"] == "pays up to":
         return f"{name} pays up to about {c['rate']:g} req/s (at {c['next']:g} req/s: {why[c['next']]})"
     return f"{name}: no load level with a baseline to pair with"
 
 
 def apply(summary: dict, config, run_dir: Path) -> bool:
-    """Attach the load verdict to `summary` (see the module docstring); True when every SLO gate passed."""
+    """Attach the load verdict to `summary` (see the module docstring); True when every new gate passed."""
     rows, levels = read_records(run_dir, LOAD), read_records(run_dir, LEVELS)
     base_name = next((lv["candidate"] for lv in levels if lv["candidate"] == summary["baseline"]
                       or lv["candidate"].startswith(summary["baseline"] + "@c")), summary["baseline"])
@@ -111,12 +113,15 @@ def apply(summary: dict, config, run_dir: Path) -> bool:
                 for r in load["rates"] if r in load["configured_rates"] or _metrics(load, name, r) is not None]
         cand["load"] = {"crossover": load["crossover"].get(name)}
         cand.setdefault("metrics", {})["load"] = mlflow_metrics(load, name, base_name)
+        # Failed requests are gated with or without objectives: an engine that died under load
+        # must not pass on the gates of the unloaded run.
+        results = [slo_gates.error_gate(mine, config.gates)]
         if slo:
-            results = slo_gates.gates(mine, slo, config.gates)
-            cand["gates"] = list(cand.get("gates") or []) + [
-                {"name": g.name, "status": g.status, "detail": g.detail} for g in results]
-            if any(g.status == "fail" for g in results):
-                cand["verdict"], passed = "fail", False
+            results += slo_gates.gates(mine, slo, config.gates)
+        cand["gates"] = list(cand.get("gates") or []) + [
+            {"name": g.name, "status": g.status, "detail": g.detail} for g in results]
+        if any(g.status == "fail" for g in results):
+            cand["verdict"], passed = "fail", False
     try:
         from analysis.load_figure import load_figure
         load_figure(load, Path(run_dir) / "figures" / "load.png")

@@ -14,9 +14,17 @@ A level where the baseline misses the objective (its p95 above it, or more than 
 requests failed) is "over capacity": reported, not gated.
 
 One gate per objective and candidate; its detail gives every level's outcome, and its status is
-the worst over the gated levels. Pure: summaries in, `GateResult`s out.
+the worst over the gated levels.
+
+`load errors`, with or without objectives: a candidate's failed request at a level where the
+baseline failed none, more failures than the baseline's (one-sided Fisher exact test at alpha), or
+no candidate requests at a configured level fail; failures on both sides that no test tells
+apart are over capacity (warn). A baseline that failed more than 5% of its requests at every
+level compared nothing: inconclusive. Pure: summaries in, `GateResult`s out.
 """
 from __future__ import annotations
+
+from scipy import stats
 
 from analysis.load import slo_words
 from harness.config import Gates
@@ -64,3 +72,40 @@ def gates(levels: list[dict], slo: dict, config_gates: Gates) -> list[GateResult
         out.append(GateResult(f"slo {key}", status, f"{head}, {1 - config_gates.alpha:.0%} upper bound of the "
                                                     f"p95 vs {slo[key]:g} s; " + "; ".join(parts)))
     return out
+
+
+BASELINE_ERRORS_MAX = 0.05  # the share of failed baseline requests past which a level is over capacity
+
+
+def error_gate(levels: list[dict], config_gates: Gates) -> GateResult:
+    """Failed requests under load (see the module docstring); `levels` as for `gates`."""
+    fails, shared, usable, parts = [], [], 0, []
+    for lv in levels:
+        base, cand, rate = lv.get("baseline") or {}, lv.get("candidate"), f"{lv['rate']:g} req/s"
+        be, bn = base.get("errors") or 0, base.get("n") or 0
+        if bn and be <= BASELINE_ERRORS_MAX * bn:
+            usable += 1
+        if cand is None:
+            fails.append(f"{rate}: no candidate requests")
+            continue
+        ce, cn = cand.get("errors") or 0, cand.get("n") or 0
+        if not ce:
+            continue
+        what = f"{rate}: the candidate failed {ce} of {cn} ({cand.get('first_error')}), the baseline {be} of {bn}"
+        if not be:
+            fails.append(what)
+            continue
+        p = float(stats.fisher_exact([[ce, cn - ce], [be, bn - be]], alternative="greater")[1])
+        (fails if p < config_gates.alpha else shared).append(f"{what}, p={p:.3g}")
+    if fails:
+        return GateResult("load errors", "fail", "failed requests where the baseline's did not fail as often: "
+                          + "; ".join(fails))
+    if not usable:
+        undecided = "fail" if config_gates.inconclusive == "fail" else "warn"
+        return GateResult("load errors", undecided, f"inconclusive: the baseline failed more than "
+                          f"{BASELINE_ERRORS_MAX:.0%} of its requests at every level, so no level compared "
+                          f"the candidate with a working baseline (an engine down, or every level over capacity)")
+    if shared:
+        return GateResult("load errors", "warn", "failed requests on both sides, not more often on the "
+                          "candidate's (over capacity?): " + "; ".join(shared))
+    return GateResult("load errors", "pass", f"no failed candidate request at {len(levels)} level(s)")
