@@ -191,6 +191,35 @@ def test_unreachable_url_is_refused_naming_it():
         EngineServer(EngineSpec(name="gone", base_url=url)).start()
 
 
+def test_a_server_that_answers_while_it_loads_is_waited_for():
+    """Nothing listening is refused quickly; a server answering 503 while it loads its model (as
+    llama.cpp's and vLLM's do) is waited for past that, up to the base_url budget."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    ready_at = time.monotonic() + 3.0  # past the 2 s given to an address where nothing listens
+
+    class Loading(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            ok = time.monotonic() > ready_at
+            body = b'{"data": [{"id": "m"}]}' if ok else b'{"error": "Loading model"}'
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Loading)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        eng = EngineServer(EngineSpec(name="loading", base_url=f"http://127.0.0.1:{server.server_port}"))
+        eng.start()
+        assert eng.info["models"] == ["m"]
+        eng.stop()
+    finally:
+        server.shutdown()
+
+
 def test_launch_that_exits_or_never_gets_healthy_shows_its_log(tmp_path):
     dies = EngineSpec(name="dies", launch=(sys.executable, "-c", "import sys; print('no model here'); sys.exit(3)",
                                            "{port}"), health_timeout_s=20)

@@ -102,7 +102,11 @@ class EngineServer:
         if self.spec.launch:
             self._launch()
         else:
-            self._wait_healthy(deadline=time.monotonic() + min(self.spec.health_timeout_s, 10.0))
+            # A server that answers (503 while it loads a model) gets 10 s; an address where
+            # nothing listens is refused in 2: a wrong base_url should not cost a user's wait.
+            now = time.monotonic()
+            self._wait_healthy(deadline=now + min(self.spec.health_timeout_s, 10.0),
+                               refused_deadline=now + min(self.spec.health_timeout_s, 2.0))
         self.info = self.describe()
         self._check_model()
 
@@ -154,8 +158,8 @@ class EngineServer:
         text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
         return "\n".join("    " + t for t in text)
 
-    def _wait_healthy(self, deadline: float) -> None:
-        last = "no answer"
+    def _wait_healthy(self, deadline: float, refused_deadline: float | None = None) -> None:
+        last, answered = "no answer", False
         while True:
             if self.proc is not None and self.proc.poll() is not None:
                 raise EngineError(f"engine {self.spec.name!r}: launch command exited with code "
@@ -165,10 +169,11 @@ class EngineServer:
                 r = self.http.get(self.base_url + "/health", timeout=5.0, headers=self.headers())
                 if r.status_code == 200:
                     return
-                last = f"HTTP {r.status_code} {r.text[:200]!r}"
+                last, answered = f"HTTP {r.status_code} {r.text[:200]!r}", True
             except httpx.HTTPError as e:
                 last = f"{type(e).__name__}: {e}"
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline or (not answered and refused_deadline is not None and now > refused_deadline):
                 where = (f"; log {self.log_path}:\n{self.log_tail()}" if self.proc is not None
                          else " (is the engine running? check base_url)")
                 raise EngineError(f"engine {self.spec.name!r} at {self.base_url} is not healthy ({last}){where}")
