@@ -6,6 +6,7 @@ so that a typo fails in a second with the key named, not after an hour of genera
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -436,6 +437,9 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
         # Open-loop arrivals need a server that queues and batches; in-process decoders are batch-1.
         raise ConfigError(f"{where}: rates (open-loop load) need an engine baseline and at least one engine "
                           f"candidate (options = {{ engine = \"NAME\" }})")
+    device = raw.get("device")
+    if device is not None and not (isinstance(device, str) and re.fullmatch(r"cpu|mps|cuda(:\d+)?", device)):
+        raise ConfigError(f"{path}: device must be \"cpu\", \"cuda\", \"cuda:N\" or \"mps\", got {device!r}")
     for label in [*raw.get("labels", {}), *(k for c in candidates for k in c.labels)]:
         if not all(ch.isalnum() or ch in "_-./ " for ch in label):
             raise ConfigError(f"{path}: label name {label!r} may hold only letters, digits and _ - . / space")

@@ -240,7 +240,10 @@ def load_model(spec: str, device: str | torch.device | None = None, dtype: torch
     """Load a model by alias, local folder, .gguf file, or Hugging Face id."""
     if not spec:
         raise ModelError("no model given")
-    device = torch.device(device) if device is not None else default_device()
+    try:
+        device = torch.device(device) if device is not None else default_device()
+    except RuntimeError:  # torch's own list of device types, as a one-line input error
+        raise ModelError(f"unknown device {device!r}: give cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelError("--device cuda was asked for but CUDA is not available")
     dtype = dtype or default_dtype(device)

@@ -27,6 +27,8 @@ prompt, reference, grader option or generation default changes the hash; bump `v
 
 from __future__ import annotations
 
+import math
+
 import hashlib
 import json
 import re
@@ -274,6 +276,8 @@ def _check_sampling(sampling, fail) -> dict:
             fail(f"sampling.{key}", f"unknown sampling setting; expected one of {sorted(_SAMPLING_KEYS)}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             fail(f"sampling.{key}", "must be a number")
+        if not math.isfinite(value):  # NaN passes every < and > check below
+            fail(f"sampling.{key}", f"must be a finite number, got {value!r}")
     if sampling.get("temperature", 0.0) < 0:
         fail("sampling.temperature", "must be >= 0")
     if "top_p" in sampling and not 0 < sampling["top_p"] <= 1:

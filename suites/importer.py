@@ -87,6 +87,8 @@ def _parse_chat(raw: str, file: str, line: int) -> dict:
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             _fail("each message needs 'role' and 'content'", file, line, f"messages[{i}]")
         turns.append({"role": m["role"], "content": _content(m["content"], file, line, i)})
+    if not any(t["content"].strip() for t in turns):
+        _fail("the conversation has no text (every message's content is empty)", file, line, "messages")
     sampling = {k: req[k] for k in ("temperature", "top_p") if req.get(k) is not None}
     budget = req.get("max_tokens", req.get("max_completion_tokens"))
     metadata = req.get("metadata") if isinstance(req.get("metadata"), dict) else {}

@@ -81,7 +81,11 @@ def test_bad_lines_are_named_and_nothing_is_written(tmp_path, capsys):
     good = json.dumps({"messages": [{"role": "user", "content": "hi"}]})
     for bad, field in [("{not json", "<json>"), (json.dumps({"prompt": "no messages"}), "messages"),
                        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": "lots"}),
-                        "max_new_tokens")]:
+                        "max_new_tokens"),
+                       # json.loads reads NaN, and NaN passed every range check (then ended the run)
+                       ('{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+                        "sampling.temperature': must be a finite number"),
+                       (json.dumps({"messages": [{"role": "user", "content": ""}]}), "has no text")]:
         log = tmp_path / "log.jsonl"
         log.write_text(f"{good}\n{good.replace('hi', 'hello')}\n{bad}\n")
         assert main(["suites", "import", str(log), "--out", str(out)]) == 2

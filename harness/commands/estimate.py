@@ -59,8 +59,8 @@ def baseline_outputs(target, items, *, run_dir: str | None, suite_name: str, cap
     budgets = {it.id: min(it.max_new_tokens, cap) if cap else it.max_new_tokens for it in items}
     if run_dir:
         from pathlib import Path
-        from harness.run.records import read_records
-        base = json.loads((Path(run_dir) / "summary.json").read_text())["baseline"]
+        from harness.run.records import read_records, read_summary
+        base = read_summary(Path(run_dir))["baseline"]
         for r in read_records(Path(run_dir)):
             if (r["candidate"] == base and r["suite"] == suite_name and r["temperature"] == 0
                     and r["item_id"] in prompts and r.get("tokens")):

@@ -83,7 +83,12 @@ def open_run_dir(args, config, suites) -> tuple[Path, dict]:
             raise ConfigError(f"{run_dir} was made from another config, profile or suite version; "
                               f"use a new --run-dir")
         return run_dir, meta
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} is a file, not a folder")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a part of the path is a file, or not writable
+        raise ConfigError(f"cannot create the run folder {run_dir}: {e.strerror or e}") from None
     meta = {"run_uid": uuid.uuid4().hex, "fingerprint": fp, "config": str(args.config), "profile": args.profile,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "code_version": code_version()}
     meta_path.write_text(json.dumps(meta, indent=2))
@@ -116,7 +121,15 @@ def run(args) -> int:
     from decoders.engines.server import EngineDown
     from harness.run.engines import started
     with started(config, run_dir) as servers:
-        lineup = runner.Lineup(config, servers)
+        try:
+            lineup = runner.Lineup(config, servers)
+        except ValueError:
+            # A decoder option or model the config names cannot be built: nothing ran, so the folder
+            # must not hold this config's fingerprint and refuse the corrected one (engine logs stay).
+            if not read_records(run_dir):
+                for name in ("run.json", "config.toml"):
+                    (run_dir / name).unlink(missing_ok=True)
+            raise
         meta = check_fingerprints(run_dir, meta, lineup)
         from harness.run.reuse import Reuse
         reuse = Reuse(store, lineup, run_dir, meta["run_uid"])

@@ -15,10 +15,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from harness.run import tracking
-    from harness.config import ConfigError
+    from harness.run.records import read_records, read_summary
     run_dir = Path(args.run_dir)
-    if not (run_dir / "summary.json").exists():
-        raise ConfigError(f"{run_dir} has no summary.json: not a finished decodegate run folder")
+    read_summary(run_dir)  # a broken folder is named before any upload starts
+    read_records(run_dir)
     try:
         ids = tracking.log_run(run_dir, args.tracking_uri)
     except tracking.TrackingUnavailable as e:

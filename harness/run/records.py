@@ -22,6 +22,10 @@ def record_key(row: dict) -> tuple:
     return (row["candidate"], row["suite"], row["item_id"], row["seed"], row["temperature"])
 
 
+class RecordsError(ValueError):
+    """A run folder's file that cannot be read as the harness wrote it (an input error: exit 2)."""
+
+
 def read_records(run_dir: Path, name: str = RECORDS) -> list[dict]:
     """All complete rows; a torn last line (the run was killed mid-write) is dropped."""
     path = Path(run_dir) / name
@@ -37,8 +41,23 @@ def read_records(run_dir: Path, name: str = RECORDS) -> list[dict]:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             if i < len(lines) - 2:  # only the last line may be torn
-                raise ValueError(f"{path}: line {i + 1} is not valid JSON (the file was edited?)")
+                raise RecordsError(f"{path}: line {i + 1} is not valid JSON (the file was edited?)")
     return rows
+
+
+def read_summary(run_dir: Path) -> dict:
+    """A finished run folder's summary.json, or a RecordsError naming what is wrong with it."""
+    path = Path(run_dir) / "summary.json"
+    if not path.exists():
+        raise RecordsError(f"{run_dir} has no summary.json: not a finished decodegate run folder")
+    try:
+        summary = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RecordsError(f"{path} is not valid JSON ({e}): not a summary decodegate wrote") from None
+    missing = [k for k in ("run_uid", "baseline", "candidates") if not isinstance(summary, dict) or k not in summary]
+    if missing:
+        raise RecordsError(f"{path} is not a decodegate run summary (no {', '.join(missing)})")
+    return summary
 
 
 def _finite(obj):

@@ -80,10 +80,18 @@ class Lineup:
         self.specs: list[DecoderSpec] = all_specs(config)
         self.targets = {}
         self.decoders = {}
+        from decoders.engines.server import EngineError
+        from harness.config import ConfigError
+        from harness.models import ModelError
         for spec in self.specs:
-            target = get_model(spec.target or config.target, config.device)
-            self.targets[spec.name] = target
-            self.decoders[spec.name] = build_decoder(spec.decoder, target, spec.options, engines)
+            try:
+                target = get_model(spec.target or config.target, config.device)
+                self.targets[spec.name] = target
+                self.decoders[spec.name] = build_decoder(spec.decoder, target, spec.options, engines)
+            except (DecoderError, ModelError) as e:
+                if isinstance(e, EngineError):  # an engine's own failure, named by the engine
+                    raise
+                raise ConfigError(f"{config.path}: {spec.name!r} (decoder {spec.decoder!r}): {e}") from e
         # The plain baseline at each concurrency level (not its A/A rerun): what the store may supply.
         b = config.baseline.name
         self.baseline_names = {s.name for s in self.specs if s.role != "aa-floor"

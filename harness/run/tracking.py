@@ -84,7 +84,8 @@ def log_run(run_dir: Path, uri: str | None = None) -> dict:
     run_dir = Path(run_dir)
     uri = resolve_uri(uri)
     check_health(uri)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    from harness.run.records import read_summary
+    summary = read_summary(run_dir)
     client = _client(uri)
     exp_id = _experiment_id(client)
     views.label_experiment(client, exp_id)
