@@ -228,7 +228,10 @@ def gate_detail(ident: dict) -> tuple[str, str] | None:
     detail = (f"{head}: {f['candidate_only']} candidate-only, {f['floor_only']} A/A-only; share of the candidate's "
               f">= {f['share_lower_bound']:.3f} (one-sided {1 - f['alpha']:.0%} exact bound; more than the floor "
               f"above 0.5), difference in rates >= {f['difference_lower_bound']:+.3f}, p={f['pvalue']:.3g}")
-    return ("fail", "more than the floor: " + detail) if f["exceeds"] else ("pass", "within the floor: " + detail)
+    # A rate test that does not reject shows no excess; it does not show equality, so the words
+    # claim only what was shown: every divergence inside the A/A noise, none shown more frequent.
+    return (("fail", "more than the floor: " + detail) if f["exceeds"] else
+            ("pass", "within the floor's noise, and not shown more frequent than the A/A run's: " + detail))
 
 
 def describe(level: dict) -> str:
