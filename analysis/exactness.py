@@ -157,6 +157,20 @@ def detectable_tv(bin_probabilities: Sequence[float], n: int, *, level: float, p
     return float(optimize.brentq(gap, 1e-9, cap, xtol=1e-6))
 
 
+def samples_needed(bin_probabilities: Sequence[float], *, level: float, tv: float = 0.1,
+                   power: float = 0.8) -> int | None:
+    """Samples the chi-square test over these bins needs to detect ``tv`` moved between the two
+    likeliest bins with ``power`` at ``level`` (the noncentrality of :func:`detectable_tv` solved
+    for n); None when no such move fits the bins."""
+    p = np.sort(np.asarray(bin_probabilities, dtype=float))[::-1]
+    if p.size < 2 or tv > min(p[0], 1.0 - p[1]):
+        return None
+    df = p.size - 1
+    crit = stats.chi2.ppf(1 - level, df)
+    lam = optimize.brentq(lambda x: float(stats.ncx2.sf(crit, df, x)) - power, 1e-6, 1e6)
+    return int(np.ceil(lam / (tv * tv * (1.0 / p[0] + 1.0 / p[1]))))
+
+
 def homogeneity(
     samples_a: Sequence[Sequence[int]], samples_b: Sequence[Sequence[int]], *,
     min_expected: float = 5.0, method: str = "pearson",

@@ -229,6 +229,35 @@ def detectable_tv(feat: PitFeatures, *, level: float, power: float = POWER) -> f
     return float(optimize.brentq(power_at, 1e-6, 0.5, xtol=1e-5))
 
 
+NEEDED_TV = 0.1  # the distortion an inconclusive test says how many tokens would detect
+
+
+def tokens_needed(feat: PitFeatures, *, level: float, tv: float = NEEDED_TV, power: float = POWER,
+                  most: int = 1 << 17) -> int | None:
+    """Tokens like these (the same per-position distributions: ``feat`` repeated) that the rank
+    test needs to detect a top-two exchange of ``tv`` with ``power``; None beyond ``most`` or
+    without tokens. What an inconclusive verdict says would decide."""
+    n = len(feat)
+    if n == 0:
+        return None
+
+    def enough(k: int) -> bool:
+        d = detectable_tv(PitFeatures(*(np.concatenate([getattr(feat, f)] * k) for f in PitFeatures.FIELDS)),
+                          level=level, power=power)
+        return d is not None and d <= tv
+
+    k = 1
+    while not enough(k):
+        if n * k * 2 > most:
+            return None
+        k *= 2
+    lo, hi = k // 2, k  # enough(hi); not enough(lo), or lo = 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return n * hi
+
+
 @dataclass(frozen=True)
 class PitTestResult:
     """The sequential PIT test over ``n`` tokens. ``pvalue``: Bonferroni of the Neyman smooth
@@ -252,6 +281,7 @@ class PitTestResult:
     level: float
     note: str = ""
     deviation: float | None = None
+    tokens_needed: int | None = None  # where no TV up to 0.5 is detectable: tokens to detect NEEDED_TV
 
 
 def deviation(feat: PitFeatures) -> float | None:
@@ -290,11 +320,13 @@ def pit_test(feat: PitFeatures, *, level: float = 0.01, rng=None) -> PitTestResu
     ney_stat, ney_p = neyman_smooth(u)
     _, id_p = neyman_smooth(pit_values(feat, v=v, order="id"))
     rank_stat, rank_p, df = rank_class_test(feat)
+    detect = detectable_tv(feat, level=level / 3)
     return PitTestResult(
         pvalue=min(1.0, 3.0 * min(ney_p, id_p, rank_p)), n=n, impossible=0, neyman_statistic=ney_stat,
         neyman_pvalue=ney_p, id_order_pvalue=id_p, rank_statistic=rank_stat, rank_pvalue=rank_p, rank_df=df,
         rank_observed=observed, rank_expected=expected, mean_u=float(u.mean()),
-        detectable_tv=detectable_tv(feat, level=level / 3), level=level, deviation=deviation(feat),
+        detectable_tv=detect, level=level, deviation=deviation(feat),
+        tokens_needed=tokens_needed(feat, level=level / 3) if detect is None else None,
     )
 
 

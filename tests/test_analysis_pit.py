@@ -91,3 +91,28 @@ def test_deviation_measures_distance_and_compares_across_sizes():
         assert 0.03 < pit.deviation(f) < 0.07
     res = pit.pit_test(pit.features(np.tile([0.5, 0.5, 0.0], (20, 1)), [2] * 4 + [0, 1] * 8), rng=0)
     assert res.deviation == pytest.approx(0.2) and pit.deviation(pit.empty_features()) is None
+
+
+def test_an_undecided_test_says_how_many_tokens_would_decide():
+    """Where no distortion up to TV 0.5 is detectable, the result says how many tokens like these
+    would detect TV 0.1 (the words of an inconclusive verdict): the fewest repeats that do."""
+    rng = np.random.default_rng(5)
+    p = cg.lm_rows(12, 64, rng)
+    feat = pit.features(p, cg._draw(p, rng))
+    res = pit.pit_test(feat, level=0.005, rng=0)
+    assert res.detectable_tv is None and res.tokens_needed is not None and res.tokens_needed % 12 == 0
+
+    def repeated(n):
+        return pit.PitFeatures(*(np.concatenate([getattr(feat, f)] * (n // 12)) for f in pit.PitFeatures.FIELDS))
+    assert pit.detectable_tv(repeated(res.tokens_needed), level=0.005 / 3) <= 0.1
+    fewer = pit.detectable_tv(repeated(res.tokens_needed - 12), level=0.005 / 3)
+    assert fewer is None or fewer > 0.1
+    assert pit.pit_test(repeated(3600), level=0.005, rng=0).tokens_needed is None  # decided: nothing to say
+
+
+def test_samples_needed_is_the_goodness_of_fit_power_solved_for_n():
+    from analysis.exactness import samples_needed
+    bins = [0.6, 0.25, 0.15]
+    n = samples_needed(bins, level=0.0025)
+    assert detectable_tv(bins, n, level=0.0025) <= 0.1 < detectable_tv(bins, n - 1, level=0.0025)
+    assert samples_needed([1.0], level=0.01) is None

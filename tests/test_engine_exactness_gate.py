@@ -91,8 +91,9 @@ def test_sampled_records_without_an_exactness_result_fail():
 def test_a_fit_too_small_to_detect_anything_is_not_a_pass():
     """12 tokens tested: p fits, but no distortion up to TV 0.5 would show with 80% power (a noisy
     engine leaves most positions out). It passed with "too few ... to detect any" in its detail."""
-    small = _res(0.03, n=12, detectable_tv=None)
+    small = _res(0.03, n=12, detectable_tv=None, tokens_needed=480)
     out = gates(_cand(small, _res(0.5)), G)
     r = next(r for r in out if r.name == "exactness PIT all")
     assert r.status == "fail" and "inconclusive" in r.detail and "could not have failed" in r.detail
+    assert "about 480 tokens like these would detect a TV of 0.1" in r.detail  # the size that would decide
     assert _status(gates(_cand(small, _res(0.5)), Gates(inconclusive="warn")), "exactness PIT all") == "warn"

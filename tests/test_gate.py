@@ -167,10 +167,13 @@ def test_exactness_without_rejections_shows_nothing():
 
 def test_exactness_checks_that_could_not_have_failed_do_not_pass():
     """Checks that fit but could detect no distortion at all (detectable_tv None) decide nothing."""
-    blind = decide(rej({"all": pit(0.4, detectable=None)}, [window(0.2) | {"detectable_tv": None}]), Gates())
+    blind = decide(rej({"all": pit(0.4, detectable=None) | {"tokens_needed": 900}},
+                       [window(0.2) | {"detectable_tv": None, "samples_needed": 640}]), Gates())
     assert not blind.passed and names(blind, "fail") == {"exactness"}
     assert {"exactness PIT all", "exactness x@4 T=0.7"} <= names(blind, "warn")
-    assert "large enough to detect" in next(r.detail for r in blind.results if r.name == "exactness")
+    detail = next(r.detail for r in blind.results if r.name == "exactness")
+    assert "large enough to detect" in detail and "about 900 tokens like these would detect a TV of 0.1" in detail
+    assert "about 640 samples" in next(r.detail for r in blind.results if r.name == "exactness x@4 T=0.7")
     # one check with the power to fail is enough: the blind ones are named, not gated
     one = decide(rej({"all": pit(0.4, detectable=None)}, [window(0.2)]), Gates())
     assert one.passed and "exactness PIT all" in names(one, "warn")

@@ -37,7 +37,7 @@ import torch
 
 import analysis
 from analysis import pit
-from analysis.exactness import detectable_tv as gof_detectable_tv
+from analysis.exactness import detectable_tv as gof_detectable_tv, samples_needed as gof_samples_needed
 from harness.run import reference
 from harness.run.reference import output_size, shaped_probs, teacher_forced_logits, to_vocab
 from harness.run.runner import WorkItem, make_request
@@ -435,7 +435,10 @@ def run_checks(config, run_dir: Path, lineup, suites, progress: bool = True) -> 
                 subsets[k]["note"] = res.note or "too few tokens"
         for t in tests:
             if t.get("pvalue") is not None:
-                t["detectable_tv"] = gof_detectable_tv(t.pop("bin_probabilities"), t["n"], level=level)
+                bins = t.pop("bin_probabilities")
+                t["detectable_tv"] = gof_detectable_tv(bins, t["n"], level=level)
+                if t["detectable_tv"] is None:
+                    t["samples_needed"] = gof_samples_needed(bins, level=level)
         ctrl = analysis.pit_test(control["features"]["all"], level=level, rng=rng)
         result = {
             "tests": tests,

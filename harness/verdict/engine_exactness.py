@@ -16,7 +16,8 @@
 """
 from __future__ import annotations
 
-from harness.verdict.results import GateResult, evidence as _evidence, failed as _failed, inconclusive_status
+from harness.verdict.results import (GateResult, evidence as _evidence, failed as _failed, inconclusive_status,
+                                     needed)
 
 ALPHA_STILL = 0.02     # acceptance this close across temperatures "does not move"
 ENTROPY_MOVES = 0.1    # nats: the baseline's mean entropy moved by at least this much
@@ -82,9 +83,10 @@ def gates(cand: dict, gates_cfg) -> list[GateResult]:
                               f"against a reference its own control fails; {_coverage(mine)}"))
     elif not mine.get("detectable_tv"):
         # A test that could not have failed does not pass: more sampled tokens (seeds, items) decide.
+        more = needed(mine) or "more sampled tokens would decide"
         out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but "
                               f"{_detect(mine)}: a test of this size could not have failed; {_coverage(mine)}; "
-                              f"{drafted}; more sampled tokens (seeds or items) would decide"))
+                              f"{drafted}; {more} (more seeds or items)"))
     else:
         out.append(GateResult("exactness PIT all", "pass", f"fits {ref}: p={mine['pvalue']:.3g} vs {level:.3g}; "
                               f"{_coverage(mine)}; {_detect(mine)}; {drafted}"))

@@ -42,7 +42,8 @@ from analysis.paired import below, loss_upper_bound
 from harness.config import Gates, sampled_identity_applies
 from harness.verdict import engine_exactness
 from harness.verdict.floor import gate_detail as floor_gate
-from harness.verdict.results import Decision, GateResult, evidence as _evidence, failed as _failed, inconclusive_status
+from harness.verdict.results import (Decision, GateResult, evidence as _evidence, failed as _failed, inconclusive_status,
+                                     needed)
 
 
 def _pct(level: float) -> str:
@@ -285,7 +286,8 @@ def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
             out.append(GateResult(name, status, f"inconclusive: the verifier rejected no draft here, so a wrong "
                                   f"correction could not show; {desc}"))
         elif not detect:  # could not have failed; the candidate's verdict rests on the checks that could
-            out.append(GateResult(name, "warn", f"inconclusive: fits, but could not have failed: {desc}"))
+            more = f"; {needed(c)}" if needed(c) else ""
+            out.append(GateResult(name, "warn", f"inconclusive: fits, but could not have failed: {desc}{more}"))
         else:
             out.append(GateResult(name, "pass", f"fits: {desc}"))
     if not exercised:
@@ -295,10 +297,11 @@ def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
         out.append(GateResult("exactness", _inconclusive(gates), f"inconclusive: no exactness check yielded a "
                               f"p-value although the verifier rejected {exercised} draft token(s)"))
     elif not any(c.get("detectable_tv") and c.get("rejected") for c in tested):
+        ways = [needed(c) for c in tested if c.get("rejected") and needed(c)]
         out.append(GateResult("exactness", _inconclusive(gates), f"inconclusive: no exactness check of a window "
                               f"with rejections was large enough to detect any top-two distortion (TV up to 0.5) "
-                              f"with 80% power; {exercised} draft token(s) rejected; more sampled tokens (raise "
-                              f"exactness_samples, or more prompts and seeds) would decide"))
+                              f"with 80% power; {exercised} draft token(s) rejected; "
+                              f"{ways[0] + ' ' if ways else ''}(raise exactness_samples, or more prompts and seeds)"))
     return out
 
 

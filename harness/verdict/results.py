@@ -35,3 +35,10 @@ def evidence(c: dict, level: float) -> str:
     if c.get("impossible"):
         return f"{c['impossible']} of {c.get('n', 0)} token(s) have probability 0 under it (p = 0)"
     return f"p={c['pvalue']:.3g} < {level:.3g} over {c.get('n', 0)} tokens"
+
+
+def needed(c: dict) -> str:
+    """What would decide a check too small to detect any distortion (analysis.pit.tokens_needed,
+    analysis.exactness.samples_needed), in words; "" when it was not worked out."""
+    n, what = (c.get("tokens_needed"), "tokens") if c.get("tokens_needed") else (c.get("samples_needed"), "samples")
+    return f"about {n} {what} like these would detect a TV of 0.1 with 80% power" if n else ""
