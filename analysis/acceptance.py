@@ -200,14 +200,32 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _tested_per_record(stats_list, per_round, k: int) -> tuple[np.ndarray, str]:
-    """Draft tokens actually tested per record, and the name of the estimator used."""
-    if all(r is not None for r in per_round):
-        tested = [r[0].sum() + np.sum(r[0] < r[1]) for r in per_round]
-        return np.asarray(tested, dtype=float), "accepted/(accepted+rejected rounds)"
-    if _by_position(stats_list, k) is not None:
-        tested = [_by_position([s], k)[2].sum() for s in stats_list]
-        return np.asarray(tested, dtype=float), "acceptance_by_position (fixed K)"
-    return np.asarray([int(s["proposed"]) for s in stats_list], dtype=float), "accepted/proposed"
+    """Draft tokens actually tested per record (NaN where a record that drafted holds neither
+    per-round nor per-position counts), and the name of the estimator used. Each record uses the
+    best it has. One record without them used to switch the whole group to accepted / proposed,
+    a different quantity (about half of alpha at K = 4) under the same name; now the group's
+    alpha rests on the records that can show it, and the method says how many."""
+    tested, methods = [], set()
+    for s, r in zip(stats_list, per_round):
+        if r is not None:
+            tested.append(float(r[0].sum() + np.sum(r[0] < r[1])))
+            methods.add("accepted/(accepted+rejected rounds)")
+        elif int(s["proposed"]) == 0:
+            tested.append(0.0)  # nothing drafted, nothing tested
+        elif _by_position([s], k) is not None:
+            tested.append(float(_by_position([s], k)[2].sum()))
+            methods.add("acceptance_by_position (fixed K)")
+        else:
+            tested.append(float("nan"))
+    out = np.asarray(tested, dtype=float)
+    if not methods:
+        return np.asarray([int(s["proposed"]) for s in stats_list], dtype=float), "accepted/proposed"
+    method = " and ".join(sorted(methods))
+    missing = int(np.isnan(out).sum())
+    if missing:
+        method += (f", over {len(out) - missing} of {len(out)} records ({missing} drafted but recorded no "
+                   f"per-round or per-position counts)")
+    return out, method
 
 
 def _ratio_ci(num: np.ndarray, den: np.ndarray, level: float, n_resamples: int, rng) -> tuple[float, float]:
@@ -273,9 +291,11 @@ def acceptance_summary(
     rounds = sum(int(s.get("rounds", len(r[0]) if r is not None else 0))
                  for s, r in zip(stats_list, per_round))
     tested_rec, alpha_method = _tested_per_record(stats_list, per_round, k)
-    alpha = _ratio(accepted_rec.sum(), tested_rec.sum())
+    known = ~np.isnan(tested_rec)
+    alpha = _ratio(accepted_rec[known].sum(), tested_rec[known].sum())
     # Resample prompts, not records: one prompt's seeds and temperatures share its acceptance.
-    alpha_ci = _ratio_ci(*cluster_sums(prompt_clusters(pairs), accepted_rec, tested_rec), level, n_resamples, gen)
+    alpha_ci = _ratio_ci(*cluster_sums(prompt_clusters([p for p, k_ in zip(pairs, known) if k_]),
+                                       accepted_rec[known], tested_rec[known]), level, n_resamples, gen)
 
     hist = np.zeros(k + 1, dtype=int)
     for r in per_round:

@@ -185,6 +185,23 @@ def test_alpha_from_positions_without_per_round_arrays():
     assert s.accepted_length_histogram == (0, 0, 0, 0, 0)
 
 
+def test_alpha_rests_on_the_records_that_can_show_it():
+    """An engine's per-position counts missing on one record (a metrics scrape that came back
+    empty), and nothing drafted on another: alpha was accepted / proposed for the whole group,
+    ~half the per-token probability at K = 4, under the same name (0.345 against 0.6 in one run)."""
+    pairs = spec_pairs([[4, 2], [0, 4], [1, 1], [0]])
+    for p in pairs:
+        del p.candidate["stats"]["accepted_per_round"], p.candidate["stats"]["proposed_per_round"]
+    del pairs[2].candidate["stats"]["acceptance_by_position"]         # drafted, counts lost
+    st = pairs[3].candidate["stats"]                                    # drafted nothing at all
+    del st["acceptance_by_position"]
+    st.update(proposed=0, accepted=0, rounds=0)
+    s = acceptance_summary(pairs, rng=0, n_resamples=200)
+    assert s.alpha == pytest.approx(10 / 12)                            # the two records with counts
+    assert "position" in s.alpha_method and "over 3 of 4 records" in s.alpha_method
+    assert s.acceptance_rate < 0.7                                      # the share kept, reported apart
+
+
 def test_acceptance_by_suite_and_category():
     pairs = (spec_pairs([[4, 4], [3, 4]], suite="factual", categories=("geo", "easy"))
              + spec_pairs([[0, 1], [1, 0]], suite="code", categories=("easy",)))

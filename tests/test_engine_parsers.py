@@ -132,6 +132,33 @@ def test_prometheus_spec_counters_differenced():
     assert telemetry.spec_counters(_flat("# TYPE x counter\nx_total 1\n")) is None
 
 
+def test_a_requests_counters_are_waited_for_until_they_match_its_own_counts():
+    """llama.cpp folds a finished request into its counters when it frees the slot, which can come
+    after the last streamed chunk: the scrape right then showed nothing, and the record lost its
+    per-position counts. The scrapes go on until the difference matches the request's own
+    counts; one past them holds another request's and is not attributed."""
+    import asyncio
+    after = (PROM_BEFORE.replace("} 10.0", "} 15.0").replace("} 40.0", "} 60.0").replace("} 20.0", "} 31.0")
+             .replace("} 9.0", "} 13.0").replace("} 6.0", "} 8.0"))
+    before = telemetry.spec_counters(_flat(PROM_BEFORE))
+
+    def scrapes(*texts):
+        queue = [telemetry.spec_counters(_flat(t)) for t in texts]
+
+        async def scrape():
+            return queue.pop(0) if len(queue) > 1 else queue[0]
+        return scrape
+    own = {"proposed": 20, "accepted": 11, "telemetry": "per-request"}
+    late = asyncio.run(telemetry.request_delta(scrapes(PROM_BEFORE, PROM_BEFORE, after), before, own, wait_s=0))
+    assert late["acceptance_by_position"] == [[4, 5], [2, 5]] and late["proposed"] == 20
+    more = after.replace("} 60.0", "} 64.0")  # another request's drafts in the difference too
+    assert asyncio.run(telemetry.request_delta(scrapes(more), before, own, wait_s=0)) == {}
+    never = asyncio.run(telemetry.request_delta(scrapes(PROM_BEFORE), before, own, tries=3, wait_s=0))
+    assert never == {}
+    # Without per-request counts to hold it to (an engine that reports none): one scrape, as it is.
+    assert asyncio.run(telemetry.request_delta(scrapes(after), before, {}, wait_s=0))["proposed"] == 20
+
+
 # --------------------------------------------------------------------- decoders of one's own
 
 OWN_DECODER = textwrap.dedent('''

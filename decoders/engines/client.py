@@ -31,7 +31,7 @@ import httpx
 from decoders.base import Decoder, DecoderError, GenerationRequest, GenerationResult, Timing
 from decoders.common import Emitter
 from decoders.engines.server import EngineDown, EngineError, EngineServer, EngineSpec
-from decoders.engines.telemetry import flatten, spec_counters, spec_delta, stats_from_delta
+from decoders.engines.telemetry import flatten, request_delta, spec_counters, spec_delta, stats_from_delta
 
 
 @dataclass
@@ -220,8 +220,8 @@ class EngineDecoder(Decoder):
                 if before is not None:
                     # One request in flight: the counters' difference is this request's alone.
                     # Per-request fields from the engine's own payload take precedence.
-                    after = await self._spec_counters(http)
-                    for key, value in stats_from_delta(spec_delta(before, after)).items():
+                    delta = await request_delta(lambda: self._spec_counters(http), before, result.stats)
+                    for key, value in delta.items():
                         result.stats.setdefault(key, value)
                 return result
             except Exception as e:  # noqa: BLE001 - sorted into transient / refused / a bug below

@@ -9,6 +9,7 @@ rates them per draft (accepted_j / num_drafts); `acceptance_by_position` keeps t
 """
 from __future__ import annotations
 
+import asyncio
 import re
 
 _SUFFIXES = {
@@ -74,3 +75,23 @@ def stats_from_delta(delta: dict | None) -> dict:
         stats["k"] = k
         stats["acceptance_by_position"] = [[int(round(delta["per_pos"].get(j, 0.0))), drafts] for j in range(k)]
     return stats
+
+
+async def request_delta(scrape, before: dict | None, own: dict, *, tries: int = 20, wait_s: float = 0.05) -> dict:
+    """`stats_from_delta` for one request in flight, from `before` to a scrape after it
+    (`scrape`: an async callable returning `spec_counters`). llama.cpp folds a finished request
+    into its counters when it releases the slot, which can come after the last streamed chunk:
+    a scrape right then showed nothing drafted, the record lost its per-position counts, and the
+    estimator of its whole group changed (2 of 36 records in one run). Where the engine's own
+    per-request counts exist (`own`), scrape until the difference reaches them; one that passes
+    them holds another request's counts and is not this request's (empty)."""
+    want = (own.get("proposed"), own.get("accepted")) if own.get("telemetry") == "per-request" else None
+    for attempt in range(tries):
+        stats = stats_from_delta(spec_delta(before, await scrape()))
+        got = (stats.get("proposed", 0), stats.get("accepted", 0))
+        if want is None or got == want:
+            return stats
+        if got[0] > want[0] or got[1] > want[1]:
+            return {}
+        await asyncio.sleep(wait_s)
+    return {}
