@@ -79,7 +79,7 @@ BASELINE_ERRORS_MAX = 0.05  # the share of failed baseline requests past which a
 
 def error_gate(levels: list[dict], config_gates: Gates) -> GateResult:
     """Failed requests under load (see the module docstring); `levels` as for `gates`."""
-    fails, shared, usable, parts = [], [], 0, []
+    fails, shared, usable = [], [], 0
     for lv in levels:
         base, cand, rate = lv.get("baseline") or {}, lv.get("candidate"), f"{lv['rate']:g} req/s"
         be, bn = base.get("errors") or 0, base.get("n") or 0
@@ -98,8 +98,8 @@ def error_gate(levels: list[dict], config_gates: Gates) -> GateResult:
         p = float(stats.fisher_exact([[ce, cn - ce], [be, bn - be]], alternative="greater")[1])
         (fails if p < config_gates.alpha else shared).append(f"{what}, p={p:.3g}")
     if fails:
-        return GateResult("load errors", "fail", "failed requests where the baseline's did not fail as often: "
-                          + "; ".join(fails))
+        return GateResult("load errors", "fail", "failed or missing requests where the baseline's did not fail "
+                          "as often: " + "; ".join(fails))
     if not usable:
         undecided = "fail" if config_gates.inconclusive == "fail" else "warn"
         return GateResult("load errors", undecided, f"inconclusive: the baseline failed more than "
