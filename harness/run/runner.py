@@ -291,11 +291,6 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
 
     sample: set = set()
     found: dict = {}  # (baseline, work key) -> (store key, key parts, stored row or None)
-    if reuse is not None:
-        # Drawn from the first stage: every run reaches it, whatever its looks decide later.
-        population = [w for w in stages[0] if not cands or any(runs_on(c, w.suite.name) for c in cands)]
-        sample = speed_sample.choose(population, config.profile.speed_items, reuse.seed)
-        _recheck_resumed(run_dir, rows, reuse, lineup, stages[0], sample, found)
 
     def stored(spec, w):
         if (spec.name, w.key(spec.name)) not in found:
@@ -304,7 +299,12 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
         return found[spec.name, w.key(spec.name)]
 
     if reuse is not None:
+        # Drawn from the first stage: every run reaches it, whatever its looks decide later.
+        population = [w for w in stages[0] if not cands or any(runs_on(c, w.suite.name) for c in cands)]
+        sample = speed_sample.choose(population, config.profile.speed_items, reuse.seed)
+        # Before a resumed run's re-check, so that it re-checks this row too.
         sample |= _one_stored_row_rechecked(sample, population, lineup, stored)
+        _recheck_resumed(run_dir, rows, reuse, lineup, stages[0], sample, found)
 
     def ordered(pending: list) -> list:
         """The sample first; then items by which baselines would take a stored row (none first),

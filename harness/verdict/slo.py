@@ -29,6 +29,7 @@ from scipy import stats
 from analysis.load import slo_words
 from harness.config import Gates
 from harness.verdict.gate import GateResult
+from harness.verdict.results import inconclusive_status
 
 ORDER = {"fail": 3, "inconclusive": 2, "pass": 1, "over capacity": 0}
 
@@ -101,8 +102,7 @@ def error_gate(levels: list[dict], config_gates: Gates) -> GateResult:
         return GateResult("load errors", "fail", "failed or missing requests where the baseline's did not fail "
                           "as often: " + "; ".join(fails))
     if not usable:
-        undecided = "fail" if config_gates.inconclusive == "fail" else "warn"
-        return GateResult("load errors", undecided, f"inconclusive: the baseline failed more than "
+        return GateResult("load errors", inconclusive_status(config_gates), f"inconclusive: the baseline failed more than "
                           f"{BASELINE_ERRORS_MAX:.0%} of its requests at every level, so no level compared "
                           f"the candidate with a working baseline (an engine down, or every level over capacity)")
     if shared:
