@@ -167,6 +167,9 @@ def _engine(name: str, table: dict, where: str):
     from decoders.engines.server import EngineSpec
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a table, got {table!r}")
+    if not NAME.fullmatch(name):
+        raise ConfigError(f"{where}: engine name {name!r} may hold only letters, digits and _ . - + = (it names "
+                          f"the engine's log file)")
     _take(table, ENGINE_KEYS, where)
     if bool(table.get("base_url")) == bool(table.get("launch")):
         raise ConfigError(f"{where}: give exactly one of base_url (an engine already running) "
@@ -239,6 +242,13 @@ def _typed(table: dict, key: str, types, where: str, what: str):
         raise ConfigError(f"{where}: {key!r} must be {what}, got {table[key]!r}")
 
 
+# A decoder's or an engine's name becomes a folder (figures/NAME, engines' logs), an MLflow run name
+# and search filter, a JUnit class name and a Markdown cell: no path separators, quotes, markup or
+# control characters. '@' and '~' are left out too: the harness derives names with them (spec@c4,
+# base~aa).
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]{0,79}")
+
+
 def _decoder(table: dict, where: str, default_kind: str) -> DecoderSpec:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a table, got {table!r}")
@@ -256,6 +266,10 @@ def _decoder(table: dict, where: str, default_kind: str) -> DecoderSpec:
         raise ConfigError(f"{where}: acceptance_tolerance needs an acceptance_reference")
     if "verify" in table.get("options", {}) and table["decoder"] != "speculative":
         raise ConfigError(f"{where}: option 'verify' applies to the speculative decoder only")
+    name = str(table.get("name", table["decoder"]))
+    if not NAME.fullmatch(name):
+        raise ConfigError(f"{where}: name {name!r} may hold only letters, digits and _ . - + = (at most 80, "
+                          f"starting with a letter or digit): it names folders, MLflow runs and JUnit cases")
     kind = table.get("kind", default_kind)
     if kind not in KINDS:
         raise ConfigError(f"{where}: kind must be one of {KINDS}, got {kind!r}")
@@ -264,7 +278,7 @@ def _decoder(table: dict, where: str, default_kind: str) -> DecoderSpec:
         # Make the sampled verifier explicit, so gates and tags never guess the decoder's default.
         from decoders.speculative import DEFAULT_VERIFIER
         options["verify"] = DEFAULT_VERIFIER
-    return DecoderSpec(name=str(table.get("name", table["decoder"])), decoder=table["decoder"],
+    return DecoderSpec(name=name, decoder=table["decoder"],
                        options=options, kind=kind, target=table.get("target"),
                        min_speedup=table.get("min_speedup"), labels=dict(table.get("labels", {})),
                        suites=tuple(table["suites"]) if "suites" in table else None,

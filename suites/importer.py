@@ -141,7 +141,7 @@ def _text(req: dict) -> str:
 
 
 def _category_name(value) -> str:
-    name = re.sub(r"\s+", "-", str(value).strip())
+    name = re.sub(r"[\x00-\x1f\x7f]", "", re.sub(r"\s+", "-", str(value).strip()))   # categories name gates
     return name or "unknown"
 
 

@@ -167,3 +167,33 @@ def test_mlflow_last_reference_and_log_text_false(reference, tmp_path, capsys):
     assert tracking.last_passing_reference(uri, "spec", "tiny-llama", cand["acceptance_suites_key"])["source"] \
         == f"mlflow:{ids['spec']}"
     assert tracking.last_passing_reference(uri, "spec", "tiny-llama", "0" * 16) is None
+
+
+def test_a_tracking_server_that_goes_down_during_the_run_costs_no_verdict(reference, tmp_path, monkeypatch):
+    """`mlflow:last` is read before the run; once generation is done the server may be gone. The
+    reference read at the start is the one compared, and every output is written (before: the
+    reference was fetched again at the end, and a server down then cost the summary, the report and
+    the JUnit file, with exit 3)."""
+    from harness.run import tracking
+    folder, suite, ref_run = reference
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.log_run(ref_run, uri)
+    found = tracking.last_passing_reference
+    calls = []
+
+    def once_then_down(*a, **kw):
+        calls.append(a)
+        if len(calls) > 1:
+            raise tracking.TrackingUnavailable(f"tracking server {uri} is not reachable (stopped)")
+        return found(*a, **kw)
+
+    monkeypatch.setattr(tracking, "last_passing_reference", once_then_down)
+    cfg = write_config(tmp_path, suite, "tiny-qwen2", "mlflow:last")
+    run = tmp_path / "worse"
+    junit = tmp_path / "junit.xml"
+    assert main(["regress", "--config", str(cfg), "--run-dir", str(run), "--no-progress", "--no-tracking",
+                 "--tracking-uri", uri, "--junit-xml", str(junit)]) == 1
+    cand = summary(run)["candidates"]["spec"]
+    assert cand["acceptance_drift"]["reference"].startswith("mlflow:") and junit.exists()
+    assert any(g["name"] == "acceptance all alpha" and g["status"] == "fail" for g in cand["gates"])
+    assert len(calls) == 1

@@ -83,6 +83,35 @@ def test_a_bad_candidate_option_names_the_candidate_and_does_not_block_the_fix(t
     assert json.loads((run_dir / "summary.json").read_text())["candidates"]["spec"]["verdict"] == "pass"
 
 
+def test_ci_files_of_a_run_that_stops_before_its_verdict_are_not_the_last_runs(tmp_path, capsys):
+    """A JUnit file or job summary left from the previous (green) run would be shown by CI's
+    reporters for a run that stopped; a --junit-xml that is a folder killed the run after its
+    verdict, costing the printed report and the upload."""
+    import xml.etree.ElementTree as ET
+    junit, md = tmp_path / "junit.xml", tmp_path / "summary.md"
+    junit.write_text('<testsuites tests="3" failures="0"><testsuite name="spec"/></testsuites>')
+    md.write_text("## decodegate regress: PASS\n")
+    bad = _setup(tmp_path, options='{ draft = "prompt-lookup", kk = 3 }')   # found after the models load
+    assert main(["regress", "--config", str(bad), "--run-dir", str(tmp_path / "r"), "--no-progress",
+                 "--no-tracking", "--junit-xml", str(junit), "--summary-md", str(md)]) == 2
+    _one_line_error(capsys, "kk")
+    root = ET.parse(junit).getroot()
+    assert root.get("errors") == "1" and root.find("testsuite/testcase/error") is not None
+    assert "NO VERDICT" in md.read_text() and "PASS" not in md.read_text()
+    (tmp_path / "folder.xml").mkdir()
+    assert main(["regress", "--config", str(bad), "--no-tracking", "--plan-only",
+                 "--junit-xml", str(tmp_path / "folder.xml")]) == 2
+    _one_line_error(capsys, "is a folder")
+
+
+def test_a_tracking_server_that_is_down_before_the_run_is_one_line(tmp_path, capsys):
+    cfg = _setup(tmp_path)
+    cfg.write_text(cfg.read_text().replace('options = {', 'acceptance_reference = "mlflow:last"\noptions = {'))
+    assert main(["regress", "--config", str(cfg), "--run-dir", str(tmp_path / "r"), "--no-progress",
+                 "--tracking-uri", "http://127.0.0.1:9"]) == 2
+    _one_line_error(capsys, "not reachable")
+
+
 def test_a_corrupt_run_folder_is_named_not_a_crash(tmp_path, capsys):
     cfg = _setup(tmp_path)
     run_dir = tmp_path / "run"

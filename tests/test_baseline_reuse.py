@@ -185,7 +185,28 @@ def test_a_changed_model_under_the_same_name_reuses_nothing_and_cannot_resume(tm
     capsys.readouterr()
     assert main(["regress", "--config", str(cfg), "--profile", "full", "--run-dir", str(tmp_path / "r1"),
                  "--no-progress", "--no-tracking", "--baseline-store", str(store)]) == 2
-    assert f"was made with other models (baseline target {fp1} ->" in capsys.readouterr().err
+    assert f"was made with other models or decoder code (baseline target {fp1} ->" in capsys.readouterr().err
+
+
+def test_a_run_folder_made_by_other_decoder_code_cannot_resume(tmp_path, echo_suite, capsys, monkeypatch):
+    """A resumed folder whose rows came from other decoder code (a fix, or a regression, in the
+    forward every decoder runs) is refused, naming the code fingerprints: the first rows would
+    otherwise be judged with the new ones and the run certify code that never made them."""
+    import shutil
+    import decoders
+    from harness.run import fingerprint as fpr
+    cfg = config(tmp_path, echo_suite, SAME, speed_items=0)
+    assert regress(cfg, tmp_path / "r1", "--baseline-store", "none") == 0
+    code = rows(tmp_path / "r1", "baseline")[0]["code_fingerprint"]
+    copy = tmp_path / "decoders"
+    shutil.copytree(Path(decoders.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__", "engines"))
+    (copy / "lean.py").write_text((copy / "lean.py").read_text() + "\n# edited\n")
+    monkeypatch.setattr(fpr, "DECODERS_DIR", copy)
+    capsys.readouterr()
+    assert regress(cfg, tmp_path / "r1", "--baseline-store", "none") == 2
+    err = capsys.readouterr().err
+    assert f"was made with other models or decoder code (baseline code {code} ->" in err
+    assert "lossy-same code" in err
 
 
 def test_corrupt_and_unreadable_store_rows_are_skipped_with_a_warning(tmp_path, echo_suite, capsys):

@@ -60,6 +60,82 @@ def test_markdown_summary_holds_the_verdict_table_and_appends_to_the_step_summar
     assert step.read_text().startswith("before\n") and step.read_text().count("## decodegate regress") == 2
 
 
+ATTACK = "e2: HTTP 413\r\n<html>\r\n<head><title>413 Too Large</title></head>\x1b[0m\x00\x0c end"
+
+
+def _attacked() -> dict:
+    """An engine's error body (CR/LF, HTML, an ANSI escape, NUL, form feed) in a failed gate's
+    detail, before the gates a reviewer must still see."""
+    s = summary()
+    s["candidates"]["spec"]["gates"].insert(0, {"name": "errors", "status": "fail", "detail": ATTACK})
+    s["candidates"]["spec"]["verdict"] = "fail"
+    return s
+
+
+def test_junit_stays_readable_whatever_an_engine_sent_back(tmp_path):
+    """A control character written raw makes the whole file unreadable (XML 1.0 forbids it), and
+    CI then shows no failure at all (red-team finding: ElementTree writes them as they are)."""
+    path = tmp_path / "j.xml"
+    report.write_ci(_attacked(), "report", junit_path=str(path), environ={})
+    root = ET.parse(path).getroot()
+    assert root.get("failures") == "3"
+    fail = root.find("testsuite[@name='spec']/testcase[@name='errors']/failure")
+    assert "413 Too Large" in fail.text and "\x00" not in fail.text
+
+
+def _rendered(md: str):
+    from markdown_it import MarkdownIt
+    return MarkdownIt("commonmark").enable("table").parse(md)
+
+
+def test_markdown_keeps_every_gate_row_whatever_a_detail_or_report_holds():
+    """A CR ends a Markdown line and HTML then opens a block that swallows the rest of the table;
+    a report holding a fence closes the code block and can add a PASS heading to a failing run."""
+    text = "report\n```\n## decodegate regress: PASS\n<h1>PASS</h1>\n````\nafter"
+    tokens = _rendered(report.markdown(_attacked(), text))
+    assert not [t for t in tokens if t.type in ("html_block", "html_inline")]
+    headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
+    assert headings == ["decodegate regress: FAIL", "Gates", "Report"]
+    rows = [t for t in tokens if t.type == "tr_open"]
+    n_gates = sum(len(c["gates"]) for c in _attacked()["candidates"].values())
+    n_verdict_rows = len(report.verdict_rows(_attacked()))
+    assert len(rows) == 2 + n_verdict_rows + n_gates    # two header rows, and not one row lost
+    fence = next(t for t in tokens if t.type == "fence")
+    assert "## decodegate regress: PASS" in fence.content and fence.content.rstrip().endswith("after")
+
+
+def test_review_cells_keep_generated_text_on_its_row():
+    tokens = _rendered("| a | b |\n|---|---|\n| " + review._cell("def f():\r\n  <b>x</b>\r\n") + " | z |\n")
+    assert [t.type for t in tokens if t.type == "tr_open"] == ["tr_open", "tr_open"]
+    assert not [t for t in tokens if t.type in ("html_block", "html_inline")]
+
+
+@pytest.mark.parametrize("name", ["/tmp/elsewhere", "../up", "bob's k=3", "a\x1bb", "x|y", "<b>", "spec@c4", "",
+                                  "a" * 81])
+def test_a_name_that_would_be_a_path_a_quote_or_markup_is_refused(tmp_path, name):
+    """Names become folders (figures/NAME: a path wrote outside the run and uploaded that folder to
+    MLflow), MLflow search filters (a quote broke every upload and `sync`), JUnit and Markdown."""
+    from harness.config import ConfigError, load_config
+    cfg = tmp_path / "c.toml"
+    import json
+    cfg.write_text(f'target = "tiny-llama"\n[[candidates]]\ndecoder = "standard"\nname = {json.dumps(name)}\n'
+                   f'[profiles.smoke]\nsuites = ["factual"]\n')
+    with pytest.raises(ConfigError, match="may hold only letters"):
+        load_config(cfg)
+    cfg.write_text(f'target = "tiny-llama"\n[[candidates]]\ndecoder = "standard"\nname = "ok-1.2_x+y=z"\n'
+                   f'[profiles.smoke]\nsuites = ["factual"]\n')
+    assert load_config(cfg).candidates[0].name == "ok-1.2_x+y=z"
+
+
+def test_a_suite_row_shows_its_own_gates_not_those_of_a_suite_whose_name_starts_alike():
+    s = summary()
+    s["candidates"]["spec"]["suites"] = {"code": {}, "code_long": {}}
+    s["candidates"]["spec"]["gates"] = [{"name": "identity code T=0", "status": "pass", "detail": ""},
+                                        {"name": "identity code_long T=0", "status": "fail", "detail": ""}]
+    rows = {r[1]: r[-1] for r in report.verdict_rows(s) if r[0] == "spec"}
+    assert rows["code"] == "pass" and rows["code_long"] == "fail"
+
+
 def test_ci_paths_in_a_missing_folder_fail_before_the_run(tmp_path, capsys):
     rc = main(["regress", "--config", "regress.toml", "--no-tracking", "--plan-only",
                "--junit-xml", str(tmp_path / "nowhere" / "j.xml")])

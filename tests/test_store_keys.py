@@ -52,6 +52,21 @@ def test_engine_files_are_keyed_by_full_path_and_flag_forms_are_hashed(tmp_path,
     assert fpr.engine_fingerprint(launched(*flag)) != before, "--model=PATH must be hashed"
 
 
+def test_a_file_rewritten_with_its_old_size_and_mtime_gets_a_new_digest(tmp_path, own_cache):
+    """`cp -p`, `rsync -a` or a reproducible build keep a file's mtime; a requantized GGUF can keep
+    its size. The remembered digest must not outlive the content (red-team finding)."""
+    import os
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"weights-a")
+    st = f.stat()
+    before = fpr.file_digest(f)
+    f.write_bytes(b"weights-b")                                   # same size
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))              # the mtime set back
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    assert fpr.file_digest(f) != before
+    assert fpr.file_digest(f) == fpr.file_digest(f)               # and remembered again
+
+
 def test_engine_key_has_the_processor_and_the_launch_environment(tmp_path, own_cache, monkeypatch):
     monkeypatch.delenv("LLAMA_ARG_THREADS", raising=False)
     cmd = ("srv", "--port", "{port}")
@@ -113,6 +128,29 @@ def test_engine_client_code_is_fingerprinted_from_its_source(tmp_path, monkeypat
     assert fpr.engine_client_fingerprint(LlamaCppDecoder) != before
 
 
+def test_in_process_decoder_code_is_fingerprinted_down_its_import_path(tmp_path, monkeypatch):
+    """The baseline's key changes with any module a one-token step runs (the lean forward, the
+    cache, the panel kernel's C source), not only with the decoder's own file; a decoder the
+    baseline does not run leaves it alone. Found by a red-team pass: an edit to lean.py kept the
+    key, and 50 stale rows of 60 were taken from the store."""
+    from decoders.standard import StandardDecoder
+    import decoders
+    standard = object.__new__(StandardDecoder)
+    before = fpr.code_fingerprint(standard)
+    copy = tmp_path / "decoders"
+    shutil.copytree(Path(decoders.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__", "engines"))
+    monkeypatch.setattr(fpr, "DECODERS_DIR", copy)
+    assert fpr.code_fingerprint(standard) == before   # the same source in another place
+    for name in ("lean.py", "kv.py", "panel.c"):
+        f = copy / name
+        saved = f.read_text()
+        f.write_text(saved + "\n/* edited */\n" if name.endswith(".c") else saved + "\n# edited\n")
+        assert fpr.code_fingerprint(standard) != before, name
+        f.write_text(saved)
+    (copy / "early_exit.py").write_text((copy / "early_exit.py").read_text() + "\n# edited\n")
+    assert fpr.code_fingerprint(standard) == before
+
+
 # ------------------------------------------------------------------------------- model keys
 
 
@@ -131,6 +169,10 @@ def test_model_fingerprint_covers_config_and_non_persistent_buffers():
     assert "inv_freq" in rotary._non_persistent_buffers_set                  # not in the state dict
     rotary.inv_freq.mul_(1.0001)
     assert fpr.model_fingerprint(buf) != ref, "a non-persistent buffer must change the fingerprint"
+    attn = load_model("tiny-llama")
+    assert attn.model.config._attn_implementation == "sdpa"
+    attn.model.config._attn_implementation = "eager"                          # not in to_dict()
+    assert fpr.model_fingerprint(attn) != ref, "the attention implementation must change the fingerprint"
 
 
 # ------------------------------------------------------------------------------ store writes

@@ -100,20 +100,23 @@ def run(args) -> int:
     from harness.config import load_config
     config = load_config(args.config, args.profile)
     # Everything that can be wrong with the input is found before any model is loaded.
-    from harness.verdict.report import check_ci_paths
-    check_ci_paths(getattr(args, "junit_xml", None), getattr(args, "summary_md", None))
+    from harness.verdict import report
+    report.check_ci_paths(getattr(args, "junit_xml", None), getattr(args, "summary_md", None))
     from harness.run import runner
     suites = runner.load_suites(config)
     from decoders import get_decoder_class
     for spec in (config.baseline, *config.candidates):
         get_decoder_class(spec.decoder)
     from harness.verdict import acceptance_ref
-    acceptance_ref.check(config, suites, args.tracking_uri)  # a reference on other prompts or target: refused now
+    # A reference on other prompts or target is refused now; the one loaded here is the one compared
+    # at the end (the tracking server may be down by then, or hold a newer run).
+    refs = acceptance_ref.check(config, suites, args.tracking_uri)
     from harness.verdict import power
     plan = power.plan(config, suites, getattr(args, "plan_from", None))
     print(power.table(plan, config), file=sys.stderr)
     if getattr(args, "plan_only", False):
         return 0
+    report.placeholder_ci(getattr(args, "junit_xml", None), getattr(args, "summary_md", None))
     from harness.run.store import open_store
     store = open_store(getattr(args, "baseline_store", None), getattr(args, "fresh_baseline", False), args.tracking_uri)
     run_dir, meta = open_run_dir(args, config, suites)
@@ -159,11 +162,12 @@ def run(args) -> int:
                      if s.decoder == "early-exit"}
         meta = {**meta, "engines": {name: server.info for name, server in servers.items()},
                 "baseline_store": store_summary(reuse, records, lineup), "plan": plan}
-    return finish(config, run_dir, meta, records, suites, exactness, args, head_cost, numerics)
+    return finish(config, run_dir, meta, records, suites, exactness, args, head_cost, numerics, refs)
 
 
 def check_fingerprints(run_dir: Path, meta: dict, lineup) -> dict:
-    """A resumed run folder must hold rows of the same models: refuse one made with others."""
+    """A resumed run folder must hold rows of the same models and decoder code: refuse one made
+    with others (rows of a fixed decoder beside rows of the broken one would be judged as one)."""
     from harness.config import ConfigError
     now = lineup.fingerprints
     before = meta.get("fingerprints")
@@ -171,8 +175,8 @@ def check_fingerprints(run_dir: Path, meta: dict, lineup) -> dict:
         changed = [f"{name} {k.replace('_fingerprint', '')} {v} -> {now[name].get(k)}"
                    for name, fp in before.items() if name in now for k, v in fp.items() if now[name].get(k) != v]
         if changed:
-            raise ConfigError(f"{run_dir} was made with other models ({'; '.join(changed)}): its rows cannot be "
-                              f"mixed with these; use a new --run-dir")
+            raise ConfigError(f"{run_dir} was made with other models or decoder code ({'; '.join(changed)}): its "
+                              f"rows cannot be mixed with these; use a new --run-dir")
         return meta
     meta = {**meta, "fingerprints": now}
     (run_dir / "run.json").write_text(json.dumps(meta, indent=2))
@@ -219,7 +223,7 @@ def summarize_levels(config, records, suites, exactness, head_cost=None, numeric
 
 
 def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, head_cost=None,
-           numerics=None) -> int:
+           numerics=None, refs=None) -> int:
     from harness.verdict import report
     from harness.verdict.gate import decide
     from harness.run.runner import STOPS
@@ -228,7 +232,7 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
     summary.update(run_uid=meta["run_uid"], created=meta["created"], code_version=meta["code_version"],
                    config=meta["config"])
     from harness.verdict import acceptance_ref
-    acceptance_ref.attach(summary, config, records, suites, getattr(args, "tracking_uri", None))
+    acceptance_ref.attach(summary, config, records, suites, getattr(args, "tracking_uri", None), refs)
     summary["log_text"] = config.log_text
     summary["trace_limit"] = config.trace_limit
     for key in ("baseline_store", "plan", "fingerprints"):
@@ -266,7 +270,13 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
     text = report.table(summary)
     (run_dir / "report.txt").write_text(text + "\n")
     (run_dir / "report.md").write_text(report.markdown(summary, text))  # MLflow's run description
-    report.write_ci(summary, text, getattr(args, "junit_xml", None), getattr(args, "summary_md", None))
+    ci_written = True
+    try:
+        report.write_ci(summary, text, getattr(args, "junit_xml", None), getattr(args, "summary_md", None))
+    except OSError as e:  # checked before the run; a full disk or a folder removed since
+        ci_written = False
+        print(f"decodegate: error: the CI files were not written ({e}); the verdict is in {run_dir}",
+              file=sys.stderr)
     print(text)
     if not getattr(args, "no_tracking", False):
         from harness.run import tracking
@@ -278,4 +288,6 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
             print(f"decodegate: warning: MLflow logging failed ({e}); results are kept in {run_dir}; "
                   f"upload later with: decodegate sync {run_dir}", file=sys.stderr)
     print(f"decodegate: results in {run_dir}", file=sys.stderr)
-    return 0 if all_pass else 1
+    if not all_pass:
+        return 1
+    return 0 if ci_written else 2   # a pass whose JUnit file CI cannot read is no clean pass

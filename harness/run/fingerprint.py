@@ -73,6 +73,9 @@ def config_fingerprint(model) -> str:
     for cfg in (getattr(model, "config", None), getattr(model, "generation_config", None)):
         if cfg is not None and hasattr(cfg, "to_dict"):
             parts.append({k: v for k, v in cfg.to_dict().items() if k not in drop})
+    # to_dict() leaves the attention implementation out; it picks the kernels (the lean path runs
+    # under sdpa only), so it is keyed on its own.
+    parts.append(getattr(getattr(model, "config", None), "_attn_implementation", None))
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -88,12 +91,15 @@ def model_fingerprint(loaded) -> str:
 
 
 def file_digest(path: Path) -> str:
-    """sha256 of a file, remembered by (path, size, mtime) in the user cache: a GGUF is hashed once."""
+    """sha256 of a file, remembered in the user cache by path, size, mtime, inode and ctime: a GGUF
+    is hashed once. The mtime alone is not enough: `cp -p`, `rsync -a` and reproducible builds keep
+    it across new content of the same size; a write or a rename in place always moves the ctime,
+    which no tool can set back."""
     from harness.models import cache_dir
     path = Path(path).resolve()
     st = path.stat()
     memo_path = cache_dir() / "file_digests.json"
-    ident = f"{path}:{st.st_size}:{st.st_mtime_ns}"
+    ident = f"{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"
     try:
         memo = json.loads(memo_path.read_text())
     except (OSError, ValueError):
@@ -194,18 +200,63 @@ def engine_client_fingerprint(decoder_class) -> str:
     return h.hexdigest()[:16]
 
 
+def _imported_sources(path: Path, root: Path) -> set[Path]:
+    """`path` and every module of the decoders package it imports, transitively (imports inside
+    functions too), with the native source a module builds beside it (panel.py's panel.c)."""
+    import ast
+    seen: set[Path] = set()
+    todo = [path.resolve()]
+    while todo:
+        f = todo.pop()
+        if f in seen or not f.is_file():
+            continue
+        seen.add(f)
+        native = f.with_suffix(".c")
+        if native.is_file():
+            seen.add(native)
+        package = f.parent if root in f.parents or f.parent == root else None
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level and package is not None:
+                    base = package
+                    for _ in range(node.level - 1):
+                        base = base.parent
+                    mod = ".".join(base.relative_to(root.parent).parts + ((node.module,) if node.module else ()))
+                elif node.level:
+                    continue
+                else:
+                    mod = node.module or ""
+                names = [mod] + [f"{mod}.{a.name}" for a in node.names]   # `from decoders import panel`
+            for name in names:
+                parts = name.split(".")
+                if parts[0] != root.name:
+                    continue
+                where = root.parent.joinpath(*parts)
+                todo += [where.with_suffix(".py"), where / "__init__.py"]
+    return seen
+
+
+DECODERS_DIR = ENGINE_CLIENT_DIR.parent   # where the decoders' modules are read from (a test points it at an edited copy)
+
+
 def code_fingerprint(decoder) -> str:
-    """The source of the decoder's own module and of what every in-process decoder shares
-    (sampling, cache, contract): a fix to the baseline decoder invalidates what it made before."""
+    """The source of every module the decoder runs: its own, and every module of decoders/ that it
+    imports, transitively (the cache, the lean forward, the panel kernel's C source and what every
+    decoder shares). A fix anywhere on the path that made a baseline row invalidates that row; a
+    change to a decoder the baseline does not run does not."""
     import inspect
-    import decoders
-    root = Path(decoders.__file__).parent
-    files = {Path(inspect.getfile(type(decoder))).resolve()}
-    files |= {root / n for n in ("base.py", "common.py", "sampling.py")}
+    root = Path(DECODERS_DIR).resolve()
+    own = Path(inspect.getfile(type(decoder))).resolve()
+    if _engines_dir().parent in own.parents:
+        own = root / own.relative_to(_engines_dir().parent)
+    files = _imported_sources(own, root) | _imported_sources(root / "base.py", root)
     h = hashlib.sha256()
     for f in sorted(files):
-        if f.is_file():
-            h.update(f.name.encode() + f.read_bytes())
+        name = f.relative_to(root) if root in f.parents else f.name
+        h.update(str(name).encode() + b"\x00" + f.read_bytes())
     return h.hexdigest()[:16]
 
 

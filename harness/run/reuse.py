@@ -25,7 +25,9 @@ RESULT_FIELDS = ("tokens", "text", "finish_reason", "margins", "stats", "timing"
 
 
 def spec_fingerprints(lineup, spec) -> dict:
-    """`target_fingerprint` (and `draft_fingerprint`) of one decoder of the lineup, for its rows."""
+    """`target_fingerprint` (and `draft_fingerprint`) of one decoder of the lineup, and
+    `code_fingerprint`, the source it runs: for its rows, and for a resumed run folder, which must
+    not mix rows of other models or other code."""
     from harness.build import get_model, is_model_draft
     import hashlib
     import json
@@ -34,9 +36,11 @@ def spec_fingerprints(lineup, spec) -> dict:
     if server is not None and hasattr(server, "info"):
         eng = fpr.engine_fingerprint(server)
         out = {"target_fingerprint": "engine:" + hashlib.sha256(json.dumps(eng, sort_keys=True).encode()
-                                                                ).hexdigest()[:16]}
+                                                                ).hexdigest()[:16],
+               "code_fingerprint": fpr.engine_client_fingerprint(type(dec))}
     else:
-        out = {"target_fingerprint": fpr.model_fingerprint(lineup.targets[spec.name])}
+        out = {"target_fingerprint": fpr.model_fingerprint(lineup.targets[spec.name]),
+               "code_fingerprint": fpr.code_fingerprint(dec)}
     draft = spec.options.get("draft")
     if isinstance(draft, str) and is_model_draft(draft):
         target = lineup.targets[spec.name]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harness.markup import md_cell
 from harness.run.records import record_key
 
 # Fields that carry generated or prompt text: dropped when log_text = false.
@@ -209,9 +210,9 @@ def category_metrics(rows: list[dict]) -> dict:
 
 
 def _cell(x) -> str:
-    """A Markdown table cell: one line, pipes escaped."""
+    """A Markdown table cell: one line (line breaks shown as ⏎), no markup (harness.markup)."""
     s = "–" if x is None else (f"{x:.4g}" if isinstance(x, float) else str(x))
-    return s.replace("\\", "\\\\").replace("|", "\\|").replace("\n", "⏎ ").replace("`", "'")
+    return md_cell(s.replace("\r\n", "\n").replace("\n", "⏎ ")).replace("`", "'")
 
 
 def divergence_markdown(rows: list[dict], limit: int = 20) -> str:

@@ -13,8 +13,9 @@ import urllib.request
 DEFAULT_URI = "sqlite:///mlflow.db"
 
 
-class TrackingUnavailable(RuntimeError):
-    """The tracking server could not be reached; the run folder still holds everything."""
+class TrackingUnavailable(ValueError):
+    """The tracking server could not be reached; the run folder still holds everything. A
+    ValueError, as every error of the user's input or environment is here: one line, exit 2."""
 
 
 def resolve_uri(uri: str | None) -> str:

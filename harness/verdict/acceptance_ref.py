@@ -99,11 +99,13 @@ def _plain_comparison(c) -> dict:
     return _plain(c)
 
 
-def attach(summary: dict, config: RegressConfig, records: list[dict], suites, uri: str | None) -> None:
+def attach(summary: dict, config: RegressConfig, records: list[dict], suites, uri: str | None,
+           refs: dict | None = None) -> None:
     """Add `acceptance_drift` (the statistic, per category and draft position) and
-    `acceptance_rows_key` to each candidate of `summary` that declares a reference."""
+    `acceptance_rows_key` to each candidate of `summary` that declares a reference. `refs`: the
+    references `check` loaded before the run (loaded here where not given)."""
     from analysis.acceptance_drift import acceptance_drift
-    refs = check(config, suites, uri)
+    refs = check(config, suites, uri) if refs is None else refs
     for spec in config.candidates:
         cand = summary["candidates"].get(spec.name)
         if cand is None:

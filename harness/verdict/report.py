@@ -4,6 +4,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from harness.markup import md_cell, md_code, md_fence, xml_text
+
 
 def _fmt(x, spec=".2f", none="–"):
     return none if x is None else format(x, spec)
@@ -37,7 +39,7 @@ def verdict_rows(summary: dict) -> list[tuple]:
                 extra = f"α={_fmt(a['alpha'])} τ={_fmt(a['tau'])}"
             elif "mean_layers" in s.get("exits", {}):
                 extra = f"{s['exits']['mean_layers']:.1f}/{s['exits']['num_layers']} layers"
-            mine = [g for g in cand["gates"] if f" {suite}" in f" {g['name']} "
+            mine = [g for g in cand["gates"] if f" {suite} " in f" {g['name']} "   # whole words: not code in code_long
                     or (suite == "refusal" and g["name"] == "refusal behaviour")]
             verdict = next((g["status"] for g in mine if g["status"] == "fail"),
                            next((g["status"] for g in mine if g["status"] != "pass"), "pass" if mine else "–"))
@@ -305,27 +307,22 @@ def sweep_lines(summary: dict) -> str:
 
 # ------------------------------------------------------------------ CI: Markdown summary, JUnit XML
 
-def _md(cell) -> str:
-    """One Markdown table cell: one line, pipes escaped."""
-    return str(cell).replace("|", "\\|").replace("\n", " ")
-
-
 def markdown(summary: dict, report_text: str | None = None) -> str:
     """The verdict table and every gate in Markdown: a CI job summary ($GITHUB_STEP_SUMMARY) and
     the MLflow parent run's description. `report_text`: the terminal report, appended verbatim."""
-    lines = [f"## decodegate regress: {summary['verdict'].upper()}", "",
-             f"target `{summary.get('target')}` · profile `{summary.get('profile')}` · baseline "
-             f"`{summary.get('baseline')}` · run `{str(summary.get('run_uid', ''))[:12]}` · code "
-             f"`{summary.get('code_version', '?')}`", "",
+    lines = [f"## decodegate regress: {md_code(summary['verdict'].upper())}", "",
+             f"target `{md_code(summary.get('target'))}` · profile `{md_code(summary.get('profile'))}` · baseline "
+             f"`{md_code(summary.get('baseline'))}` · run `{md_code(str(summary.get('run_uid', ''))[:12])}` · code "
+             f"`{md_code(summary.get('code_version', '?'))}`", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in verdict_rows(summary)]
+    lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in verdict_rows(summary)]
     gates = [(n, g) for n, c in summary["candidates"].items() for g in c.get("gates") or []]
     if gates:
         lines += ["", "### Gates", "", "| candidate | gate | status | detail |", "|---|---|---|---|"]
-        lines += [f"| {_md(n)} | {_md(g['name'])} | **{g['status'].upper()}** | {_md(g['detail'])} |"
+        lines += [f"| {md_cell(n)} | {md_cell(g['name'])} | **{md_cell(g['status'].upper())}** | {md_cell(g['detail'])} |"
                   for n, g in gates]
     if report_text:
-        lines += ["", "### Report", "", "```", report_text.rstrip(), "```"]
+        lines += ["", "### Report", "", *md_fence(report_text.rstrip())]
     return "\n".join(lines) + "\n"
 
 
@@ -360,6 +357,9 @@ def junit_xml(summary: dict) -> str:
     root.set("tests", str(total))
     root.set("failures", str(failed))
     root.set("errors", "0")
+    for el in root.iter():   # engine error bodies and names can hold characters XML forbids
+        el.text = None if el.text is None else xml_text(el.text)
+        el.attrib = {k: xml_text(v) for k, v in el.attrib.items()}
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
@@ -383,8 +383,37 @@ def write_ci(summary: dict, report_text: str, junit_path: str | None = None, sum
 
 
 def check_ci_paths(*paths: str | None) -> None:
-    """Before a run: an output file whose folder does not exist fails now, not after an hour."""
+    """Before a run: an output file that cannot be written fails now, not after an hour (and not
+    after the verdict, where it would cost the printed report and the MLflow upload)."""
+    import os
     from harness.config import ConfigError
     for p in paths:
-        if p and not Path(p).resolve().parent.is_dir():
-            raise ConfigError(f"cannot write {p}: folder {Path(p).resolve().parent} does not exist")
+        if not p:
+            continue
+        path = Path(p).resolve()
+        if not path.parent.is_dir():
+            raise ConfigError(f"cannot write {p}: folder {path.parent} does not exist")
+        if path.is_dir():
+            raise ConfigError(f"cannot write {p}: it is a folder")
+        if not os.access(path if path.exists() else path.parent, os.W_OK):
+            raise ConfigError(f"cannot write {p}: permission denied")
+
+
+NOT_FINISHED = "the run did not finish: no verdict (see the log of the regress step)"
+
+
+def placeholder_ci(junit_path: str | None = None, summary_md: str | None = None, environ: dict | None = None) -> None:
+    """Before a run, replace the previous run's CI files with a failure: a run that stops before
+    its verdict (a crash, an engine down, bad input found late) must not leave the last run's
+    green files for CI's reporters to show. The step summary is appended to, so it gets nothing."""
+    import os
+    environ = os.environ if environ is None else environ
+    if junit_path:
+        Path(junit_path).write_text(
+            '<?xml version="1.0" encoding="utf-8"?>\n<testsuites name="decodegate regress" tests="1" failures="0" '
+            'errors="1">\n  <testsuite name="decodegate" tests="1" failures="0" errors="1" skipped="0">\n'
+            f'    <testcase classname="decodegate" name="run" time="0">\n      <error message="{NOT_FINISHED}" '
+            'type="no-verdict" />\n    </testcase>\n  </testsuite>\n</testsuites>\n')
+    step = environ.get("GITHUB_STEP_SUMMARY")
+    if summary_md and not (step and Path(step).resolve() == Path(summary_md).resolve()):
+        Path(summary_md).write_text(f"## decodegate regress: NO VERDICT\n\n{NOT_FINISHED}\n")
