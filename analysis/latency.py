@@ -90,7 +90,10 @@ def _timing(record: Mapping[str, Any]) -> tuple[float, float, int]:
     tokens = record.get("tokens") or []
     if "wall_s" not in timing:
         raise ValueError(f"record {record.get('item_id')!r} has no timing.wall_s")
-    return float(timing["wall_s"]), float(timing.get("ttft_s", np.nan)), len(tokens)
+    wall = float(timing["wall_s"]) if isinstance(timing["wall_s"], (int, float)) else float("nan")
+    if not (np.isfinite(wall) and wall > 0):   # an inf baseline made a slower candidate "faster"
+        raise ValueError(f"record {record.get('item_id')!r} has no usable timing.wall_s ({timing['wall_s']!r})")
+    return wall, float(timing.get("ttft_s", np.nan)), len(tokens)
 
 
 def _decode_timing(record: Mapping[str, Any], key) -> tuple[float, int]:

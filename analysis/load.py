@@ -56,7 +56,11 @@ _BIG = 1e300  # stands for "never answered" where order statistics need a number
 
 
 def ok(row: Mapping[str, Any]) -> bool:
-    return not row.get("error") and (row.get("n_tokens") or 0) > 0 and row.get("e2e_s") is not None
+    """A request that was answered, with a usable end-to-end time: a NaN or infinite time (a
+    broken clock, a row edited by hand) is a failed request, never a fast one."""
+    e2e = row.get("e2e_s")
+    return (not row.get("error") and (row.get("n_tokens") or 0) > 0 and isinstance(e2e, (int, float))
+            and math.isfinite(e2e) and e2e >= 0)
 
 
 def tpot(row: Mapping[str, Any]) -> float | None:

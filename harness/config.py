@@ -266,7 +266,9 @@ def _decoder(table: dict, where: str, default_kind: str) -> DecoderSpec:
         raise ConfigError(f"{where}: acceptance_tolerance needs an acceptance_reference")
     if "verify" in table.get("options", {}) and table["decoder"] != "speculative":
         raise ConfigError(f"{where}: option 'verify' applies to the speculative decoder only")
-    name = str(table.get("name", table["decoder"]))
+    # Without a name, the decoder's own ("module:Class" for a team's decoder, made a name).
+    name = str(table["name"]) if "name" in table else (
+        re.sub(r"[^A-Za-z0-9_.+=-]", "-", table["decoder"]).lstrip("_.+=-")[:80] or "decoder")
     if not NAME.fullmatch(name):
         raise ConfigError(f"{where}: name {name!r} may hold only letters, digits and _ . - + = (at most 80, "
                           f"starting with a letter or digit): it names folders, MLflow runs and JUnit cases")

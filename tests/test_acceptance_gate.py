@@ -143,6 +143,25 @@ def test_a_drafter_that_stops_proposing_is_not_left_ungated():
     assert decide(cand, Gates(inconclusive="warn")).passed  # inconclusive, not worse
 
 
+def test_a_quantity_that_cannot_be_computed_with_enough_rounds_is_not_dropped():
+    """Candidate records without the target's forward count (a custom backend, another version):
+    τ had no interval, was "not gated", and only α was printed; the run passed."""
+    from harness.config import Gates
+    from harness.verdict.gate import decide
+    from harness.verdict.plain import plain
+    ref = [_row(f"i{i}", [3, 3, 2, 3], [3, 3, 3, 3]) for i in range(30)]
+    blind = [_row(f"i{i}", [3, 3, 2, 3], [3, 3, 3, 3]) for i in range(30)]
+    for r in blind:
+        del r["stats"]["target_forwards"]
+    drift = {"reference": "runs/ref", **plain(acceptance_drift(ref, blind, tolerance=0.05, rng=0))}
+    cand = {"kind": "exact", "decoder": "speculative", "options": {"verify": "coupled"}, "acceptance_drift": drift,
+            "suites": {"s": {"identity": {"T=0": {"n": 30, "identical": 30, "near_ties": 0, "divergences": []}}}}}
+    d = decide(cand, Gates())
+    failed = {r.name: r.detail for r in d.results if r.status == "fail"}
+    assert not d.passed and "acceptance all tau" in failed and "acceptance all alpha" not in failed
+    assert "candidate not computable" in failed["acceptance all tau"] and "target forwards" in failed["acceptance all tau"]
+
+
 def test_mlflow_last_reference_and_log_text_false(reference, tmp_path, capsys):
     from harness.run import tracking
     folder, suite, ref_run = reference

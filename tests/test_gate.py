@@ -48,6 +48,28 @@ def test_near_ties_pass_real_divergences_fail():
     assert "item b at token 7" in bad.failures[0].detail
 
 
+def test_pairs_that_errored_show_nothing_about_identity():
+    """Two failed generations are two empty outputs, and were counted "identical": a suite whose
+    every prompt failed on both sides read 7/7 identical, and its identity gate passed."""
+    from analysis.pairing import Pair, PairKey
+    from harness.verdict.summary import _identity
+
+    def pair(i, err):
+        rec = {"tokens": [] if err else [1, 2, 3], "margins": [] if err else [1.0, 1.0, 1.0],
+               **({"error": "prompt of 3233 tokens does not fit the context of 256"} if err else {})}
+        return Pair(PairKey("s", "h", f"i{i}", 0, 0.0), rec, dict(rec))
+
+    mixed = _identity([pair(0, False), pair(1, True), pair(2, False)], 1e-3)
+    assert (mixed["n"], mixed["identical"], mixed["errored"]) == (2, 2, 1)
+    d = decide(cand(suites={"s": {"identity": {"T=0": mixed}}}), Gates())
+    assert "1 errored pair(s) left out" in next(r.detail for r in d.results if r.name == "identity s T=0")
+    none = _identity([pair(0, True), pair(1, True)], 1e-3)
+    assert (none["n"], none["identical"], none["rate"]) == (0, 0, None)
+    d = decide(cand(suites={"s": {"identity": {"T=0": none}}}), Gates())
+    assert not d.passed and "identity s T=0" in names(d, "fail")
+    assert "all 2 pair(s) errored" in next(r.detail for r in d.results if r.name == "identity s T=0")
+
+
 def test_sampled_identity_is_gated_only_where_outputs_can_match():
     real = {"kind": "real", "item_id": "b", "position": 0, "margin": 2.0}
     suites = {"s": {"identity": {"T=0": identity(), "T=0.7": identity([real])}}}

@@ -246,16 +246,19 @@ def test_shipped_load_profile():
 
 # ---------------------------------------------------------------------------- failed requests
 
-def _run_dir(tmp_path, base_errors: int, cand_errors: int, n: int = 20) -> Path:
-    """load.jsonl / load_levels.jsonl as harness.run.load writes them: one level at 1 req/s."""
+def _run_dir(tmp_path, base_errors: int, cand_errors: int, n: int = 20, *, kept: int | None = None,
+             cap_wait: float = 0.0) -> Path:
+    """load.jsonl / load_levels.jsonl as harness.run.load writes them: one level at 1 req/s, `n`
+    requests played a side; `kept` of the candidate's rows left in load.jsonl, each request held
+    `cap_wait` s for a max_in_flight slot."""
     import json
     rows = []
     for name, errors in (("baseline", base_errors), ("c", cand_errors)):
-        for i in range(n):
+        for i in range(n if name == "baseline" or kept is None else kept):
             r = row(i, 0.2, [0.05] * 9, error="HTTP 503: server is down" if i < errors else None)
-            rows.append({**r, "candidate": name, "rate": 1.0})
+            rows.append({**r, "candidate": name, "rate": 1.0, "cap_wait_s": cap_wait})
     (tmp_path / "load.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    levels = [{"candidate": name, "rate": 1.0, "wall_s": 20.0} for name in ("baseline", "c")]
+    levels = [{"candidate": name, "rate": 1.0, "wall_s": 20.0, "requests": n} for name in ("baseline", "c")]
     (tmp_path / "load_levels.jsonl").write_text("".join(json.dumps(lv) + "\n" for lv in levels))
     return tmp_path
 
@@ -277,3 +280,30 @@ def test_failed_load_requests_are_gated_without_an_slo(tmp_path, base_errors, ca
     [gate] = [g for g in summary["candidates"]["c"]["gates"] if g["name"] == "load errors"]
     assert gate["status"] == status and needle in gate["detail"]
     assert passed == (status != "fail") and (summary["candidates"]["c"]["verdict"] == "fail") == (status == "fail")
+
+
+def test_load_rows_missing_from_the_file_fail_the_errors_gate(tmp_path):
+    """The harness played 60 requests; load.jsonl holds 5 of the candidate's (lost, or edited). The
+    errors gate counted the 5 and passed."""
+    from harness.verdict.load import apply
+    cfg = load_config(_cfg(tmp_path, "rates = [1]\nload_requests = 60"), "load")
+    summary = {"baseline": "baseline", "candidates": {"c": {"verdict": "pass", "gates": []}}}
+    assert not apply(summary, cfg, _run_dir(tmp_path, 0, 0, n=60, kept=5))
+    [gate] = [g for g in summary["candidates"]["c"]["gates"] if g["name"] == "load errors"]
+    assert gate["status"] == "fail" and "55 of the candidate's 60 requests have no row" in gate["detail"]
+
+
+def test_a_level_max_in_flight_held_back_is_not_judged_at_its_nominal_rate(tmp_path):
+    """Requests that waited 2 s for a slot at 1 req/s: the engine saw far less than 1 req/s, and
+    latencies counted from sending met the SLO (the red-team case: 80 req/s offered, 19.5 sent)."""
+    from harness.verdict.load import apply
+    cfg = load_config(_cfg(tmp_path, "rates = [1]\nload_requests = 60\nmax_in_flight = 1\n"
+                                     "[profiles.load.slo]\nttft_p95_s = 1.0"), "load")
+    summary = {"baseline": "baseline", "candidates": {"c": {"verdict": "pass", "gates": []}}}
+    assert not apply(summary, cfg, _run_dir(tmp_path, 0, 0, n=60, cap_wait=2.0))
+    [gate] = [g for g in summary["candidates"]["c"]["gates"] if g["name"] == "slo ttft_p95_s"]
+    assert gate["status"] == "fail" and "held the baseline's requests back (a median 2 s" in gate["detail"]
+    level = next(e for e in summary["load"]["levels"] if e["decoder"] == "c")
+    assert level["metrics"]["held_back"] == {"p50_s": 2.0, "p95_s": 2.0, "throttled": True}
+    summary = {"baseline": "baseline", "candidates": {"c": {"verdict": "pass", "gates": []}}}
+    assert apply(summary, cfg, _run_dir(tmp_path, 0, 0, n=60, cap_wait=0.01))   # a short wait: judged

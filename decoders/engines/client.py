@@ -72,6 +72,14 @@ def _status(e: Exception) -> int | None:
     return None
 
 
+def _malformed(e: Exception) -> bool:
+    """A response that could not be read (bad JSON, fields missing, an error event in a 200
+    stream that the openai client raises as a bare APIError): that item's error, named."""
+    import json
+    import openai
+    return isinstance(e, (json.JSONDecodeError, ValueError, KeyError, TypeError, IndexError, openai.APIError))
+
+
 def _detail(e: Exception) -> str:
     if isinstance(e, httpx.HTTPStatusError):
         return _body(e.response)
@@ -153,7 +161,13 @@ class EngineDecoder(Decoder):
         An `EngineDown` is raised after every result that finished before it has been yielded."""
         requests = list(requests)
         done: queue.Queue = queue.Queue()
-        worker = threading.Thread(target=lambda: asyncio.run(self._many(requests, done)), daemon=True)
+        def work():
+            try:
+                asyncio.run(self._many(requests, done))
+            except BaseException as e:  # noqa: BLE001 - whatever ends the worker reaches the runner, never a hang
+                done.put(e)
+
+        worker = threading.Thread(target=work, daemon=True)
         worker.start()
         for _ in range(len(requests)):
             item = done.get()
@@ -202,12 +216,20 @@ class EngineDecoder(Decoder):
                                **stats_from_delta(spec_delta(before, after))}
 
     async def _spec_counters(self, http: httpx.AsyncClient) -> dict | None:
+        """The speculative counters now, or None where /metrics did not answer with Prometheus text
+        (a proxy's HTML error page answers 200 too): telemetry is then missing, never a crash."""
         try:
             r = await http.get(self.url("/metrics"))
             r.raise_for_status()
-        except httpx.HTTPError:
+            return spec_counters(flatten(r.text))
+        except (httpx.HTTPError, ValueError):
             return None
-        return spec_counters(flatten(r.text))
+
+    async def _answers_health(self, http: httpx.AsyncClient) -> bool:
+        try:
+            return (await http.get(self.url("/health"), timeout=5.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     async def _one(self, http: httpx.AsyncClient, request: GenerationRequest) -> GenerationResult:
         last: Exception | None = None
@@ -224,15 +246,25 @@ class EngineDecoder(Decoder):
                     for key, value in delta.items():
                         result.stats.setdefault(key, value)
                 return result
-            except Exception as e:  # noqa: BLE001 - sorted into transient / refused / a bug below
+            except DecoderError:
+                raise
+            except Exception as e:  # noqa: BLE001 - sorted into transient / refused / malformed below
                 status = _status(e)
                 if status is None and not _transient(e):
+                    if _malformed(e):
+                        raise EngineRequestError(f"engine {self.server.spec.name!r} sent a malformed or error "
+                                                 f"response: {type(e).__name__}: {str(e)[:300]}") from None
                     raise
                 if status is not None and status not in RETRY_STATUS:
                     raise EngineRequestError(f"engine {self.server.spec.name!r} refused the request: "
                                              f"HTTP {status}: {_detail(e)}") from None
                 last = e
             await asyncio.sleep(min(2.0 ** attempt, 10.0))
+        if last is not None and _status(last) is not None and self.server.alive() and await self._answers_health(http):
+            # It answers, and refused this request every time (a 503 for this prompt only): an
+            # error for this item, not an engine that stopped answering.
+            raise EngineRequestError(f"engine {self.server.spec.name!r} refused the request {self.retries + 1} "
+                                     f"time(s): HTTP {_status(last)}: {_detail(last)}")
         state = ("its process exited" if not self.server.alive()
                  else f"{type(last).__name__}: {last}" if last else "no answer")
         log = f"; log {self.server.log_path}:\n{self.server.log_tail()}" if self.server.log_path else ""
@@ -254,6 +286,15 @@ class EngineDecoder(Decoder):
                     break
                 out.emit(token, margin, at=now)
         stats = {"engine": self.server.spec.name, "flavour": self.flavour, **self.telemetry(final)}
+        if not out.done and finish is None:
+            # No stop event, no finish reason: a connection cut mid-stream, or an error event the
+            # flavour does not know. What arrived is not the engine's answer.
+            raise EngineRequestError(f"engine {self.server.spec.name!r} ended its stream after {len(out.tokens)} "
+                                     f"token(s) without a finish reason (a cut connection or an error it did not "
+                                     f"name)")
+        if not out.tokens and not "".join(text) and finish == "length":
+            raise EngineRequestError(f"engine {self.server.spec.name!r} answered with no tokens and finish "
+                                     f"reason 'length' (asked for up to {request.max_new_tokens})")
         if not out.tokens and "".join(text):
             if self.returns_ids:
                 raise EngineRequestError(f"engine {self.server.spec.name!r} returned text but no token ids; "

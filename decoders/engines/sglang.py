@@ -17,7 +17,7 @@ import httpx
 from httpx_sse import aconnect_sse
 
 from decoders.base import GenerationRequest
-from decoders.engines.client import EngineDecoder, Piece, raise_for_status, top2_gap
+from decoders.engines.client import EngineDecoder, EngineRequestError, Piece, raise_for_status, top2_gap
 
 FINISH = {"stop": "eos", "length": "length", "abort": "abort"}
 
@@ -92,7 +92,11 @@ class SGLangDecoder(EngineDecoder):
             async for event in events.aiter_sse():
                 if event.data.strip() == "[DONE]":
                     break
-                yield state.parse(event.json())
+                data = event.json()
+                if isinstance(data, dict) and "error" in data:   # how SGLang reports an error mid-stream
+                    raise EngineRequestError(f"engine {self.server.spec.name!r} sent an error event: "
+                                             f"{str(data['error'])[:300]}")
+                yield state.parse(data)
 
     def telemetry(self, final: dict) -> dict:
         return telemetry_from_meta(final, self.extra.get("k"))

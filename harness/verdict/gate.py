@@ -38,6 +38,8 @@ Every verdict says what a test at the stated level showed, and prints the bound 
 """
 from __future__ import annotations
 
+import math
+
 from analysis.paired import below, loss_upper_bound
 from harness.config import Gates, sampled_identity_applies
 from harness.verdict import engine_exactness
@@ -65,6 +67,11 @@ def _identity_gates(cand: dict, check_sampled: bool, gates: Gates | None = None)
             if t != "T=0" and not check_sampled:
                 continue
             name = f"identity {suite} {t}"
+            if not ident["n"]:
+                out.append(GateResult(name, _inconclusive(gates or Gates()), f"inconclusive: all {ident.get('errored', 0)} "
+                                      f"pair(s) errored on one side or both; nothing shows identity"))
+                continue
+            errored = f"; {ident['errored']} errored pair(s) left out" if ident.get("errored") else ""
             judged = floor_gate(ident)  # an engine's A/A floor decides (harness.verdict.floor)
             if judged is not None:
                 status = _inconclusive(gates or Gates()) if judged[0] == "inconclusive" else judged[0]
@@ -75,10 +82,10 @@ def _identity_gates(cand: dict, check_sampled: bool, gates: Gates | None = None)
                 first = real[0]
                 out.append(GateResult(name, "fail", f"{len(real)} real divergence(s) of {ident['n']}; first: item "
                                       f"{first['item_id']} at token {first['position']}, baseline margin "
-                                      f"{first['margin'] if first['margin'] is not None else 'n/a'}"))
+                                      f"{first['margin'] if first['margin'] is not None else 'n/a'}{errored}"))
             else:
                 out.append(GateResult(name, "pass", f"{ident['identical']}/{ident['n']} identical, "
-                                      f"{ident['near_ties']} near-tie divergence(s)"))
+                                      f"{ident['near_ties']} near-tie divergence(s){errored}"))
     return out
 
 
@@ -329,6 +336,10 @@ def _speed_gate(cand: dict) -> list[GateResult]:
 # ------------------------------------------------------------------------- acceptance drift
 
 
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
 def _acceptance_gates(cand: dict, gates: Gates) -> list[GateResult]:
     """`acceptance_reference`: α and τ, overall and per category with enough rounds, must not fall
     below the reference beyond the tolerance with an interval that excludes it (see
@@ -351,7 +362,17 @@ def _acceptance_gates(cand: dict, gates: Gates) -> list[GateResult]:
                                   f"proposing, so its {c['quantity']} cannot be shown within -{tol:.0%}"))
             continue
         if not c["gated"]:
-            continue  # too few rounds on one side (or no interval): reported, not gated
+            if c["group"] == "all" and min(c["rounds_reference"], c["rounds_candidate"]) >= drift["min_rounds"]:
+                # Enough rounds on both sides, and still no interval: a side's records lack what the
+                # quantity is computed from (τ: the target's forwards). Not gated would drop it unseen.
+                vals = ", ".join(f"{side} {c[side]:.3f}" if _finite(c[side]) else f"{side} not computable"
+                                 for side in ("reference", "candidate"))
+                out.append(GateResult(f"acceptance all {c['quantity']}", _inconclusive(gates), f"inconclusive: "
+                                      f"both sides drafted in enough rounds ({c['rounds_reference']} and "
+                                      f"{c['rounds_candidate']}), but {c['quantity']} could not be compared "
+                                      f"({vals}): the records lack the counts it is computed from"
+                                      f"{' (the target forwards per request)' if c['quantity'] == 'tau' else ''}"))
+            continue  # too few rounds on one side: reported, not gated
         what = f"{c['quantity']} {c['reference']:.3f} -> {c['candidate']:.3f} ({c['relative_change']:+.1%}"
         if c["upper_bound"] is not None:
             what += f"; one-sided {_pct(c['upper_level'])} upper bound {c['upper_bound']:+.1%}"

@@ -29,6 +29,19 @@ NOTES = (
 )
 
 
+def held_back(rows: list[dict], rate: float) -> dict:
+    """How long requests waited for a slot under `max_in_flight` before they were sent. Their
+    latencies start when sent (as vLLM's benchmark counts them), so a level whose typical request
+    waited longer than the mean gap between arrivals (1/rate) was not served at its nominal rate:
+    `throttled`, and its objectives are not judged at that rate (harness.verdict.slo)."""
+    import numpy as np
+    waits = [r["cap_wait_s"] for r in rows if isinstance(r.get("cap_wait_s"), (int, float))]
+    if not waits:
+        return {"p50_s": None, "p95_s": None, "throttled": False}
+    p50 = float(np.median(waits))
+    return {"p50_s": p50, "p95_s": float(np.percentile(waits, 95)), "throttled": p50 > 1.0 / rate}
+
+
 def summarize(config, rows: list[dict], levels: list[dict], baseline: str) -> dict:
     """Every level's numbers, the crossovers and the overhead (see the module docstring)."""
     plan = config.profile.load
@@ -59,6 +72,7 @@ def summarize(config, rows: list[dict], levels: list[dict], baseline: str) -> di
                 entry.update(metrics=j["metrics"], speedup=j["speedup"], pays=j["pays"], why=j["why"])
                 if (baseline, rate) in info:
                     judged[name].append((rate, j["pays"], j["why"]))
+            entry["metrics"].update(scheduled=lv.get("requests"), held_back=held_back(by.get((name, rate), []), rate))
             table.append(entry)
     crossovers = {}
     for name, js in judged.items():

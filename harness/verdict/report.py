@@ -21,7 +21,8 @@ def verdict_rows(summary: dict) -> list[tuple]:
     for name, cand in summary["candidates"].items():
         for suite, s in cand["suites"].items():
             ident = s.get("identity", {}).get("T=0")
-            ident_s = f"{ident['identical']}/{ident['n']}" + (f" ({ident['near_ties']} tie)" if ident and ident["near_ties"] else "") if ident else "–"
+            ident_s = (f"{ident['identical']}/{ident['n']}" + (f" ({ident['near_ties']} tie)" if ident["near_ties"] else "")
+                       + (f" ({ident['errored']} errored)" if ident.get("errored") else "")) if ident else "–"
             q = s.get("quality")
             # The bound the gate decides on: one-sided, at the level of the non-inferiority test.
             q_s = (f"{q['statistic']:+.3f} (>= {q['non_inferiority']['lower_bound']:+.3f}, "

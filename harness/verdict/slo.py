@@ -9,7 +9,9 @@ counted as never answered), so a candidate passes only on evidence:
 - too few requests for a bound to exist (n < 59 at alpha 0.05): inconclusive, which fails under
   `[gates] inconclusive = "fail"`;
 - the candidate without rows at a level the baseline ran: fail (missing evidence);
-- the baseline without rows at a level: inconclusive (nothing to hold the candidate to).
+- the baseline without rows at a level: inconclusive (nothing to hold the candidate to);
+- either side held back by `max_in_flight` (its median wait for a slot longer than the mean gap
+  between arrivals): inconclusive, since the engine was not offered that rate.
 A level where the baseline misses the objective (its p95 above it, or more than 5% of its
 requests failed) is "over capacity": reported, not gated.
 
@@ -18,7 +20,8 @@ the worst over the gated levels.
 
 `load errors`, with or without objectives: a candidate's failed request at a level where the
 baseline failed none, more failures than the baseline's (one-sided Fisher exact test at alpha), or
-no candidate requests at a configured level fail; failures on both sides that no test tells
+no candidate requests at a configured level fail, and so do requests the harness played but whose
+rows are missing; failures on both sides that no test tells
 apart are over capacity (warn). A baseline that failed more than 5% of its requests at every
 level compared nothing: inconclusive. Pure: summaries in, `GateResult`s out.
 """
@@ -38,6 +41,12 @@ def level_outcome(key: str, base: dict | None, cand: dict | None) -> tuple[str, 
     """(outcome, words) of one objective at one level: "pass", "fail", "inconclusive" or "over capacity"."""
     b = ((base or {}).get("slo") or {}).get(key)
     c = ((cand or {}).get("slo") or {}).get(key)
+    for side, m in (("baseline", base), ("candidate", cand)):
+        held = (m or {}).get("held_back") or {}
+        if held.get("throttled"):
+            return "inconclusive", (f"max_in_flight held the {side}'s requests back (a median {held['p50_s']:.3g} s "
+                                    f"for a slot, longer than the mean gap between arrivals): the engine was not "
+                                    f"offered this rate, and latencies counted from sending hide the wait")
     if not b or not b["n"]:
         return "inconclusive", "no baseline requests at this level"
     if b["p95"] is None:  # more than 5% of the baseline's requests failed
@@ -90,6 +99,9 @@ def error_gate(levels: list[dict], config_gates: Gates) -> GateResult:
             fails.append(f"{rate}: no candidate requests")
             continue
         ce, cn = cand.get("errors") or 0, cand.get("n") or 0
+        for side, m, n in (("candidate", cand, cn), ("baseline", base, bn)):
+            if m.get("scheduled") is not None and n < m["scheduled"]:
+                fails.append(f"{rate}: {m['scheduled'] - n} of the {side}'s {m['scheduled']} requests have no row")
         if not ce:
             continue
         what = f"{rate}: the candidate failed {ce} of {cn} ({cand.get('first_error')}), the baseline {be} of {bn}"

@@ -21,12 +21,21 @@ def _divergences(identity) -> list[dict]:
 
 
 def _identity(pairs, eps) -> dict:
-    ident = analysis.token_identity(pairs, eps=eps)
+    """Identity over the pairs where both sides produced output: a pair where either failed shows
+    nothing about identity (two empty outputs are not "identical"); it is counted as `errored`,
+    and the errors gates judge it."""
+    ok = [p for p in pairs if not p.baseline.get("error") and not p.candidate.get("error")]
+    seeds = sorted({p.key.seed for p in pairs})
+    errored = len(pairs) - len(ok)
+    if not ok:
+        return {"rate": None, "n": 0, "identical": 0, "ci": [None, None], "mean_common_prefix": None,
+                "near_ties": 0, "real_divergences": 0, "seeds": seeds, "divergences": [], "errored": errored}
+    ident = analysis.token_identity(ok, eps=eps)
     near = sum(d.kind == "near-tie" for d in ident.divergences)
     return {"rate": ident.statistic, "n": ident.n, "identical": ident.identical,
             "ci": [ident.ci_low, ident.ci_high], "mean_common_prefix": ident.mean_common_prefix,
             "near_ties": near, "real_divergences": len(ident.divergences) - near,
-            "seeds": sorted({p.key.seed for p in pairs}), "divergences": _divergences(ident)}
+            "seeds": seeds, "divergences": _divergences(ident), "errored": errored}
 
 
 def near_tie_epsilon(config: RegressConfig, numerics: dict | None) -> dict:
