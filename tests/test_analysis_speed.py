@@ -142,6 +142,16 @@ def test_achieved_over_theory_without_a_ttft_is_no_figure():
     assert np.isnan(s.achieved_decode.statistic) and np.isnan(s.achieved_over_theoretical)
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), 0.0, None])
+def test_a_timing_that_is_no_time_is_refused_not_a_speedup(bad):
+    """One baseline wall time of inf made the lower bound 1e308, and a candidate slower on every
+    prompt passed its speed gate; NaN raised a TypeError deep in the gate."""
+    pairs = spec_pairs([[4, 2], [0, 4]])
+    pairs[0].baseline["timing"]["wall_s"] = bad
+    with pytest.raises(ValueError, match="no usable timing.wall_s"):
+        paired_speedup(pairs)
+
+
 def test_decode_speedup_leaves_out_pairs_without_a_decode_phase():
     pairs = spec_pairs([[4, 2], [0, 4], [0]])  # the third: one round, nothing accepted, 2 tokens
     for side in (pairs[2].baseline, pairs[2].candidate):

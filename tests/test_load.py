@@ -307,3 +307,13 @@ def test_a_level_max_in_flight_held_back_is_not_judged_at_its_nominal_rate(tmp_p
     assert level["metrics"]["held_back"] == {"p50_s": 2.0, "p95_s": 2.0, "throttled": True}
     summary = {"baseline": "baseline", "candidates": {"c": {"verdict": "pass", "gates": []}}}
     assert apply(summary, cfg, _run_dir(tmp_path, 0, 0, n=60, cap_wait=0.01))   # a short wait: judged
+
+
+def test_a_request_without_a_usable_time_is_a_failed_request():
+    """A NaN end-to-end time (a broken clock, a row edited by hand) counted as a good request, and
+    a NaN in the baseline made a level "over capacity" and left it ungated."""
+    from analysis.load import good, ok
+    fine = row(0, 0.2, [0.05] * 3)
+    assert ok(fine) and good(fine, {"e2e_p95_s": 1.0})
+    for bad in (float("nan"), float("inf"), -1.0):
+        assert not ok({**fine, "e2e_s": bad}) and not good({**fine, "e2e_s": bad}, {"e2e_p95_s": 1.0})
