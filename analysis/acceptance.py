@@ -158,6 +158,11 @@ def _stats(record: Mapping[str, Any]) -> Mapping[str, Any]:
             f"record {record.get('item_id')!r} ({record.get('decoder')}) has no speculative stats "
             "(stats.proposed / stats.accepted)"
         )
+    prop, acc = s["proposed"], s["accepted"]
+    if not (isinstance(prop, (int, float)) and isinstance(acc, (int, float)) and 0 <= acc <= prop):
+        # An engine's counts that cannot be (12 accepted of 8 proposed: α 1.5) are no measurement.
+        raise ValueError(f"record {record.get('item_id')!r} ({record.get('decoder')}) reports {acc!r} draft "
+                         f"token(s) accepted of {prop!r} proposed: impossible counts")
     return s
 
 

@@ -242,9 +242,16 @@ def level_metrics(rows: Sequence[Mapping[str, Any]], *, duration_s: float, slo: 
     acc = _acceptance(rows, confidence_level, rng)
     if acc:
         out["acceptance"] = acc
-    if prometheus and prometheus.get("draft_tokens"):
+    if prometheus and (prometheus.get("draft_tokens") or prometheus.get("accepted")):
         # Counters differenced around the whole level: many requests were in flight, so this is
         # the level's, never one request's.
+        d, a = float(prometheus["draft_tokens"]), float(prometheus.get("accepted") or 0)
+        if not 0 <= a <= d:   # counters that went back (an engine restarted in the level) measure nothing
+            out.setdefault("acceptance", {})["level"] = {
+                "value": None, "proposed": int(d), "accepted": int(a), "source": "prometheus counters around the level",
+                "error": f"the counters moved by {a:g} accepted of {d:g} drafted: reset during the level (an engine "
+                         f"restart?), not measured"}
+            return out
         out.setdefault("acceptance", {})["level"] = {
             "value": float(prometheus["accepted"]) / float(prometheus["draft_tokens"]),
             "proposed": int(prometheus["draft_tokens"]), "accepted": int(prometheus["accepted"]),

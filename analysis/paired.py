@@ -358,10 +358,13 @@ def non_inferiority(
             raise ValueError("the paired t-test needs at least 2 pairs")
         d = cand - base
         if np.all(d == d[0]):
+            # No spread to estimate a variance from: the t-test is undefined, and "p = 0" would
+            # pass two prompts. The exact sign test still holds: every difference above the
+            # margin has chance 0.5**n under a median at it. A constant difference at the margin
+            # (0.3 - 0.4 = -0.10000000000000003) is at it, not past it.
             lower = float(d[0])
-            # A constant difference at the margin (0.3 - 0.4 = -0.10000000000000003) is at it, not past it.
-            passed = not at_or_below(lower, -margin)
-            pvalue = 0.0 if passed else 1.0
+            pvalue = 1.0 if at_or_below(lower, -margin) else 0.5 ** n
+            passed = pvalue < alpha
         else:
             res = stats.ttest_1samp(d, -margin, alternative="greater")
             pvalue = float(res.pvalue)

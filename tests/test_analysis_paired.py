@@ -193,3 +193,15 @@ def test_holm_matches_statsmodels():
         holm([0.1, float("nan")])
     with pytest.raises(ValueError):
         holm([0.1, 0.2]).as_dict()
+
+
+def test_a_constant_difference_is_decided_by_the_sign_test_not_by_p_zero():
+    """Two prompts with the same score difference: no spread, and the t-test gave p = 0, so two
+    prompts were 'non-inferior' (red-team finding, through the early-exit frontier)."""
+    from analysis.paired import non_inferiority
+    two = non_inferiority([0.5, 0.6], [0.5, 0.6], margin=0.1, method="paired-t")
+    assert not two.passed and two.pvalue == pytest.approx(0.25)
+    five = non_inferiority([0.5] * 5, [0.5] * 5, margin=0.1, method="paired-t")
+    assert five.passed and five.pvalue == pytest.approx(1 / 32)
+    at = non_inferiority([0.4] * 9, [0.3] * 9, margin=0.1, method="paired-t")   # at the margin: not past it
+    assert not at.passed

@@ -212,6 +212,18 @@ def test_alpha_rests_on_the_records_that_can_show_it():
     assert s.acceptance_rate < 0.7                                      # the share kept, reported apart
 
 
+@pytest.mark.parametrize("accepted, proposed", [(12, 8), (-1, 8), (3, -4)])
+def test_counts_that_cannot_be_are_no_acceptance(accepted, proposed):
+    """An engine reporting 12 accepted of 8 proposed was published as α 1.50, and the run passed."""
+    pairs = spec_pairs([[4, 2], [0, 4]])
+    for p in pairs:
+        del p.candidate["stats"]["accepted_per_round"], p.candidate["stats"]["proposed_per_round"]
+        del p.candidate["stats"]["acceptance_by_position"]
+    pairs[0].candidate["stats"].update(accepted=accepted, proposed=proposed)
+    with pytest.raises(ValueError, match="impossible counts"):
+        acceptance_summary(pairs, rng=0, n_resamples=200)
+
+
 def test_acceptance_by_suite_and_category():
     pairs = (spec_pairs([[4, 4], [3, 4]], suite="factual", categories=("geo", "easy"))
              + spec_pairs([[0, 1], [1, 0]], suite="code", categories=("easy",)))

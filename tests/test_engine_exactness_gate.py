@@ -97,3 +97,16 @@ def test_a_fit_too_small_to_detect_anything_is_not_a_pass():
     assert r.status == "fail" and "inconclusive" in r.detail and "could not have failed" in r.detail
     assert "about 480 tokens like these would detect a TV of 0.1" in r.detail  # the size that would decide
     assert _status(gates(_cand(small, _res(0.5)), Gates(inconclusive="warn")), "exactness PIT all") == "warn"
+
+
+def test_an_engine_that_never_drafted_has_not_shown_its_verifier_is_exact():
+    """Per-request counts showed 0 draft tokens proposed in every record (llama.cpp's n-gram
+    drafter on short prompts, or a drafter that broke): the fit tested the plain sampler, and the
+    candidate passed as an exact speculative engine."""
+    silent = _res(0.4, proposed=0, rejected=0, drafting_counted=36)
+    r = next(r for r in gates(_cand(silent, _res(0.5)), G) if r.name == "exactness PIT all")
+    assert r.status == "fail" and "speculation never ran" in r.detail and "36 record(s)" in r.detail
+    drafted = _res(0.4, proposed=120, rejected=30, drafting_counted=36)
+    assert _status(gates(_cand(drafted, _res(0.5)), G), "exactness PIT all") == "pass"
+    unknown = _res(0.4, proposed=0, rejected=0, drafting_counted=0)   # an engine that reports no counts
+    assert _status(gates(_cand(unknown, _res(0.5)), G), "exactness PIT all") == "pass"

@@ -134,3 +134,26 @@ def test_a_metrics_page_that_stops_parsing_costs_telemetry_not_the_run(engine):
     out = _run(engine, "metrics_html")
     assert Faulty.scrapes > 1   # the counters were read, and then the page broke
     assert len(out) == 2 and all(list(r.tokens) == TOKENS for r in out)
+
+
+def test_an_answer_from_another_model_than_the_config_pins_is_refused(engine):
+    """A router that fell back to another deployment: OpenAI chunks name the model that answered,
+    and nothing read it."""
+    from decoders.engines.client import Piece
+    from decoders.engines.openai_compat import parse_completion_chunk
+    assert parse_completion_chunk({"model": "other", "choices": []}).final["model"] == "other"
+
+    class Answers(LlamaCppDecoder):
+        model_said = "other"
+
+        async def stream(self, http, request):
+            yield Piece(tokens=TOKENS[:2], margins=[3.0, 3.0], text="xy", finish_reason="length",
+                        final={"model": self.model_said})
+
+    Faulty.mode = "good"
+    dec = Answers(load_model("tiny-llama"), base_url=engine, model="tiny", retries=0)
+    [(_, out)] = list(dec.generate_many([GenerationRequest((1, 2, 3), max_new_tokens=2)]))
+    assert isinstance(out, EngineRequestError) and "answered as model 'other'; the config pins model 'tiny'" in str(out)
+    Answers.model_said = "tiny"
+    [(_, out)] = list(dec.generate_many([GenerationRequest((1, 2, 3), max_new_tokens=2)]))
+    assert list(out.tokens) == TOKENS[:2] and out.stats["answered_model"] == "tiny"

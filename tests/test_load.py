@@ -317,3 +317,14 @@ def test_a_request_without_a_usable_time_is_a_failed_request():
     assert ok(fine) and good(fine, {"e2e_p95_s": 1.0})
     for bad in (float("nan"), float("inf"), -1.0):
         assert not ok({**fine, "e2e_s": bad}) and not good({**fine, "e2e_s": bad}, {"e2e_p95_s": 1.0})
+
+
+def test_counters_that_went_back_in_a_level_measure_no_acceptance():
+    """An engine restarted during a level: its counters' difference was -16 drafted, -7 accepted,
+    and the report printed a level α of 0.44."""
+    from analysis.load import level_metrics
+    rows = [row(i, 0.2, [0.05] * 3) for i in range(5)]
+    m = level_metrics(rows, duration_s=5.0, prometheus={"draft_tokens": -16.0, "accepted": -7.0})
+    assert m["acceptance"]["level"]["value"] is None and "reset during the level" in m["acceptance"]["level"]["error"]
+    m = level_metrics(rows, duration_s=5.0, prometheus={"draft_tokens": 16.0, "accepted": 7.0})
+    assert m["acceptance"]["level"]["value"] == pytest.approx(7 / 16)

@@ -408,3 +408,40 @@ def test_many_spans_never_overflow_mlflows_trace_queue(tmp_path):
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-3:] == ["6", "6", "6"]
+
+
+def test_an_upload_cut_during_assessments_is_repaired_by_the_next_sync(tmp_path, monkeypatch):
+    """The server went away after 3 of 6 traces' assessments: the next sync found traces, logged
+    none, and marked the run FINISHED, so the review view lacked its evidence for good."""
+    import time
+    from mlflow import MlflowClient
+    from harness.run import tracking_views as views
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    recs, rows = {}, []
+    for i in range(6):
+        rows.append({"suite": "s", "item_id": f"i{i}", "seed": 0, "temperature": 0.0, "prompt": "p", "identical": True,
+                     "divergence": "identical", "divergence_position": None, "candidate_score": 1.0,
+                     "candidate_passed": True})
+        recs[("s", f"i{i}", 0, 0.0)] = {"candidate": "c", "suite": "s", "item_id": f"i{i}", "seed": 0,
+                                        "temperature": 0.0, "tokens": [1] * 4, "text": "x",
+                                        "timing": {"wall_s": 0.1, "ttft_s": 0.01, "token_times_s": [0.01] * 4}}
+    assess, calls = views.assess, []
+
+    def dies_after_three(*a, **kw):
+        calls.append(a)
+        if len(calls) > 3:
+            raise ConnectionError("tracking server went away")
+        return assess(*a, **kw)
+
+    with views.tracing_to(uri):
+        exp = client.create_experiment("cut")
+        run = client.create_run(exp).info.run_id
+        monkeypatch.setattr(views, "assess", dies_after_three)
+        with pytest.raises(ConnectionError):
+            views.log_traces(client, exp, run, recs, rows, {}, True, True, time.time_ns())
+        monkeypatch.setattr(views, "assess", assess)
+        assert views.log_traces(client, exp, run, recs, rows, {}, True, True, time.time_ns()) == 6
+        assert views.log_traces(client, exp, run, recs, rows, {}, True, True, time.time_ns()) == 0   # complete
+    traces = client.search_traces(locations=[exp], run_id=run, max_results=100)
+    assert len(traces) == 6 and all(t.info.assessments for t in traces)

@@ -286,6 +286,14 @@ class EngineDecoder(Decoder):
                     break
                 out.emit(token, margin, at=now)
         stats = {"engine": self.server.spec.name, "flavour": self.flavour, **self.telemetry(final)}
+        answered = final.get("model")
+        if answered:
+            stats["answered_model"] = answered
+            if self.server.spec.model and answered != self.server.spec.model:
+                # A router that fell back to another deployment (another model, speculation off):
+                # its tokens are not the configured engine's.
+                raise EngineRequestError(f"engine {self.server.spec.name!r} answered as model {answered!r}; the "
+                                         f"config pins model {self.server.spec.model!r}")
         if not out.done and finish is None:
             # No stop event, no finish reason: a connection cut mid-stream, or an error event the
             # flavour does not know. What arrived is not the engine's answer.

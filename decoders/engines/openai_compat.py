@@ -74,7 +74,7 @@ def parse_chat_chunk(chunk: dict) -> Piece:
 
 
 def _usage_and_metrics(chunk: dict) -> dict:
-    out = {}
+    out = {"model": chunk["model"]} if chunk.get("model") else {}   # which deployment answered
     if chunk.get("usage"):
         out["usage"] = chunk["usage"]
     metrics = chunk.get("metrics") or {}

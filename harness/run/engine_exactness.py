@@ -343,6 +343,7 @@ def _level(config, ref: Reference, rows_of, base_name: str, aa_name: str | None,
         out[name] = {
             "engine": True, "tests": [],
             "pit": {"subsets": {"all": {**_asdict(res), "proposed": proposed, "rejected": proposed - accepted,
+                                        "drafting_counted": sum("proposed" in s for s in stats),
                                         "left_out": cand["left_out"], "tokens": cand["tokens"],
                                         "records": cand["records"]}},
                     "control": {**_asdict(ctrl), "left_out": control["left_out"], "tokens": control["tokens"],

@@ -265,9 +265,15 @@ def assess(trace_id: str, row: dict, log_text: bool, candidate: bool) -> None:
 
 def log_traces(client, exp_id: str, run_id: str, records_by_key: dict, rows: list[dict], attributes: dict,
                log_text: bool, candidate: bool, t0_ns: int) -> int:
-    """A trace (and its assessments) per row, after the run's earlier traces were looked for."""
-    if not rows or has_traces(client, exp_id, run_id):
+    """A trace (and its assessments) per row. A run whose traces were all logged (its
+    TRACES_DONE tag) is left alone; one whose upload stopped part way (traces without their
+    assessments) has them deleted and logged again, so a later `sync` repairs it."""
+    if not rows:
         return 0
+    if has_traces(client, exp_id, run_id):
+        if client.get_run(run_id).data.tags.get(TRACES_DONE) == "true":
+            return 0
+        _delete_traces(client, exp_id, run_id)
     import mlflow
     made = []
     t = t0_ns
@@ -281,7 +287,19 @@ def log_traces(client, exp_id: str, run_id: str, records_by_key: dict, rows: lis
     mlflow.flush_trace_async_logging()  # the traces must be stored before assessments refer to them
     for tid, row in made:
         assess(tid, row, log_text, candidate)
+    client.set_tag(run_id, TRACES_DONE, "true")
     return len(made)
+
+
+TRACES_DONE = "decodegate.traces_complete"
+
+
+def _delete_traces(client, exp_id: str, run_id: str) -> None:
+    while True:
+        found = client.search_traces(locations=[exp_id], run_id=run_id, max_results=100, include_spans=False)
+        if not found:
+            return
+        client.delete_traces(exp_id, trace_ids=[t.info.trace_id for t in found])
 
 
 def candidate_note(name: str, cand: dict, rows: list[dict], compare: str = "") -> str:

@@ -81,6 +81,13 @@ def gates(cand: dict, gates_cfg) -> list[GateResult]:
     elif control_bad:
         out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but "
                               f"against a reference its own control fails; {_coverage(mine)}"))
+    elif mine.get("drafting_counted") and not mine.get("proposed"):
+        # The engine counted its drafts per request and drafted none: the fit tested its plain
+        # sampler, not speculative verification (llama.cpp's n-gram drafter finds nothing on
+        # short prompts; a drafter that broke looks the same).
+        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but the "
+                              f"engine proposed no draft token in the {mine['drafting_counted']} record(s) that count "
+                              f"them: speculation never ran, so nothing tested its verifier; {_coverage(mine)}"))
     elif not mine.get("detectable_tv"):
         # A test that could not have failed does not pass: more sampled tokens (seeds, items) decide.
         more = needed(mine) or "more sampled tokens would decide"
