@@ -194,6 +194,21 @@ def test_many_divergences_within_the_noise_exceed_the_floor(tmp_path):
     assert g["status"] == "fail" and "more than the floor" in g["detail"], g
 
 
+def test_a_rate_test_that_could_not_have_failed_decides_nothing(tmp_path):
+    """4 prompts diverged within the noise on the candidate's side, none on the A/A run's: even
+    that, the most lopsided split, has p = 0.0625 and cannot reject at 0.05. It passed as "not
+    shown more frequent"; a fifth discordant prompt (one on the A/A side) gives the test power."""
+    config, suites = setup(tmp_path)
+    records = build(suites[0], 40, cand_divs={i: 0.06 for i in range(10, 14)}, aa_shift=0.1)
+    _, cand = run(config, suites, records)
+    g = identity_gate(cand, config.gates)
+    assert g["status"] == "fail" and g["detail"].startswith("inconclusive") and "at least 5" in g["detail"], g
+    records = build(suites[0], 40, aa_flips={0: 0.06}, cand_divs={i: 0.06 for i in range(10, 14)}, aa_shift=0.1)
+    _, cand = run(config, suites, records)
+    g = identity_gate(cand, config.gates)
+    assert g["status"] == "pass" and "not shown more frequent" in g["detail"], g
+
+
 def test_decision_and_printed_bound_are_one_statistic():
     """The verdict and the bound beside it never contradict: more than the floor exactly when the
     one-sided exact lower bound on the candidate's share of the discordant prompts is above 1/2

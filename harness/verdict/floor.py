@@ -228,6 +228,15 @@ def gate_detail(ident: dict) -> tuple[str, str] | None:
     detail = (f"{head}: {f['candidate_only']} candidate-only, {f['floor_only']} A/A-only; share of the candidate's "
               f">= {f['share_lower_bound']:.3f} (one-sided {1 - f['alpha']:.0%} exact bound; more than the floor "
               f"above 0.5), difference in rates >= {f['difference_lower_bound']:+.3f}, p={f['pvalue']:.3g}")
+    b, c = f["candidate_only"], f["floor_only"]
+    if not f["exceeds"] and b > c and 0.5 ** (b + c) >= f["alpha"]:
+        # The candidate diverged on more prompts, and so few that even all of them on its side
+        # could not reject: a test that could not have failed decides nothing.
+        need = math.floor(math.log(f["alpha"]) / math.log(0.5)) + 1
+        return "inconclusive", (f"inconclusive: the candidate diverged within the noise on more prompts than the "
+                                f"A/A run, and {b + c} discordant prompt(s) cannot show a difference at "
+                                f"{f['alpha']:g} (at least {need}, all the candidate's, would): more prompts or "
+                                f"seeds decide; " + detail)
     # A rate test that does not reject shows no excess; it does not show equality, so the words
     # claim only what was shown: every divergence inside the A/A noise, none shown more frequent.
     return (("fail", "more than the floor: " + detail) if f["exceeds"] else
