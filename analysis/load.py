@@ -33,7 +33,9 @@ The metrics, with `vllm bench serve`'s names:
   baseline over candidate, the same item at the same offset), its interval over prompts.
 - **crossover**: a candidate pays at a level when that speedup's lower bound is >= 1, it has no
   failed request and it meets every SLO; the crossover is the highest rate up to which every
-  level tried paid.
+  level tried paid. A level where `max_in_flight` held either side back (``held_back``) was not
+  offered its rate: it is not measured there (pays None), which ends the crossover as a level
+  that did not pay would, and says so.
 
 Scope: numbers only. The open-loop schedule and its measurement live in harness.run.load, the
 SLO gates in harness.verdict.slo, the figure in analysis.load_figure.
@@ -302,8 +304,22 @@ def slo_words(s: Mapping[str, Any]) -> str:
     return f"p95 {s['p95']:.3g} s, upper bound {s['upper_bound']:.3g} s {rel} {s['threshold']:g} s"
 
 
-def crossover(levels: Sequence[tuple[float, bool]]) -> dict:
-    """From (rate, pays) per level: the highest rate up to which every level tried paid.
+def held_back(rows: Sequence[Mapping[str, Any]], rate: float) -> dict:
+    """How long requests waited for a slot under `max_in_flight` before they were sent. Their
+    latencies start when sent (as vLLM's benchmark counts them), so a level whose typical request
+    waited longer than the mean gap between arrivals (1/rate) was not served at its nominal rate:
+    `throttled`, and neither its objectives (harness.verdict.slo) nor whether it pays are judged
+    at that rate."""
+    waits = [r["cap_wait_s"] for r in rows if isinstance(r.get("cap_wait_s"), (int, float))]
+    if not waits:
+        return {"p50_s": None, "p95_s": None, "throttled": False}
+    p50 = float(np.median(waits))
+    return {"p50_s": p50, "p95_s": float(np.percentile(waits, 95)), "throttled": p50 > 1.0 / rate}
+
+
+def crossover(levels: Sequence[tuple[float, bool | None]]) -> dict:
+    """From (rate, pays) per level: the highest rate up to which every level tried paid (a level
+    not measured, pays None, is not one that paid).
     "status": "pays at every level tried", "never pays" (not even at the lowest rate tried) or
     "pays up to" (with "rate", the last level that paid, and "next", the first that did not)."""
     levels = sorted(levels)
@@ -331,10 +347,20 @@ def refine_rate(levels: Sequence[tuple[float, bool]], *, min_ratio: float = 1.1)
 
 def judge_level(base_rows: Sequence[Mapping[str, Any]], cand_rows: Sequence[Mapping[str, Any]], *,
                 duration_s: float, slo: Mapping[str, float] | None = None, alpha: float = 0.05,
-                prometheus: Mapping[str, Any] | None = None) -> dict:
+                prometheus: Mapping[str, Any] | None = None, rate: float | None = None) -> dict:
     """A candidate at one level against the baseline at that level: its metrics, the paired
-    speedup, and whether it pays (the run's bracketing and the verdict both decide with this)."""
+    speedup, and whether it pays (the run's bracketing and the verdict both decide with this).
+    `rate`: the level's offered rate. Where `max_in_flight` held either side back the engine was
+    not offered it, so the level's speedup is no evidence at that rate: "pays" is None (not
+    measured), whatever the numbers say."""
     metrics = level_metrics(cand_rows, duration_s=duration_s, slo=slo, alpha=alpha, prometheus=prometheus)
     speedup = level_speedup(base_rows, cand_rows, alpha=alpha)
     paid, why = pays(metrics, speedup)
+    for side, rows in (("baseline", base_rows), ("candidate", cand_rows)):
+        held = held_back(rows, rate) if rate is not None else {}
+        if held.get("throttled"):
+            paid, why = None, (f"max_in_flight held the {side}'s requests back (a median {held['p50_s']:.3g} s for "
+                               f"a slot, longer than the mean gap between arrivals): the engine was not offered "
+                               f"{rate:g} req/s")
+            break
     return {"metrics": metrics, "speedup": speedup, "pays": paid, "why": why}

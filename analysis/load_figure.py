@@ -43,8 +43,9 @@ def load_figure(load: dict[str, Any], path: str | Path) -> Path:
                                color=colours[name])
             elif c.get("status") == "never pays":
                 k = decoders.index(name)  # one line each, so several "never pays" do not overlap
-                sp_ax.annotate(f"{name} never pays", (xs[0], 1.0), textcoords="offset points",
-                               xytext=(3, -4 - 10 * k), fontsize=7, color=colours[name])
+                held = c["next"] in c.get("not_measured", ())  # max_in_flight held the lowest level back
+                sp_ax.annotate(f"{name} {'not measured' if held else 'never pays'}", (xs[0], 1.0),
+                               textcoords="offset points", xytext=(3, -4 - 10 * k), fontsize=7, color=colours[name])
         key = "goodput_rps" if has_slo else None
         ys, err = [], [[], []]
         for e in rows:

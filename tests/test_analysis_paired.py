@@ -205,3 +205,18 @@ def test_a_constant_difference_is_decided_by_the_sign_test_not_by_p_zero():
     assert five.passed and five.pvalue == pytest.approx(1 / 32)
     at = non_inferiority([0.4] * 9, [0.3] * 9, margin=0.1, method="paired-t")   # at the margin: not past it
     assert not at.passed
+
+
+def test_a_difference_constant_but_for_float_rounding_is_decided_by_the_sign_test():
+    """0.55 - 0.6 and 0.35 - 0.4 are both -0.05 but for the 16th digit: the t-test divided by that
+    rounding noise and gave p = 3.5e-16, so two prompts were 'non-inferior' (red-team finding)."""
+    from analysis.paired import non_inferiority
+    two = non_inferiority([0.6, 0.4], [0.55, 0.35], margin=0.1, method="paired-t")
+    assert not two.passed and two.pvalue == pytest.approx(0.25)
+    base = np.array([0.6, 0.4, 0.7, 0.9, 0.3])
+    five = non_inferiority(base, base - 0.05, margin=0.1, method="paired-t")
+    assert five.passed and five.pvalue == pytest.approx(1 / 32)
+    at = non_inferiority([0.4, 0.7, 0.9], [0.3, 0.6, 0.8], margin=0.1, method="paired-t")  # at the margin
+    assert not at.passed and at.pvalue == 1.0
+    spread = non_inferiority([0.6, 0.4], [0.55, 0.36], margin=0.1, method="paired-t")   # a real spread: the t-test
+    assert spread.pvalue == pytest.approx(stats.ttest_1samp([-0.05, -0.04], -0.1, alternative="greater").pvalue)

@@ -176,3 +176,30 @@ def test_pair_rows_carry_the_first_divergence_and_no_text_without_log_text():
     assert bare[1]["divergence_position"] == 1  # the numbers stay
     m = review.category_metrics(rows)
     assert m["ALL"]["identity"] == 0.5 and m["c1"]["speedup"] == 1.0
+
+
+GREEN = ('<?xml version="1.0" encoding="utf-8"?>\n<testsuites name="decodegate regress" tests="1" failures="0" '
+         'errors="0">\n  <testsuite name="decodegate" tests="1" failures="0" errors="0" skipped="0">\n'
+         '    <testcase classname="decodegate" name="identity s T=0" time="0" />\n  </testsuite>\n</testsuites>\n')
+
+
+@pytest.mark.parametrize("case", ["plan-only", "bad name"])
+def test_a_run_that_stops_before_its_verdict_leaves_no_green_ci_files(tmp_path, case):
+    """The placeholder was written only after the config, suite and plan checks: a refused config
+    or --plan-only left the previous run's green JUnit and summary for CI to show (red-team finding)."""
+    junit, md = tmp_path / "j.xml", tmp_path / "s.md"
+    junit.write_text(GREEN)
+    md.write_text("## decodegate regress: PASS\n")
+    argv = ["regress", "--no-tracking", "--junit-xml", str(junit), "--summary-md", str(md)]
+    if case == "plan-only":
+        argv += ["--config", "regress.toml", "--plan-only"]
+    else:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text('target = "tiny-llama"\n[[candidates]]\ndecoder = "standard"\nname = "x|y"\n'
+                       '[profiles.smoke]\nsuites = ["factual"]\n')
+        argv += ["--config", str(cfg)]
+    rc = main(argv)
+    assert rc == (0 if case == "plan-only" else 2)
+    root = ET.fromstring(junit.read_text())
+    assert root.get("errors") == "1" and root.find(".//error").get("type") == "no-verdict"
+    assert md.read_text().startswith("## decodegate regress: NO VERDICT")

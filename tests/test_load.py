@@ -328,3 +328,43 @@ def test_counters_that_went_back_in_a_level_measure_no_acceptance():
     assert m["acceptance"]["level"]["value"] is None and "reset during the level" in m["acceptance"]["level"]["error"]
     m = level_metrics(rows, duration_s=5.0, prometheus={"draft_tokens": 16.0, "accepted": 7.0})
     assert m["acceptance"]["level"]["value"] == pytest.approx(7 / 16)
+
+
+def test_a_level_max_in_flight_held_back_is_no_evidence_that_the_candidate_pays(tmp_path):
+    """At 2 req/s the requests waited 1 s for a slot (the engine saw far less than 2 req/s), yet the
+    report said the candidate "pays at every level tried (up to 2 req/s)" (red-team finding)."""
+    import json
+
+    from harness.verdict.load import apply, lines
+    base = [row(i, 0.1, [0.1] * 9) for i in range(30)]
+    fast = [row(i, 0.05, [0.05 + 0.001 * (i % 3)] * 9) for i in range(30)]
+    held = lambda rows: [{**r, "cap_wait_s": 1.0} for r in rows]  # noqa: E731
+    assert judge_level(base, fast, duration_s=10, rate=2.0)["pays"]
+    j = judge_level(base, held(fast), duration_s=10, rate=2.0)
+    assert j["pays"] is None and "held the candidate's requests back" in j["why"]
+    assert judge_level(held(base), fast, duration_s=10, rate=2.0)["pays"] is None
+    assert judge_level(base, held(fast), duration_s=10, rate=0.5)["pays"]   # 1 s < the 2 s between arrivals
+
+    cfg = load_config(_cfg(tmp_path, "rates = [1, 2]\nload_requests = 30\nmax_in_flight = 1"), "load")
+
+    def run(wait: dict) -> dict:
+        rows = [{**r, "candidate": name, "rate": rate, "cap_wait_s": wait[rate]}
+                for rate in (1.0, 2.0) for name, side in (("baseline", base), ("c", fast)) for r in side]
+        (tmp_path / "load.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        levels = [{"candidate": name, "rate": rate, "wall_s": 30.0 / rate, "requests": 30}
+                  for rate in (1.0, 2.0) for name in ("baseline", "c")]
+        (tmp_path / "load_levels.jsonl").write_text("".join(json.dumps(lv) + "\n" for lv in levels))
+        summary = {"baseline": "baseline", "candidates": {"c": {"verdict": "pass", "gates": []}}}
+        apply(summary, cfg, tmp_path)
+        return summary
+
+    summary = run({1.0: 0.0, 2.0: 1.0})   # only the top level held back
+    c = summary["load"]["crossover"]["c"]
+    assert c["status"] == "pays up to" and c["rate"] == 1.0 and c["next"] == 2.0
+    assert c["words"].startswith("c pays up to at least 1 req/s; not measured at 2 req/s (max_in_flight held")
+    assert "not measured: max_in_flight held the baseline's requests back" in lines(summary)
+    assert "pays at every level" not in lines(summary)
+    summary = run({1.0: 2.0, 2.0: 1.0})   # every level held back: no crossover, and no "never pays" either
+    c = summary["load"]["crossover"]["c"]
+    assert c["words"].startswith("c is not shown to pay: not measured at 1 req/s, the lowest level tried")
+    assert "crossover_rps" not in summary["candidates"]["c"]["metrics"]["load"]

@@ -194,7 +194,8 @@ class LoadRun:
             if cand != name or (self.base, rate) not in self.done:
                 continue
             j = judge_level(self.rows.get((self.base, rate), []), self.rows.get((name, rate), []),
-                            duration_s=level["wall_s"], slo=self.plan.slo.items(), alpha=self.config.gates.alpha)
+                            duration_s=level["wall_s"], slo=self.plan.slo.items(), alpha=self.config.gates.alpha,
+                            rate=rate)
             out.append((rate, j["pays"]))
         return out
 

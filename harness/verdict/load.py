@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from analysis.load import crossover, judge_level, level_metrics
+from analysis.load import crossover, held_back, judge_level, level_metrics
 from harness.run.records import LOAD, LOAD_LEVELS as LEVELS, read_records
 from harness.verdict import slo as slo_gates
 
@@ -27,19 +27,6 @@ NOTES = (
     "counters differenced around the whole level: many requests were in flight, so it is the level's, "
     "never a request's.",
 )
-
-
-def held_back(rows: list[dict], rate: float) -> dict:
-    """How long requests waited for a slot under `max_in_flight` before they were sent. Their
-    latencies start when sent (as vLLM's benchmark counts them), so a level whose typical request
-    waited longer than the mean gap between arrivals (1/rate) was not served at its nominal rate:
-    `throttled`, and its objectives are not judged at that rate (harness.verdict.slo)."""
-    import numpy as np
-    waits = [r["cap_wait_s"] for r in rows if isinstance(r.get("cap_wait_s"), (int, float))]
-    if not waits:
-        return {"p50_s": None, "p95_s": None, "throttled": False}
-    p50 = float(np.median(waits))
-    return {"p50_s": p50, "p95_s": float(np.percentile(waits, 95)), "throttled": p50 > 1.0 / rate}
 
 
 def summarize(config, rows: list[dict], levels: list[dict], baseline: str) -> dict:
@@ -68,7 +55,7 @@ def summarize(config, rows: list[dict], levels: list[dict], baseline: str) -> di
                                                  alpha=alpha, prometheus=lv.get("prometheus"))
             else:
                 j = judge_level(base_rows, by.get((name, rate), []), duration_s=lv["wall_s"], slo=slo, alpha=alpha,
-                                prometheus=lv.get("prometheus"))
+                                prometheus=lv.get("prometheus"), rate=rate)
                 entry.update(metrics=j["metrics"], speedup=j["speedup"], pays=j["pays"], why=j["why"])
                 if (baseline, rate) in info:
                     judged[name].append((rate, j["pays"], j["why"]))
@@ -78,7 +65,8 @@ def summarize(config, rows: list[dict], levels: list[dict], baseline: str) -> di
     for name, js in judged.items():
         c = crossover([(rate, paid) for rate, paid, _ in js])
         why = {rate: w for rate, _, w in js}
-        crossovers[name] = {**c, "words": _words(name, c, why)}
+        unmeasured = {rate for rate, paid, _ in js if paid is None}
+        crossovers[name] = {**c, "words": _words(name, c, why, unmeasured), "not_measured": sorted(unmeasured)}
     top = max(rates) if rates else None
     overhead = {}
     for e in (e for e in table if e["rate"] == top):
@@ -97,9 +85,16 @@ def summarize(config, rows: list[dict], levels: list[dict], baseline: str) -> di
                          "limit": OVERHEAD_LIMIT}, "notes": list(NOTES)}
 
 
-def _words(name: str, c: dict, why: dict) -> str:
+def _words(name: str, c: dict, why: dict, unmeasured: set = frozenset()) -> str:
     if c["status"] == "pays at every level tried":
         return f"{name} pays at every level tried (up to {c['rate']:g} req/s)"
+    # A level max_in_flight held back is not measured: no loss shown there, and no crossover either.
+    if c["status"] == "never pays" and c["next"] in unmeasured:
+        return (f"{name} is not shown to pay: not measured at {c['next']:g} req/s, the lowest level tried "
+                f"({why[c['next']]})")
+    if c["status"] == "pays up to" and c["next"] in unmeasured:
+        return (f"{name} pays up to at least {c['rate']:g} req/s; not measured at {c['next']:g} req/s "
+                f"({why[c['next']]})")
     if c["status"] == "never pays":
         # "Pays" needs a speedup bound above 1; below it is "not shown to pay", not a shown loss.
         return (f"{name} is not shown to pay at any level tried: not even at {c['next']:g} req/s, the lowest "
@@ -171,7 +166,8 @@ def mlflow_metrics(load: dict, name: str, baseline: str) -> dict:
         if e["decoder"] == name and e.get("speedup"):
             level["speedup"] = e["speedup"]["statistic"]
             level["speedup_lower_bound"] = e["speedup"]["lower_bound"]
-            level["pays"] = bool(e.get("pays"))
+            if e.get("pays") is not None:  # absent where the level was not measured (held back)
+                level["pays"] = bool(e["pays"])
         acc = m.get("acceptance") or {}
         for key in ("per_token", "per_request", "level"):
             if key in acc:
@@ -179,8 +175,8 @@ def mlflow_metrics(load: dict, name: str, baseline: str) -> dict:
     c = load["crossover"].get(name) or {}
     if c.get("status") == "pays up to" or c.get("status") == "pays at every level tried":
         out["crossover_rps"] = c["rate"]
-    elif c.get("status") == "never pays":
-        out["crossover_rps"] = 0.0
+    elif c.get("status") == "never pays" and c["next"] not in c.get("not_measured", ()):
+        out["crossover_rps"] = 0.0  # not where the lowest level was not measured: nothing shown there
     return out
 
 
@@ -238,7 +234,9 @@ def lines(summary: dict) -> str:
                      else ("baseline" if e["role"] == "baseline" else "–")),
                     " / ".join(_f((acc.get(k) or {}).get("value"), ".2f")
                                for k in ("per_token", "per_request", "level")),
-                    "" if e["role"] == "baseline" else ("yes" if e.get("pays") else f"no: {e.get('why')}")))
+                    "" if e["role"] == "baseline" else (
+                        "yes" if e.get("pays") else
+                        f"{'not measured' if e.get('pays') is None else 'no'}: {e.get('why')}")))
     out += [""] + _table(spd)
     if load["refined"]:
         out.append(f"* a bracketing level ({len(load['refined'])} of a budget of {load['refine_budget']})")
