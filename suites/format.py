@@ -166,7 +166,9 @@ def load_file(path: str | Path) -> Suite:
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"cannot read suite file: {exc}", file=file) from None
     header, items, first_line = None, [], {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    # "\n" only: splitlines() also splits on U+2028, U+2029 and U+0085, which JSON allows raw in strings
+    # (an imported request log keeps them: `suites import` writes with ensure_ascii=False).
+    for lineno, raw in enumerate((ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n")), start=1):
         if not raw.strip():
             continue
         try:

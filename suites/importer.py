@@ -3,8 +3,10 @@
 Input formats (`--format auto` tells them apart by the first non-blank line):
 - `chat`: OpenAI-style chat request JSONL, one request per line: `messages` (required; content a
   string or a list of `{"type": "text", "text": ...}` parts), optional `temperature`, `top_p`,
-  `max_tokens` (or `max_completion_tokens`), `metadata`. A batch-API line (`{"body": {...}}`) is
-  read through its body.
+  `max_tokens` (or `max_completion_tokens`), `stop`, `metadata`. A batch-API line (`{"body": {...}}`) is
+  read through its body. Settings a suite cannot replay (`n` > 1, penalties, `logit_bias`, `seed`,
+  `response_format`, `tools`, ...) are dropped with one warning, their counts in the header's
+  `source.not_replayed`.
 - `prompts`: a plain text file, one prompt per line (blank lines skipped).
 
 What it does, in order: parse every line (a line that is not valid JSON, or lacks messages, fails
@@ -16,8 +18,8 @@ take a stratified sample (`--sample N --seed S`: proportional to each category's
 remainders, every category at least one item while N allows); write the suite file atomically
 (a temporary file, validated by the suite loader, then renamed: whole or not at all).
 
-The suite keeps each item's logged `sampling` (temperature, top_p) and `max_tokens` as its
-budget; `temperatures = "as-logged"` in a profile runs each item with them. The header's `source`
+The suite keeps each item's logged `sampling` (temperature, top_p), its `stop` strings and
+`max_tokens` as its budget; `temperatures = "as-logged"` in a profile runs each item with them. The header's `source`
 records the file's sha256, its format, the duplicates removed and the sampling (size, seed,
 per-category counts). Items are graded `none` (logs carry no right answers): such a suite measures
 identity, acceptance and speed, not quality. Item ids are `line-N`, the line in the source file.
@@ -30,14 +32,22 @@ import json
 import os
 import random
 import re
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
-from suites.format import SuiteError, item_from_row, load_file
+from suites.format import _NAME_RE as NAME_RE, SuiteError, item_from_row, load_file
 
 SMOKE_SIZE = 10
 FORMATS = ("auto", "chat", "prompts")
+# Request settings a suite item cannot carry (the harness runs its own seeds and sampling), with
+# their no-op values: a request that set one is replayed without it, which the import says (a
+# warning with counts) and records in the header's `source`, never silently.
+UNREPLAYABLE = {"n": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+                "logit_bias": (None, {}), "seed": (None,), "response_format": (None, {"type": "text"}),
+                "tools": (None, []), "repetition_penalty": (None, 1),
+                "top_k": (None, 0, -1), "min_p": (None, 0)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -90,20 +100,27 @@ def _parse_chat(raw: str, file: str, line: int) -> dict:
     if not any(t["content"].strip() for t in turns):
         _fail("the conversation has no text (every message's content is empty)", file, line, "messages")
     sampling = {k: req[k] for k in ("temperature", "top_p") if req.get(k) is not None}
-    budget = req.get("max_tokens", req.get("max_completion_tokens"))
+    # OpenAI's newer field: a request may send max_completion_tokens with max_tokens null or absent.
+    budget = req.get("max_tokens")
+    if budget is None:
+        budget = req.get("max_completion_tokens")
+    stop = req.get("stop")
+    stop = [stop] if isinstance(stop, str) else stop  # the API takes one string or a list
     metadata = req.get("metadata") if isinstance(req.get("metadata"), dict) else {}
-    return {"messages": turns, "sampling": sampling or None, "max_new_tokens": budget, "metadata": metadata,
-            "line": line}
+    dropped = sorted(k for k, no_op in UNREPLAYABLE.items() if k in req and req[k] not in no_op)
+    return {"messages": turns, "sampling": sampling or None, "max_new_tokens": budget, "stop": stop or None,
+            "metadata": metadata, "dropped": dropped, "line": line}
 
 
 def parse_log(path: Path, fmt: str = "auto") -> tuple[list[dict], str]:
     """Requests of the log (each with its source line), and the format it was read as."""
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a BOM (Windows tools write one) is not content
     except (OSError, UnicodeDecodeError) as e:
         _fail(f"cannot read the request log: {e}", file)
-    lines = text.splitlines()
+    # "\n" only: splitlines() also splits on U+2028, U+2029 and U+0085, which JSON allows raw inside strings.
+    lines = [ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n")]
     if fmt == "auto":
         first = next((ln for ln in lines if ln.strip()), "")
         fmt = "chat" if first.lstrip().startswith("{") else "prompts"
@@ -122,8 +139,8 @@ def parse_log(path: Path, fmt: str = "auto") -> tuple[list[dict], str]:
 
 
 def _identity(req: dict) -> str:
-    return json.dumps([req.get("messages"), req.get("prompt"), req.get("sampling"), req.get("max_new_tokens")],
-                      sort_keys=True, ensure_ascii=False)
+    return json.dumps([req.get("messages"), req.get("prompt"), req.get("sampling"), req.get("max_new_tokens"),
+                       req.get("stop")], sort_keys=True, ensure_ascii=False)
 
 
 def dedupe(requests: list[dict]) -> tuple[list[dict], int]:
@@ -239,6 +256,8 @@ def suite_rows(requests: list[dict], *, name: str, version: str, source: dict, m
             item["max_new_tokens"] = r["max_new_tokens"]
         if r.get("sampling"):
             item["sampling"] = r["sampling"]
+        if r.get("stop") is not None:
+            item["stop"] = r["stop"]
         items.append(item)
     smoke = [it["_id"] for it in stratified_sample(
         [dict(r, _id=f"line-{r['line']}") for r in requests], SMOKE_SIZE, 0)]
@@ -273,6 +292,15 @@ def import_log(path: str | Path, *, out: str | Path | None = None, name: str | N
     file = str(path)
     if fmt not in FORMATS:
         _fail(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}", file)
+    # The flags the header is made of, checked here: the suite loader would find them only in the
+    # temporary file, and name that file instead of the flag.
+    if name is not None and not NAME_RE.match(name):
+        _fail(f"--name {name!r}: a suite name is lower-case letters, digits, '-' and '_', starting with a letter "
+              f"or digit", file)
+    if not isinstance(version, str) or not version.strip():
+        _fail(f"--version must be a non-empty string, got {version!r}", file)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        _fail(f"--max-new-tokens must be a positive integer, got {max_new_tokens!r}", file)
     if sample is not None and sample < 1:
         _fail(f"--sample must be a positive number of items, got {sample}", file)
     if length_buckets is not None and (not length_buckets or length_buckets != sorted(set(length_buckets))
@@ -294,6 +322,12 @@ def import_log(path: str | Path, *, out: str | Path | None = None, name: str | N
                            "population": len(requests),
                            "per_category": dict(sorted(Counter(str(r.get("category")) for r in kept).items()))}
               if sample else None}
+    dropped = Counter(k for r in kept for k in r.get("dropped", ()))
+    if dropped:  # once, with counts: replayed without them, these items are not the logged requests
+        source["not_replayed"] = dict(sorted(dropped.items()))
+        print(f"decodegate: warning: {path.name}: settings a suite cannot replay, dropped: "
+              + ", ".join(f"{k} ({n} request{'s' if n > 1 else ''})" for k, n in sorted(dropped.items()))
+              + "; recorded in the header's source.not_replayed", file=sys.stderr)
     rows = suite_rows(kept, name=name, version=version, source=source, max_new_tokens=max_new_tokens)
     for i, row in enumerate(rows[1:]):  # fail on the log's line, not on the suite's
         item_from_row(row, rows[0]["defaults"], file=file, line=kept[i]["line"])

@@ -425,6 +425,8 @@ def run(args) -> int:
     from decoders.base import DecoderError
     if args.k < 1:
         raise DecoderError(f"--k must be >= 1, got {args.k}")
+    from harness.verdict.report import check_ci_paths
+    check_ci_paths(args.out)  # a folder, a missing parent, no permission: now, not after the measurements
     try:
         [float(x) for x in args.temperatures.split(",") if x]
         [float(x) for x in args.thresholds.split(",") if x.strip() and not x.strip().startswith("calibrated:")]
@@ -442,14 +444,20 @@ def run(args) -> int:
         raise DecoderError("--rounds and --prompts-per-category must be >= 1")
     result = run_bench(args)
     text = json.dumps(result, indent=2, default=float)
+    print(text if args.json else table(result))  # first: a failing --out must not cost the results
+    rc = 0
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    print(text if args.json else table(result))
+        try:
+            with open(args.out, "w") as f:
+                f.write(text)
+        except OSError as e:  # checked before the run; a full disk or a folder removed since
+            print(f"decodegate: error: --out {args.out} was not written ({e}); the results are printed above",
+                  file=sys.stderr)
+            rc = 2
     if args.tracking_uri:
         from harness.run import tracking
         try:
             tracking.log_bench(result, args.tracking_uri)
         except Exception as e:  # noqa: BLE001 - the numbers are printed already
             print(f"decodegate: warning: MLflow logging failed: {e}", file=sys.stderr)
-    return 0
+    return rc

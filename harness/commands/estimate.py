@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -40,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", required=True, help="a draft model, 'prompt-lookup', or 'self:L'")
     p.add_argument("--suite", required=True, help="a suite name or a suite .jsonl file")
     p.add_argument("--subset", choices=("smoke", "full"), default="smoke", help="items (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (argmax agreement); > 0: E[Σ min(p, q)]")
+    p.add_argument("--temperature", type=temperature, default=0.0,
+                   help="0: greedy (argmax agreement); > 0: E[Σ min(p, q)]")
     p.add_argument("--k", type=int, default=4, help="draft length K for the replayed rounds and the speedup "
                                                     "(default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, help="cap on each item's budget")
@@ -50,9 +52,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
+def temperature(text: str) -> float:
+    """--temperature: a finite number >= 0 (float() takes 'nan' and 'inf', which would divide
+    the logits into NaN and still exit 0)."""
+    try:
+        t = float(text)
+    except ValueError:
+        t = float("nan")
+    if not (math.isfinite(t) and t >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return t
+
+
 # ---------------------------------------------------------------------------------- outputs
 
-def baseline_outputs(target, items, *, run_dir: str | None, suite_name: str, cap: int | None) -> dict:
+def check_baseline_run(summary: dict, run_dir, target, suite_name: str, suite_hash: str | None) -> None:
+    """Refuse a baseline run of another model or other prompts, naming the mismatch: its tokens
+    teacher-forced through this target give confidently wrong α̂, or an IndexError where the
+    token ids exceed this target's vocabulary."""
+    base = summary["baseline"]
+    theirs = ((summary.get("fingerprints") or {}).get(base) or {}).get("target_fingerprint")
+    if theirs and not theirs.startswith("engine:"):  # by content: a name can be reused for other weights
+        from harness.run.fingerprint import model_fingerprint
+        mine = model_fingerprint(target)
+        if theirs != mine:
+            raise ConfigError(f"--baseline-run {run_dir}: its baseline ran on target {summary.get('target')!r} "
+                              f"(fingerprint {theirs}), this estimate's target is {target.name!r} (fingerprint "
+                              f"{mine}): another model's outputs say nothing about this one's acceptance")
+    elif summary.get("target") != target.name:  # no fingerprint (an engine baseline): by name
+        raise ConfigError(f"--baseline-run {run_dir}: its baseline ran on target {summary.get('target')!r}, "
+                          f"this estimate's target is {target.name!r}")
+    theirs = ((summary.get("suites") or {}).get(suite_name) or {}).get("hash")
+    if suite_hash and theirs and theirs != suite_hash:
+        raise ConfigError(f"--baseline-run {run_dir}: its suite {suite_name!r} has hash {theirs[:12]}, this "
+                          f"estimate's has {suite_hash[:12]}: the outputs answer other prompts")
+
+
+def baseline_outputs(target, items, *, run_dir: str | None, suite_name: str, cap: int | None,
+                     suite_hash: str | None = None) -> dict:
     """item id -> (prompt ids, output tokens, budget)."""
     out = {}
     prompts = {it.id: target.encode(it.messages or it.prompt) for it in items}
@@ -60,7 +97,9 @@ def baseline_outputs(target, items, *, run_dir: str | None, suite_name: str, cap
     if run_dir:
         from pathlib import Path
         from harness.run.records import read_records, read_summary
-        base = read_summary(Path(run_dir))["baseline"]
+        summary = read_summary(Path(run_dir))
+        check_baseline_run(summary, run_dir, target, suite_name, suite_hash)
+        base = summary["baseline"]
         for r in read_records(Path(run_dir)):
             if (r["candidate"] == base and r["suite"] == suite_name and r["temperature"] == 0
                     and r["item_id"] in prompts and r.get("tokens")):
@@ -241,8 +280,8 @@ def estimate(target, draft_spec: str, items, outputs: dict, *, k: int = 4, tempe
              device=None, seed: int = 0) -> dict:
     """α̂ per category with intervals, the measured draft cost and the implied speedup."""
     from analysis.acceptance_estimate import PromptEstimate, summarize_estimates
-    if temperature < 0:
-        raise ConfigError(f"--temperature must be >= 0, got {temperature}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ConfigError(f"--temperature must be a finite number >= 0, got {temperature}")
     if k < 1:
         raise ConfigError(f"--k must be >= 1, got {k}")
     draft = Draft(draft_spec, target, device)
@@ -328,7 +367,7 @@ def run(args) -> int:
     target = get_model(args.target, args.device)
     t = time.perf_counter()
     outputs = baseline_outputs(target, items, run_dir=args.baseline_run, suite_name=suite.name,
-                               cap=args.max_new_tokens)
+                               cap=args.max_new_tokens, suite_hash=suite.hash)
     gen_s = time.perf_counter() - t
     result = estimate(target, args.draft, items, outputs, k=args.k, temperature=args.temperature,
                       device=args.device, seed=args.seed)

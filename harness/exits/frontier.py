@@ -216,9 +216,13 @@ def table(result: dict) -> str:
 
 def run(args) -> int:
     from harness.run import runner
-    from harness.config import load_config
+    from harness.config import ConfigError, load_config
     from harness.models import lm_head_cost_in_layers
 
+    # Checked before the run folder exists: a NaN would reach the generated config and fail there,
+    # naming a file the user never wrote and leaving the folder behind. The config's own range.
+    if not 0 < args.margin <= 1:
+        raise ConfigError(f"--margin must be a drop in pass rate in (0, 1], got {args.margin}")
     pts = points(args)
     suites = [s.strip() for s in args.suites.split(",") if s.strip()]
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-frontier")

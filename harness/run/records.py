@@ -13,6 +13,7 @@ RECORDS = "records.jsonl"
 LOAD, LOAD_LEVELS = "load.jsonl", "load_levels.jsonl"  # open-loop requests and levels (harness.run.load)
 # Only these fields of a record are kept in an acceptance reference (harness.verdict.acceptance_ref) (no text, no tokens' content).
 KEEP = ("candidate", "suite", "suite_hash", "item_id", "categories", "seed", "temperature", "error")
+CANDIDATE_KEYS = ("verdict", "decoder", "kind", "target")  # every candidate of a finished summary.json
 STATS = ("accepted_per_round", "proposed_per_round", "target_forwards", "proposed", "accepted", "drafter")
 
 
@@ -54,9 +55,19 @@ def read_summary(run_dir: Path) -> dict:
         summary = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RecordsError(f"{path} is not valid JSON ({e}): not a summary decodegate wrote") from None
-    missing = [k for k in ("run_uid", "baseline", "candidates") if not isinstance(summary, dict) or k not in summary]
+    missing = [k for k in ("run_uid", "baseline", "candidates", "target", "profile", "verdict")
+               if not isinstance(summary, dict) or k not in summary]
     if missing:
         raise RecordsError(f"{path} is not a decodegate run summary (no {', '.join(missing)})")
+    # What `sync` reads of every candidate: checked here, so that an edited or cut summary is named
+    # before any upload starts, not a KeyError halfway through one.
+    if not isinstance(summary["candidates"], dict):
+        raise RecordsError(f"{path}: 'candidates' is not an object: not a summary decodegate wrote")
+    for name, cand in summary["candidates"].items():
+        lacks = [k for k in CANDIDATE_KEYS if not isinstance(cand, dict) or k not in cand]
+        if lacks:
+            raise RecordsError(f"{path}: candidate {name!r} has no {', '.join(lacks)}: not a summary of a "
+                               f"finished run (was it edited?)")
     return summary
 
 

@@ -1,0 +1,211 @@
+"""Faults a red-team review found in the commands around `regress`: each is refused with one line
+naming the problem (exit 2), before any work it would waste, and never costs results already made.
+
+estimate-acceptance: a --baseline-run of another target or another version of the suite, and a
+temperature that is no number (nan, inf). bench: an --out that cannot be written (checked before
+the run; a write that fails after it still prints the results). suites import: a BOM, JSON
+strings holding U+2028/U+2029/U+0085, max_completion_tokens beside a null max_tokens, `stop`, the
+settings a suite cannot replay (warned and recorded), and bad --name/--version/--max-new-tokens
+named as flags. sync: a summary whose candidate lacks its verdict. exit-frontier: --margin nan."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from suites import load_suite
+
+
+def _suite(path: Path, prompt_a: str = "Tell me about cats") -> Path:
+    rows = [{"suite": "s", "version": "1", "description": "command faults", "smoke": ["a", "b"],
+             "defaults": {"grader": "none", "max_new_tokens": 6, "stop": []}},
+            {"id": "a", "prompt": prompt_a}, {"id": "b", "prompt": "Tell me about rivers"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def regress_run(tmp_path_factory) -> Path:
+    """A finished regress run on tiny-llama over suite `s` (the folder is copied by the tests that edit it)."""
+    tmp = tmp_path_factory.mktemp("faults")
+    suite = _suite(tmp / "s.jsonl")
+    cfg = tmp / "regress.toml"
+    cfg.write_text(f"""target = "tiny-llama"
+[baseline]
+name = "baseline"
+decoder = "standard"
+[[candidates]]
+name = "spec"
+decoder = "speculative"
+options = {{ draft = "prompt-lookup", k = 3 }}
+[suites.s]
+path = "{suite}"
+[profiles.smoke]
+subset = "smoke"
+suites = ["s"]
+temperatures = [0.0]
+seeds = [0]
+""")
+    run_dir = tmp / "run"
+    rc = main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress", "--no-tracking"])
+    assert rc in (0, 1) and (run_dir / "summary.json").exists()
+    return run_dir
+
+
+def _err(capsys, *needles: str) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "internal error" not in err, err[-1500:]
+    for n in needles:
+        assert n in err, (n, err[-800:])
+    return err
+
+
+# ------------------------------------------------------------------------------ estimate-acceptance
+
+def test_estimate_refuses_a_baseline_run_of_another_target_or_suite(regress_run, tmp_path, capsys):
+    suite = _suite(tmp_path / "s.jsonl")
+    args = ["estimate-acceptance", "--draft", "prompt-lookup", "--baseline-run", str(regress_run), "--json"]
+    assert main([*args, "--target", "tiny-llama", "--suite", str(suite)]) == 0  # the run's own target and suite
+    capsys.readouterr()
+    # Another model: its token ids teacher-forced through tiny-llama's outputs (before: exit 0 or 3).
+    assert main([*args, "--target", "tiny-qwen2", "--suite", str(suite)]) == 2
+    _err(capsys, "its baseline ran on target 'tiny-llama'", "'tiny-qwen2'")
+    # The same suite name, another prompt: the outputs answer other prompts (before: exit 0).
+    (tmp_path / "other").mkdir()
+    other = _suite(tmp_path / "other" / "s.jsonl", prompt_a="Tell me about dogs")
+    assert main([*args, "--target", "tiny-llama", "--suite", str(other)]) == 2
+    _err(capsys, "its suite 's' has hash")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-0.5"])
+def test_estimate_temperature_must_be_a_finite_number(tmp_path, capsys, value):
+    suite = _suite(tmp_path / "s.jsonl")
+    with pytest.raises(SystemExit) as e:  # argparse: exit 2 with the usage line (before: nan, inf ran, exit 0)
+        main(["estimate-acceptance", "--target", "tiny-llama", "--draft", "prompt-lookup", "--suite", str(suite),
+              f"--temperature={value}"])
+    assert e.value.code == 2
+    _err(capsys, "--temperature", "finite number >= 0")
+
+
+# ------------------------------------------------------------------------------------------- bench
+
+BENCH = ["bench", "--target", "tiny-llama", "--draft", "prompt-lookup", "--thresholds", "", "--no-hf",
+         "--rounds", "1", "--max-new-tokens", "4", "--temperatures", "0", "--json"]
+
+
+@pytest.mark.parametrize("bad", ["folder", "missing/parent/out.json"])
+def test_bench_checks_out_before_the_run(tmp_path, capsys, monkeypatch, bad):
+    import harness.commands.bench as bench
+
+    def must_not_run(args):
+        raise AssertionError("the bench ran before --out was checked")
+    monkeypatch.setattr(bench, "run_bench", must_not_run)
+    (tmp_path / "folder").mkdir()
+    assert main([*BENCH, "--out", str(tmp_path / bad)]) == 2  # before: the bench ran (here: exit 3)
+    _err(capsys, f"cannot write {tmp_path / bad}")
+
+
+def test_bench_prints_the_results_when_out_fails_after_the_run(tmp_path, capsys, monkeypatch):
+    import harness.commands.bench as bench
+    out = tmp_path / "gone" / "bench.json"
+    out.parent.mkdir()
+
+    def measured(args):  # the folder is removed during the run
+        shutil.rmtree(out.parent)
+        return {"measured": 1.5}
+    monkeypatch.setattr(bench, "run_bench", measured)
+    assert main([*BENCH, "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"measured": 1.5}  # before: nothing printed, the results lost
+    assert f"--out {out} was not written" in captured.err and "printed above" in captured.err
+
+
+# ------------------------------------------------------------------------------------ suites import
+
+def _req(content: str, **extra) -> dict:
+    return {"model": "x", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def test_import_reads_a_log_with_a_bom(tmp_path):
+    log = tmp_path / "bom.jsonl"
+    log.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(_req(f"q{i}")) + "\n" for i in range(3)).encode())
+    out = tmp_path / "bom-suite.jsonl"
+    # before: auto read the BOM'd first line as a prompts file (the JSON text became prompts)
+    assert main(["suites", "import", str(log), "--out", str(out)]) == 0
+    assert [it.messages[0]["content"] for it in load_suite(out).items] == ["q0", "q1", "q2"]
+    # before: --format chat failed on line 1, "not valid JSON"
+    assert main(["suites", "import", str(log), "--out", str(tmp_path / "chat.jsonl"), "--format", "chat"]) == 0
+
+
+def test_import_keeps_line_separators_inside_json_strings(tmp_path):
+    texts = ["one\u2028two", "three\u2029four", "five\u0085six"]
+    log = tmp_path / "seps.jsonl"
+    # ensure_ascii=False: the characters raw inside the strings, as JSON allows
+    log.write_text("".join(json.dumps(_req(t), ensure_ascii=False) + "\r\n" for t in texts), encoding="utf-8")
+    out = tmp_path / "seps-suite.jsonl"
+    assert main(["suites", "import", str(log), "--out", str(out)]) == 0  # before: "line 1: not valid JSON"
+    suite = load_suite(out)
+    assert [it.messages[0]["content"] for it in suite.items] == texts
+    assert [it.id for it in suite.items] == ["line-1", "line-2", "line-3"]
+
+
+def test_import_budget_stop_and_settings_it_cannot_replay(tmp_path, capsys):
+    reqs = [_req("a", max_tokens=None, max_completion_tokens=33),   # OpenAI's newer field
+            _req("b", max_completion_tokens=21, stop="END"),
+            _req("c", max_tokens=9, stop=["\n\n", "###"], n=2, presence_penalty=0.5, seed=7),
+            _req("d", max_tokens=9, n=1, frequency_penalty=0, logit_bias={"50256": -100}, seed=8)]
+    log = tmp_path / "settings.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in reqs))
+    out = tmp_path / "settings-suite.jsonl"
+    assert main(["suites", "import", str(log), "--out", str(out)]) == 0
+    items = {it.messages[0]["content"]: it for it in load_suite(out).items}
+    assert items["a"].max_new_tokens == 33  # before: 128, the default
+    assert items["b"].max_new_tokens == 21 and items["b"].stop == ("END",)
+    assert items["c"].stop == ("\n\n", "###") and items["d"].stop == ()
+    err = capsys.readouterr().err
+    assert err.count("cannot replay") == 1  # once, with counts
+    assert "seed (2 requests)" in err and "n (1 request)" in err and "presence_penalty (1 request)" in err
+    header = json.loads(out.read_text().split("\n")[0])
+    assert header["source"]["not_replayed"] == {"logit_bias": 1, "n": 1, "presence_penalty": 1, "seed": 2}
+    # A request with another stop is another request, not a duplicate.
+    log.write_text(json.dumps(_req("e", stop="X")) + "\n" + json.dumps(_req("e", stop="Y")) + "\n")
+    assert main(["suites", "import", str(log), "--out", str(tmp_path / "two.jsonl")]) == 0
+    assert len(load_suite(tmp_path / "two.jsonl").items) == 2
+
+
+@pytest.mark.parametrize("flag, value", [("--name", "Bad Name"), ("--version", " "), ("--max-new-tokens", "0")])
+def test_import_flags_are_named_not_a_temporary_file(tmp_path, capsys, flag, value):
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps(_req("hello")) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["suites", "import", str(log), "--out", str(out), flag, value]) == 2
+    err = _err(capsys, flag)
+    assert ".tmp" not in err  # before: the error named the temporary suite file (or the log's line 1)
+    assert not out.exists() and not list(tmp_path.glob(".out.jsonl.*"))
+
+
+# -------------------------------------------------------------------------------- sync, exit-frontier
+
+def test_sync_names_a_candidate_without_its_verdict(regress_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(regress_run, run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    del summary["candidates"]["spec"]["verdict"]
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    db = tmp_path / "m.db"
+    assert main(["sync", str(run_dir), "--tracking-uri", f"sqlite:///{db}"]) == 2  # before: KeyError, exit 3
+    _err(capsys, "candidate 'spec' has no verdict")
+    assert not db.exists()  # refused before any upload began (before: a parent run half uploaded)
+
+
+@pytest.mark.parametrize("margin", ["nan", "0", "1.5", "-0.1"])
+def test_frontier_margin_is_checked_before_the_run_folder(tmp_path, capsys, margin):
+    run_dir = tmp_path / "frontier"
+    assert main(["exit-frontier", "--target", "tiny-llama", "--suites", "factual", f"--margin={margin}",
+                 "--run-dir", str(run_dir), "--no-tracking", "--no-progress"]) == 2
+    err = _err(capsys, "--margin must be a drop in pass rate in (0, 1]")
+    assert "frontier.toml" not in err  # before: the error named the generated config
+    assert not run_dir.exists()  # before: the folder was left behind
