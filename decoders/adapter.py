@@ -7,7 +7,7 @@ keys and values from a copied hidden state (state propagation, CALM: Schuster et
 Supported: the Llama / Qwen2 / Mistral family (pre-norm layers with `input_layernorm`,
 `self_attn.{k,v}_proj`, rotary embeddings, no q/k norm). Other architectures are refused with a
 clear error rather than silently computing something else. Sliding-window attention is not
-applied here (contexts in this harness stay below the window).
+applied here: a request that could reach past the window is refused (`check_capacity`).
 
 Layers may hold different lengths of cache while a self-draft runs ahead on the lower layers, so
 the attention mask is built per call from the length of the layer range's own cache, not from
@@ -18,8 +18,24 @@ from __future__ import annotations
 import torch
 
 from decoders.base import DecoderError
+from decoders.common import _cache_kwarg
 
 SUPPORTED = ("llama", "qwen2", "mistral")
+
+
+def sliding_window(config) -> int | None:
+    """The attention window a model's layers use, or None for full attention. Mistral applies
+    `sliding_window` whenever it is set; Qwen2 only on the layers `layer_types` marks (from
+    `use_sliding_window` and `max_window_layers`)."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    if getattr(config, "model_type", None) == "mistral":
+        return int(window)
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return int(window) if "sliding_attention" in types else None
+    return int(window) if getattr(config, "use_sliding_window", False) else None
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -38,6 +54,20 @@ class LayerAdapter:
         self.layers = self.body.layers
         self.num_layers = len(self.layers)
         self.impl = model.config._attn_implementation or "eager"
+        # The keyword a decoder layer takes its cache by: `cache` from transformers 5.2x on,
+        # `past_key_values` before (a layer given the other name silently caches nothing).
+        self.cache_kw = _cache_kwarg(type(self.layers[0])) if self.num_layers else "cache"
+        self.window = sliding_window(model.config)
+
+    def check_capacity(self, capacity: int) -> None:
+        """Refuse a request whose context (prompt, new tokens, drafts) can reach `capacity`
+        tokens when that is past the model's attention window: the masks here attend to the whole
+        context, so past the window the logits would not be the model's."""
+        if self.window is not None and capacity > self.window:
+            raise DecoderError(f"layer-wise decoding (early exit, self-draft) does not apply sliding-window "
+                               f"attention: this model attends to the last {self.window} tokens, and this "
+                               f"request can reach {capacity}; shorten the prompt or max_new_tokens, or use "
+                               f"a decoder that runs the whole model (standard, speculative with another draft)")
 
     # -------------------------------------------------------------------------------- pieces
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -74,7 +104,7 @@ class LayerAdapter:
             if have != position:
                 raise RuntimeError(f"layer {i} caches {have} tokens, expected {position}")
             hidden = self.layers[i](hidden, attention_mask=mask, position_embeddings=cos_sin,
-                                    position_ids=pos, cache=cache, use_cache=True)
+                                    position_ids=pos, use_cache=True, **{self.cache_kw: cache})
         return hidden
 
     @torch.inference_mode()

@@ -11,12 +11,40 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 
 class DecoderError(ValueError):
     """Bad decoder input: unknown backend, bad option, prompt too long, NaN logits."""
+
+
+# Seeds are hashed as signed 64-bit integers (decoders.sampling.prompt_key), and engines read a
+# negative seed as "pick one at random": only 0 <= seed < 2**63 is reproducible everywhere.
+SEED_LIMIT = 2 ** 63
+# Below this, logits / T overflow float32 to inf (and inf - inf = NaN): the shaped distribution
+# is garbage, not the argmax. Greedy is temperature 0.
+MIN_TEMPERATURE = 1e-6
+
+
+def seed_problem(seed) -> str | None:
+    """Why `seed` is not a usable seed, or None."""
+    try:
+        ok = not isinstance(seed, bool) and 0 <= operator.index(seed) < SEED_LIMIT  # numpy ints too
+    except TypeError:
+        ok = False
+    return None if ok else f"seed must be an integer in [0, 2**63), got {seed!r}"
+
+
+def temperature_problem(temperature) -> str | None:
+    """Why `temperature` is not a usable temperature, or None."""
+    if not temperature >= 0:
+        return f"temperature must be >= 0, got {temperature}"
+    if 0 < temperature < MIN_TEMPERATURE:
+        return (f"temperature {temperature:g} is too small to sample with (logits / T overflow): use "
+                f"0 for greedy decoding, or a temperature >= {MIN_TEMPERATURE:g}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -38,8 +66,9 @@ class GenerationRequest:
             raise DecoderError("prompt is empty: give at least one token")
         if self.max_new_tokens < 1:
             raise DecoderError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0:
-            raise DecoderError(f"temperature must be >= 0, got {self.temperature}")
+        problem = temperature_problem(self.temperature) or seed_problem(self.seed)
+        if problem:
+            raise DecoderError(problem)
         if not 0 < self.top_p <= 1:
             raise DecoderError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

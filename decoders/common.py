@@ -147,7 +147,9 @@ class Emitter:
         self.margins: list[float] = []
         self.stamps: list[float] = []
         self.stop_ids = set(request.stop_token_ids)
-        self.longest_stop = max((len(s) for s in request.stop_strings), default=0)
+        # In UTF-8 bytes: a token holds at least one byte, so a stop string of n bytes spans at
+        # most n tokens (an emoji split into byte tokens spans 4 for one character).
+        self.longest_stop = max((len(s.encode("utf-8")) for s in request.stop_strings), default=0)
         self.finish_reason: str | None = None
         self.t0 = time.perf_counter()
 
@@ -174,7 +176,8 @@ class Emitter:
         return self.done
 
     def _hit_stop_string(self) -> bool:
-        # A stop string spans at most longest_stop tokens; decode a tail a little longer than that.
+        # A stop string spans at most longest_stop tokens; decode a tail a little longer than that
+        # (a tokenizer may drop a leading space from the first token it decodes).
         tail = self.tokenizer.decode(self.tokens[-(self.longest_stop + 2):], skip_special_tokens=False)
         return any(s in tail for s in self.request.stop_strings)
 

@@ -246,7 +246,9 @@ class SelfDraft(Drafter):
     @torch.inference_mode()
     def prefill(self, prompt_ids, capacity: int | None = None) -> torch.Tensor:
         a = self.adapter
-        self.cache = self.pool.new(capacity or len(prompt_ids) + 1)
+        capacity = capacity or len(prompt_ids) + 1
+        a.check_capacity(capacity)
+        self.cache = self.pool.new(capacity)
         h = a.run_layers(a.embed(torch.tensor([list(prompt_ids)], device=self.device)), 0, a.num_layers,
                          self.cache, 0)
         self.up = self.low = len(prompt_ids)

@@ -382,6 +382,7 @@ class EarlyExitDecoder(Decoder):
         token this decoder would have chosen there). A disagreement at position i is what
         early exit changes given the same prefix, with its own (propagated) cache."""
         device = self.target.device
+        self.adapter.check_capacity(len(prompt_ids) + len(tokens))
         cache = self.pool.new(len(prompt_ids) + len(tokens) + 1)
         position = len(prompt_ids)
         ex = self.step(self.adapter.embed(torch.tensor([list(prompt_ids)], device=device)), cache, 0, full=True)
@@ -408,7 +409,9 @@ class EarlyExitDecoder(Decoder):
         model, device = self.target.model, self.target.device
         out = Emitter(request, self.target.tokenizer, check_prompt_fits(model, request))
         key = prompt_key(request.seed, request.prompt_ids)
-        cache = self.pool.new(request_capacity(model, len(request.prompt_ids), out.max_new), private=private)
+        capacity = request_capacity(model, len(request.prompt_ids), out.max_new)
+        self.adapter.check_capacity(capacity)
+        cache = self.pool.new(capacity, private=private)
         position = len(request.prompt_ids)          # absolute position of the next new token
         ids = torch.tensor([request.prompt_ids], device=device)
         with scope("prefill"):

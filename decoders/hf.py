@@ -71,8 +71,11 @@ class HFDecoder(Decoder):
             stop_strings=list(request.stop_strings) or None,
         )
         if not request.greedy:
+            # Set even when off: a field left None is filled from the model's generation_config,
+            # then from transformers' defaults (top_k = 50), and the samples would come from a
+            # truncated distribution. top_k = 0 and top_p = 1.0 are "off" in transformers.
             cfg.temperature = request.temperature
-            cfg.top_k = request.top_k or None
+            cfg.top_k = request.top_k or 0
             cfg.top_p = request.top_p
         return cfg
 

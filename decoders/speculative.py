@@ -286,9 +286,12 @@ class _Run:
                 # is finite only when every term is; one that is not is checked value by value.
                 row = torch.cat([verdict.accepted.double(), verdict.token.double(),
                                  torch.isfinite(logits.sum()).double()[None], margin.double()]).tolist()
-            if not row[2]:
-                check_finite(logits, f"positions {position}..{position + n}")
             accepted, token, margins = int(row[0]), int(row[1]), row[3:]
+            if not row[2]:
+                # Only the rows the verdict used (each row's test reads its own row alone): rows
+                # past the first rejection score a context that is thrown away, and a NaN there
+                # never reaches a token.
+                check_finite(logits[:accepted + 1], f"positions {position}..{position + accepted}")
             self.st.verify_s += _clock(self.device) - t
             # Where the round's tokens land and which draft token was turned down: the exactness
             # check needs both to test the tokens the verifier produced (analysis/pit.py).

@@ -11,6 +11,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from decoders.base import seed_problem, temperature_problem
+
 
 class ConfigError(ValueError):
     """A regress config that cannot be used as written."""
@@ -380,12 +382,16 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     for key in ("suites", "temperatures", "sample_suites", "seeds"):
         _typed(p, key, list, where, "a list" + (' (or "as-logged")' if key == "temperatures" else ""))
     temps = tuple(float(t) for t in p.get("temperatures", [0.0]))
-    if any(t < 0 for t in temps):
-        raise ConfigError(f"{where}: temperatures must be >= 0")
+    for t in temps:  # the requests' own rule (decoders.base), said here before any model loads
+        if temperature_problem(t):
+            raise ConfigError(f"{where}: temperatures: {temperature_problem(t)}")
     if len(set(temps)) != len(temps) or len(set(p.get("seeds", [0]))) != len(p.get("seeds", [0])):
         raise ConfigError(f"{where}: temperatures and seeds must not repeat")
     if not p.get("seeds", [0]) or not all(isinstance(x, int) and not isinstance(x, bool) for x in p.get("seeds", [0])):
         raise ConfigError(f"{where}: seeds must be a non-empty list of integers")
+    for x in p.get("seeds", [0]):
+        if seed_problem(x):
+            raise ConfigError(f"{where}: seeds: {seed_problem(x)}")
     unknown = set(p.get("sample_suites", [])) - set(p.get("suites", list(suites)))
     if unknown:
         raise ConfigError(f"{where}: sample_suites {sorted(unknown)} are not in this profile's suites")

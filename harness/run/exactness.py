@@ -25,7 +25,10 @@ uses `decoders.sampling`, the shaping the baseline and every candidate sample wi
 and a batched forward (what a numerical near-tie is).
 
 Windows and their samples go to `exactness.jsonl` (one row per window), so a resumed run does not
-redraw them; the tests are recomputed from them.
+redraw them (it draws only the windows still missing); the tests are recomputed from them. A sample
+whose generation failed (a DecoderError, e.g. NaN logits) is kept as an error: its window's test is
+inconclusive and names it. Fewer windows than `exactness_prompts` (too few positions to choose
+from) add a test without a p-value that names the shortfall.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ import torch
 
 import analysis
 from analysis import pit
+from decoders.base import DecoderError
 from analysis.exactness import detectable_tv as gof_detectable_tv, samples_needed as gof_samples_needed
 from harness.run import reference
 from harness.run.reference import output_size, shaped_probs, teacher_forced_logits, to_vocab
@@ -261,14 +265,19 @@ def _uncertain_windows(base_seqs: list[tuple], n: int) -> list[tuple]:
 
 def _generate(decoder, request, seeds) -> list[dict]:
     """One sample of `request` per seed. The samples share their prompt, so the decoder prefills
-    it once (nothing here is timed)."""
+    it once (nothing here is timed). A sample whose generation fails is kept as its error: it is
+    this window's missing evidence, not the end of the run."""
     reuse = getattr(decoder, "reuse_prefill", None)
     if reuse is not None:
         reuse(True)
     out = []
     try:
         for seed in seeds:
-            res = decoder.generate(dataclasses.replace(request, seed=seed))
+            try:
+                res = decoder.generate(dataclasses.replace(request, seed=seed))
+            except DecoderError as e:
+                out.append({"tokens": [], "stats": {}, "seed": seed, "error": str(e)})
+                continue
             out.append({"tokens": list(res.tokens), "stats": {k: res.stats[k] for k in STATS_KEPT if k in res.stats}})
     finally:
         if reuse is not None:
@@ -325,19 +334,30 @@ def _top1(target, seqs: list[Sequence]) -> list[np.ndarray]:
     return out
 
 
+def _window_key(w: dict) -> tuple:
+    return w["suite"], w["item_id"], w["offset"], w["temperature"]
+
+
 def _window_rows(config, run_dir: Path, lineup, spec, base_seqs, done: list[dict], progress: bool) -> list[dict]:
-    """The candidate's windows with their samples: from exactness.jsonl, or drawn now."""
+    """The candidate's windows with their samples: from exactness.jsonl, and the ones still
+    missing (a run interrupted while drawing them) drawn now. Fewer than `exactness_prompts` only
+    where the pool of windows holds fewer (the caller names the shortfall)."""
     from tqdm import tqdm
     from harness.run.records import RecordWriter
     prof = config.profile
-    if done:
+    if len(done) >= prof.exactness_prompts:
         return done
-    rows = []
+    rows = list(done)
+    stored = {_window_key(w) for w in done}
     target, decoder = lineup.targets[spec.name], lineup.decoders[spec.name]
     items = {(s.name, it.id): (s, it) for s, it, *_ in base_seqs}
+    # The same ranking as the first attempt (same pool, same trial seeds): its top windows, less
+    # those already stored, hold at least the number still missing.
+    todo = [w for w in choose_windows(config, lineup, spec, base_seqs, prof.exactness_prompts, progress)
+            if _window_key(w) not in stored][:prof.exactness_prompts - len(done)]
     writer = RecordWriter(run_dir, FILE)
     try:
-        for w in choose_windows(config, lineup, spec, base_seqs, prof.exactness_prompts, progress):
+        for w in todo:
             suite, item = items[(w["suite"], w["item_id"])]
             base = make_request(config, target, WorkItem(suite, item, w["temperature"], 0))
             req = dataclasses.replace(_request_at(base, list(base.prompt_ids) + w["prefix"]), max_new_tokens=SEQ_LEN)
@@ -353,12 +373,19 @@ def _window_rows(config, run_dir: Path, lineup, spec, base_seqs, done: list[dict
 
 
 def _gof(target, window: dict, request) -> dict:
-    samples = [tuple(s["tokens"]) for s in window["samples"]]
+    errors = [s for s in window["samples"] if s.get("error")]
+    samples = [tuple(s["tokens"]) for s in window["samples"] if not s.get("error")]
     full = [s for s in samples if len(s) == SEQ_LEN]
     prop = sum(pit.verifier_counts(s["stats"])[0] for s in window["samples"])
     rej = sum(pit.verifier_counts(s["stats"])[1] for s in window["samples"])
     row = {"suite": window["suite"], "item_id": window["item_id"], "offset": window["offset"],
            "temperature": window["temperature"], "n": len(full), "proposed": prop, "rejected": rej}
+    if errors:
+        # The samples that failed are not a random subset: a test of the rest could pass or fail
+        # for that alone. No p-value: inconclusive, with the error named.
+        return {**row, "pvalue": None, "errors": len(errors),
+                "note": f"{len(errors)} of {len(window['samples'])} samples failed (first, seed "
+                        f"{errors[0].get('seed')}: {errors[0]['error']}); the window's sample is incomplete"}
     if not full:
         return {**row, "pvalue": None, "note": "no sample reached the window's length"}
     p, assign = categories(target, request, len(full), depth=SEQ_LEN)
@@ -373,6 +400,17 @@ def _gof(target, window: dict, request) -> dict:
     except analysis.InsufficientDataError as e:
         row.update(pvalue=None, note=str(e))
     return row
+
+
+def _shortfall(windows: list[dict], prof, chosen: list) -> dict:
+    """A test without a p-value standing for the windows that could not be drawn."""
+    t = min((c[4] for c in chosen), default=min(t for t in prof.temperatures if t > 0))
+    return {"suite": "", "item_id": "windows", "offset": 0, "temperature": t, "n": 0, "proposed": 0,
+            "rejected": 0, "pvalue": None, "shortfall": prof.exactness_prompts - len(windows),
+            "note": f"only {len(windows)} of the {prof.exactness_prompts} exactness windows configured "
+                    f"(exactness_prompts) could be drawn: the baseline's sampled continuations at "
+                    f"T={t:g} hold too few non-overlapping {SEQ_LEN}-token windows (more prompts or "
+                    f"longer continuations, or fewer exactness_prompts)"}
 
 
 def run_checks(config, run_dir: Path, lineup, suites, progress: bool = True) -> dict:
@@ -412,7 +450,10 @@ def run_checks(config, run_dir: Path, lineup, suites, progress: bool = True) -> 
             base = make_request(config, target, WorkItem(suite, item, w["temperature"], 0))
             req = dataclasses.replace(_request_at(base, list(base.prompt_ids) + w["prefix"]), max_new_tokens=SEQ_LEN)
             tests.append(_gof(target, w, req))
-            win_seqs += [Sequence(req.prompt_ids, s["tokens"], req, s["stats"]) for s in w["samples"]]
+            win_seqs += [Sequence(req.prompt_ids, s["tokens"], req, s["stats"]) for s in w["samples"]
+                         if not s.get("error")]
+        if len(windows) < prof.exactness_prompts:
+            tests.append(_shortfall(windows, prof, chosen))
         kind = _q_kind(spec)
         draft = _draft_model(spec, lineup.targets[spec.name]) if kind == "model" else None
         cand = sequence_features(target, cand_seqs + win_seqs, draft=draft, kind=kind)

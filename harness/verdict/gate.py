@@ -276,9 +276,11 @@ def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
                                   f"distribution they must follow (p = 0); {n} tokens, {counts}{against}"))
             continue
         if c.get("pvalue") is None:
-            # No p-value where drafts were rejected is missing evidence; a window without drafts is
-            # uninformative, and fails only where nothing else exercised the verifier.
-            status = _inconclusive(gates) if c.get("rejected") or not exercised else "warn"
+            # No p-value where drafts were rejected, samples failed or windows are missing is missing
+            # evidence; a window without drafts is uninformative, and fails only where nothing else
+            # exercised the verifier.
+            missing = c.get("rejected") or c.get("errors") or c.get("shortfall")
+            status = _inconclusive(gates) if missing or not exercised else "warn"
             out.append(GateResult(name, status, f"inconclusive: no p-value: {c.get('note', 'too few samples')}; {counts}"))
             continue
         detect = c.get("detectable_tv")
