@@ -6,7 +6,7 @@ the near-tie epsilon of the exactness contract should be on this device and dtyp
 verification scores K+1 tokens in one forward, `standard` one at a time, and the two differ by
 rounding; a greedy divergence is excusable only where the baseline's top-2 margin is below it.
 
-    python scripts/gpu_check.py --device cuda --dtype bf16 [--prompts 4] [--new 48]
+    python scripts/gpu_check.py --device cuda --dtype bf16 [--prompts 4] [--new 48] [--out FILE]
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--new", type=int, default=48, help="new tokens per prompt")
     p.add_argument("--self-layers", type=int, default=12)
+    p.add_argument("--out", help="also write the JSON object to this file")
     args = p.parse_args(argv)
 
     from decoders import GenerationRequest, make_decoder
@@ -96,7 +97,11 @@ def main(argv=None) -> int:
         "suggested_epsilon": float(md.max()),
     }
     report["wall_s"] = time.perf_counter() - t0
-    print(json.dumps(report, indent=1))
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
     return 0 if all(v == 1.0 or _all_near_ties(report, k) for k, v in report["identity"].items()) else 1
 
 
