@@ -146,6 +146,10 @@ def make_suite(*, name: str, version: str, description: str, items, smoke_ids,
     """Assemble a suite from validated items, checking the smoke ids; computes the hash."""
     items = tuple(items)
     known = {item.id for item in items}
+    if len(known) != len(items):  # records pair on the id: one id must be one item, whatever loaded it
+        seen = set()
+        dup = next(item.id for item in items if item.id in seen or seen.add(item.id))
+        raise SuiteError(f"duplicate id {dup!r}", file=source, line=header_line, field="id")
     smoke_ids = tuple(smoke_ids)
     for sid in smoke_ids:
         if sid not in known:
@@ -258,7 +262,7 @@ def item_from_row(row: dict, defaults: dict | None = None, *, file: str = "<memo
     if not isinstance(options, dict):
         fail("grader_options", "must be an object")
     for field, message in check_options(grader, options, references):
-        fail(field, message)
+        fail(field, f"item {item_id!r}: {message}")
     categories = _string_list(row.get("categories", []), "categories", fail)
     max_new = row.get("max_new_tokens", defaults.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
     if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:

@@ -6,8 +6,11 @@ importing the graders, their sandbox, or anything else that grading needs.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass
+
+from suites.normalize import normalize
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ OPTIONS: dict[str, dict[str, Option]] = {
     "none": {},
 }
 NEEDS_REFERENCES = frozenset({"exact_match", "contains"})
+MAX_TIMEOUT_S = 600.0  # a code item's wall clock: longer is a typo, or a run that never ends
 
 
 def regex_flags(letters: str) -> int:
@@ -47,12 +51,29 @@ def unknown_grader_message(name) -> str:
     return f"unknown grader {name!r}{hint} (known: {', '.join(OPTIONS)})"
 
 
+def _within(value, low: float, high: float) -> bool:
+    """low < value <= high, for a finite number (NaN and infinity fail every such check)."""
+    try:
+        value = float(value)
+    except (OverflowError, TypeError, ValueError):  # an int too large for a float
+        return False
+    return math.isfinite(value) and low < value <= high
+
+
 def check_options(grader: str, options: dict, references) -> list[tuple[str, str]]:
     """Problems with an item's grader options, as (field, message) pairs; empty when valid."""
     options_of = OPTIONS[grader]
     problems = []
     if grader in NEEDS_REFERENCES and not references:
         problems.append(("references", f"grader {grader!r} needs at least one reference"))
+    for i, ref in enumerate(references if grader in NEEDS_REFERENCES else ()):
+        # A reference with nothing left to compare would match the empty answer (exact_match) or
+        # every answer (contains): the graders pass on neither, so no answer could pass.
+        if grader == "exact_match" and isinstance(ref, str) and not normalize(ref):
+            problems.append((f"references[{i}]", f"{ref!r} normalises to nothing (punctuation and spaces "
+                                                 f"only): no answer can match it"))
+        elif grader == "contains" and isinstance(ref, str) and not ref.strip():
+            problems.append((f"references[{i}]", f"{ref!r} is blank: it is in every answer"))
     for key, value in options.items():
         field = f"grader_options.{key}"
         if key not in options_of:
@@ -79,6 +100,10 @@ def check_options(grader: str, options: dict, references) -> list[tuple[str, str
                 problems.append(("grader_options.pattern", f"invalid regular expression: {exc}"))
     if grader == "code" and not problems and not options["entry_point"].isidentifier():
         problems.append(("grader_options.entry_point", "must be a Python identifier"))
-    if grader == "code" and not problems and options.get("timeout_s", 1) <= 0:
-        problems.append(("grader_options.timeout_s", "must be positive"))
+    timeout = options.get("timeout_s", 1.0)
+    if grader == "code" and not problems and not _within(timeout, 0.0, MAX_TIMEOUT_S):
+        # NaN and infinity pass a "> 0" check, and then break the sandbox on every item: each
+        # grade a "sandbox error", on the baseline and the candidate alike.
+        problems.append(("grader_options.timeout_s", f"must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], "
+                                                     f"got {timeout!r}"))
     return problems

@@ -2,13 +2,18 @@
 
 `grade(item, completion) -> Grade` dispatches on `item.grader`:
 
-- `exact_match`: the completion, normalised (case, accents, punctuation, articles, whitespace;
-  thousands separators dropped), equals one of `references` (the first is the answer, the rest
-  aliases). With option `contains` (default true) a reference that appears as whole words inside
-  the answer also passes ("The capital of France is Paris." for "Paris"); this accepts a hedged
-  or multi-answer reply, a price paid for grading chat models without an answer parser.
+- `exact_match`: the completion, normalised (`suites.normalize`: case, accents, punctuation,
+  articles, whitespace; thousands separators dropped; a number's sign and decimal point and the
+  math symbols + - < > ^ = % * / kept), equals one of `references` (the first is the answer, the
+  rest aliases). With option `contains` (default true) a reference that appears as whole words
+  inside the answer also passes ("The capital of France is Paris." for "Paris"); this accepts a
+  hedged or multi-answer reply, a price paid for grading chat models without an answer parser.
+  A reference that is an article ("A", a multiple-choice letter) keeps it, so it matches "A",
+  "(A)" or "A." but not "The answer is A." (where "a" is an article): use `regex` for those.
+  A reference that normalises to nothing ("?") is refused when the suite loads, and an empty
+  answer never passes.
 - `contains`: any (option `all`: every) reference occurs as a substring; `case_sensitive`
-  (default false). With `all`, the score is the fraction found.
+  (default false). With `all`, the score is the fraction found. A blank reference is refused.
 - `regex`: option `pattern` (`flags`: letters from "imsx"; `fullmatch`: default false) is searched
   for in the stripped completion.
 - `code`: the Python in the completion (see `suites.extract`) runs in the sandbox
@@ -16,7 +21,8 @@
   candidate's `entry_point` (and any other name the tests use but do not define) over a
   plain-data channel, so the completion can neither read the tests nor forge their verdict;
   `prefix` (HumanEval's prompt) goes in front of the completion and of the tests, `timeout_s`
-  (default 10) bounds the run.
+  (default 10; a finite number of seconds in (0, 600]) bounds the run. A failure of the
+  sandbox's own machinery ("sandbox error: ...") is a grade with `error` set, not a wrong answer.
 - `refusal`: `suites.refusal.detect_refusal` says refuse or comply; passed when that equals
   option `expected`.
 - `none`: nothing to compare with (longform); passed is None and score 0.0 (ignore it).
@@ -28,13 +34,13 @@ when they load, so a typo in an option fails at load time, not at grading time.
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass
 from typing import Callable
 
 from suites.extract import build_program
 from suites.format import SuiteError
 from suites.grader_options import OPTIONS, Option, regex_flags, unknown_grader_message
+from suites.normalize import drop_articles, is_formula, normalize, tokens
 from suites.refusal import detect_refusal
 from suites.sandbox import SandboxLimits, free_names, run_code
 
@@ -44,6 +50,11 @@ class Grade:
     score: float          # in [0, 1]
     passed: bool | None   # None when the item has no right answer (grader "none")
     detail: str           # why: what matched, the sandbox reason, refuse/comply
+    # Set when the grading machinery failed (the sandbox could not be set up or started, a
+    # grader raised): the grade (a fail) then measures nothing about the completion, and the
+    # quality gate of its suite is inconclusive. A completion that fails, errs, times out or
+    # breaks a limit is an ordinary wrong answer, with no error.
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -52,41 +63,24 @@ class GraderSpec:
     options: dict[str, Option]
 
 
-# --- normalisation ---------------------------------------------------------------------------
-
-_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
-_DECIMAL = re.compile(r"(?<=\d)\.(?=\d)")
-
-
-def normalize(text: str) -> str:
-    """Lower case, accents and punctuation removed, articles dropped, whitespace collapsed.
-
-    Digits keep their decimal point ("3.14") and lose thousands separators ("1,000" -> "1000").
-    """
-    text = unicodedata.normalize("NFKD", text)
-    text = "".join(c for c in text if not unicodedata.combining(c)).lower()
-    text = _THOUSANDS.sub("", text)
-    text = _DECIMAL.sub("\0", text)  # protect decimal points from the punctuation pass
-    text = "".join(" " if unicodedata.category(c).startswith(("P", "S")) else c for c in text)
-    text = text.replace("\0", ".")
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
-
-
 # --- graders ---------------------------------------------------------------------------------
 
 def _exact_match(item, text: str, options: dict) -> Grade:
-    answer = normalize(text)
-    for ref in item.references:
-        if answer == normalize(ref):
-            return Grade(1.0, True, f"exact: {ref!r}")
-    if options["contains"]:
-        padded = f" {answer} "
-        for ref in item.references:
-            norm = normalize(ref)
-            if norm and f" {norm} " in padded:
-                return Grade(1.0, True, f"contains: {ref!r}")
+    found = tokens(text)
+    # The answer as each reference is compared with it: without articles, or, for a formula
+    # reference ("a < b", where "a" is a variable), with them.
+    answers = {False: " ".join(drop_articles(found)), True: " ".join(found)}
+    # A reference that normalises to nothing ("?") matches nothing, not the empty answer (suite
+    # validation refuses it; this holds for items built any other way).
+    refs = [(ref, norm, is_formula(norm.split())) for ref in item.references if (norm := normalize(ref))]
+    if found:
+        for ref, norm, formula in refs:
+            if answers[formula] == norm:
+                return Grade(1.0, True, f"exact: {ref!r}")
+        if options["contains"]:
+            for ref, norm, formula in refs:
+                if f" {norm} " in f" {answers[formula]} ":
+                    return Grade(1.0, True, f"contains: {ref!r}")
     return Grade(0.0, False, f"no match for {list(item.references)!r}")
 
 
@@ -96,7 +90,8 @@ def _contains(item, text: str, options: dict) -> Grade:
         return s if options["case_sensitive"] else s.casefold()
 
     haystack = fold(text)
-    found = [ref for ref in item.references if fold(ref) in haystack]
+    # A blank reference is found in every text: it finds nothing (suite validation refuses it).
+    found = [ref for ref in item.references if fold(ref) and fold(ref) in haystack]
     if options["all"]:
         score = len(found) / len(item.references)
         return Grade(score, len(found) == len(item.references),
@@ -130,7 +125,10 @@ def _code(item, text: str, options: dict) -> Grade:
         detail = result.reason
     else:
         detail = f"{result.reason}: {result.detail}"
-    return Grade(0.0, False, detail[:500])
+    # "sandbox error": the machinery failed (the sandbox could not be set up or did not start,
+    # or its host side raised), not the code: the fail says nothing about the answer.
+    error = detail[:500] if result.reason.startswith("sandbox error") else None
+    return Grade(0.0, False, detail[:500], error=error)
 
 
 def _refusal(item, text: str, options: dict) -> Grade:
@@ -162,8 +160,11 @@ def grade(item, completion: str) -> Grade:
 
     Never raises because of the completion: whatever goes wrong while grading it (a program
     that breaks the sandbox's machinery, text that breaks a parser) is a failed grade whose
-    detail says why, so one bad completion cannot stop a run. An unknown grader (a suite
-    error, caught when suites load) still raises."""
+    detail says why, so one bad completion cannot stop a run. Where the grading machinery
+    itself failed (the sandbox, a grader's own exception), the grade's `error` says so: that
+    fail is no evidence about the completion, and the quality gate treats it as missing
+    evidence (harness.verdict.gate). An unknown grader (a suite error, caught when suites load)
+    still raises."""
     spec = GRADERS.get(item.grader)
     if spec is None:
         raise SuiteError(unknown_grader_message(item.grader), field="grader")
@@ -172,4 +173,5 @@ def grade(item, completion: str) -> Grade:
     try:
         return spec.fn(item, completion, options)
     except Exception as exc:  # RecursionError, MemoryError, OSError...: a fail, with the reason
-        return Grade(0.0, False, f"grader error: {type(exc).__name__}: {exc}"[:500])
+        detail = f"grader error: {type(exc).__name__}: {exc}"[:500]
+        return Grade(0.0, False, detail, error=detail)

@@ -29,11 +29,16 @@ def load(spec: str):
             ds = datasets.load_dataset(source, split=split)
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds; name the source
         raise SuiteError(f"cannot load dataset {source!r} (split {split!r}): {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
-    items = []
+    items, first_row = [], {}
     for i, row in enumerate(ds):
         row = {k: v for k, v in row.items() if v is not None}  # Arrow fills absent fields with None
-        items.append(item_from_row(row, {"grader": "exact_match", "max_new_tokens": 64, "stop": []},
-                                   file=f"hf:{source}", line=i + 1))
+        item = item_from_row(row, {"grader": "exact_match", "max_new_tokens": 64, "stop": []},
+                             file=f"hf:{source}", line=i + 1)
+        if item.id in first_row:  # as suite files: records pair on the id, so one id is one item
+            raise SuiteError(f"duplicate id {item.id!r} (first on row {first_row[item.id]})", file=f"hf:{source}",
+                             line=i + 1, field="id")
+        first_row[item.id] = i + 1
+        items.append(item)
     if not items:
         raise SuiteError(f"dataset {source!r} split {split!r} has no rows")
     name = re.sub(r"[^a-z0-9_-]+", "-", Path(source).name.lower()).strip("-") or "dataset"

@@ -14,7 +14,10 @@ Every verdict says what a test at the stated level showed, and prints the bound 
   looks against alpha-spending boundaries (analysis.sequential), the first boundary crossed
   decides, and "inconclusive" means no boundary was crossed by the last look.
   An exact candidate whose greedy outputs are token-identical on every graded item
-  has identical grades by construction; its quality gate passes without a test.
+  has identical grades by construction; its quality gate passes without a test. A suite with
+  any grade the grading machinery failed to make (a row's `grade_error`: the sandbox could not
+  run, a grader raised) is inconclusive on quality, however its test came out (a fail stays a
+  fail): such grades are fails on both sides, and two sides failing alike look non-inferior.
 - Identity (exact candidates): every greedy divergence and every coupled-sampling divergence
   must be a numerical near-tie. A sampled identity check needs two seeds, one not 0 (a decoder
   that ignores the seed passes at seed 0 alone): with fewer it warns. An engine's divergences
@@ -167,6 +170,28 @@ def _quality_detail(q: dict, gates: Gates, worse_level: float) -> tuple[str, str
                             f"({upper_s} >= 0); {need_s}; {head}"), upper
 
 
+def _grade_errors(s: dict) -> str | None:
+    """What a suite's grade errors (harness.verdict.summary.grade_errors) leave unknown, or None."""
+    e = s.get("grade_errors")
+    if not e:
+        return None
+    return (f"{e['n']} grade(s) measured nothing: the grading machinery failed, not the completion "
+            f"({e['baseline']} baseline, {e['candidate']} candidate row(s)); first: {e['first']}")
+
+
+def _unless_grade_errors(result: GateResult, s: dict, gates: Gates) -> GateResult:
+    """A suite's quality result where some grades are machinery failures, scored as fails on
+    both sides: two sides failing alike look non-inferior, so nothing but a loss stands (a fail
+    stays a fail); anything else is inconclusive."""
+    why = _grade_errors(s)
+    if why is None:
+        return result
+    if result.status == "fail":
+        return GateResult(result.name, "fail", f"{result.detail}; and {why}")
+    return GateResult(result.name, _inconclusive(gates), f"inconclusive: {why}; fix the grader (the suite's "
+                      f"grader options, the sandbox) and run again; the test on these grades: {result.detail}")
+
+
 def _quality_gates(cand: dict, gates: Gates) -> list[GateResult]:
     quality = {suite: s["quality"] for suite, s in cand["suites"].items() if "quality" in s}
     if not quality:
@@ -176,7 +201,7 @@ def _quality_gates(cand: dict, gates: Gates) -> list[GateResult]:
     for suite, q in quality.items():
         verdict, detail, _ = _quality_detail(q, gates, worse_level)
         status = {"pass": "pass", "worse": "fail"}.get(verdict, _inconclusive(gates))
-        out.append(GateResult("refusal behaviour" if suite == "refusal" else f"quality {suite}", status, detail))
+        out.append(_unless_grade_errors(GateResult(_quality_name(suite), status, detail), cand["suites"][suite], gates))
     return out
 
 
@@ -449,9 +474,9 @@ def decide(cand: dict, gates: Gates) -> Decision:
     results += _quality_gates(cand, gates)
     for suite, s in cand["suites"].items():
         if s.get("quality_identical"):
-            results.append(GateResult("refusal behaviour" if suite == "refusal" else f"quality {suite}", "pass",
-                                      f"outputs token-identical on all {s['quality_identical']} graded items: "
-                                      f"quality unchanged"))
+            results.append(_unless_grade_errors(GateResult(
+                _quality_name(suite), "pass", f"outputs token-identical on all {s['quality_identical']} graded "
+                f"items: quality unchanged"), s, gates))
         if s.get("quality_missing"):
             results.append(GateResult(f"quality {suite}", "fail", s["quality_missing"]))
         if s.get("no_items"):  # a gated suite that yielded no pairs (harness.verdict.summary)

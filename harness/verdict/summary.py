@@ -38,6 +38,35 @@ def _identity(pairs, eps) -> dict:
             "seeds": seeds, "divergences": _divergences(ident), "errored": errored}
 
 
+# What the graders write where their own machinery failed (suites.graders: "sandbox error",
+# "grader error"): in records written before rows carried `grade_error`.
+GRADE_ERROR_PREFIXES = ("sandbox error", "grader error")
+
+
+def grade_error(row: dict) -> str | None:
+    """Why this row's grade measured nothing (the grading machinery failed, not the completion):
+    its `grade_error` (harness.run.runner.make_row), or, in a record written before that field,
+    a grade detail only the machinery writes. None for a real grade."""
+    if row.get("grade_error"):
+        return str(row["grade_error"])
+    detail = row.get("grade_detail")
+    if isinstance(detail, str) and detail.startswith(GRADE_ERROR_PREFIXES):
+        return detail
+    return None
+
+
+def grade_errors(pairs) -> dict | None:
+    """{"n", "baseline", "candidate", "first"} over the pairs' rows whose grade is a machinery
+    failure (a fail that shows nothing); None when every grade is real."""
+    found = [(side, p.key.item_id, why) for p in pairs for side in ("baseline", "candidate")
+             if (why := grade_error(getattr(p, side)))]
+    if not found:
+        return None
+    side, item, why = found[0]
+    return {"n": len(found), "baseline": sum(f[0] == "baseline" for f in found),
+            "candidate": sum(f[0] == "candidate" for f in found), "first": f"{side} {item}: {why}"}
+
+
 def near_tie_epsilon(config: RegressConfig, numerics: dict | None) -> dict:
     """The near-tie threshold and how it was chosen: the config's number, else from the target's
     dtype, raised to twice the measured margin noise where that is larger."""
@@ -66,6 +95,9 @@ def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng,
         from harness.verdict.floor import noise
         out["aa_noise"] = noise(pairs)
     greedy = by_temp.get(0.0, [])
+    errors = grade_errors(pairs)
+    if errors:  # the gate makes this suite's quality inconclusive (harness.verdict.gate)
+        out["grade_errors"] = errors
     if suite_spec.margin is not None:
         graded = [p for p in greedy if p.baseline.get("passed") is not None and p.candidate.get("passed") is not None]
         if graded and spec.kind == "exact" and all(
@@ -318,6 +350,8 @@ def headline_metrics(cand: dict) -> dict:
             m[f"{suite}.baseline_pass_rate"], m[f"{suite}.candidate_pass_rate"] = q["baseline_mean"], q["candidate_mean"]
         if ok(s, "speedup"):
             m[f"{suite}.speedup"] = s["speedup"]["statistic"]
+        if s.get("grade_errors"):
+            m[f"{suite}.grade_errors"] = s["grade_errors"]["n"]
     if "exactness" in cand:
         ex = cand["exactness"]
         m["exactness_min_pvalue"] = min((e["pvalue"] for e in ex.get("tests", []) if e.get("pvalue") is not None),

@@ -97,6 +97,25 @@ class SandboxLimits:
     threads: int = 16                # threads of the code (RLIMIT_NPROC in its user namespace, pids.max)
     max_output_bytes: int = 64 * 1024  # per stream; the rest is read and discarded
 
+    def __post_init__(self):
+        # NaN and infinity pass a "> 0" check and then break every run (math.ceil, the
+        # deadline): refuse them here, where the limits are made, naming the field.
+        for name in ("timeout_s", "cpu_s"):
+            value = getattr(self, name)
+            if value is None and name == "cpu_s":
+                continue
+            try:
+                ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) \
+                    and value > 0
+            except OverflowError:  # an int too large for a float
+                ok = False
+            if not ok:
+                raise ValueError(f"SandboxLimits.{name} must be a finite number of seconds > 0, got {value!r}")
+        for name in ("memory_mb", "file_size_mb", "disk_mb", "open_files", "threads", "max_output_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"SandboxLimits.{name} must be a positive integer, got {value!r}")
+
     def child_config(self) -> dict:
         cpu = self.cpu_s if self.cpu_s is not None else self.timeout_s + 1
         return {"cpu_s": max(1, math.ceil(cpu)), "memory_bytes": self.memory_mb << 20,
