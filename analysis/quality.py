@@ -1,7 +1,10 @@
 """Quality deltas of a candidate against the baseline, per suite or category.
 
-For each group of pairs it picks the metric (``passed`` where every record has one, else the
-continuous ``score``) and runs the matching paired analyses from :mod:`analysis.paired`:
+For each group of pairs it picks the metric and runs the matching paired analyses from
+:mod:`analysis.paired`. With ``metric="auto"``: ``passed`` where any record has one; pairs graded
+on neither side (grader "none") are left out, not counted as ties (they would dilute a real loss
+into non-inferiority), and a pair graded on one side only is an error. The continuous ``score``
+only where no record has ``passed``.
 
 - pass/fail, one pair per prompt: McNemar (mid-p) for the two-sided difference, Tango's interval
   for the delta, the Tango non-inferiority test against ``margin``, and the one-sided Tango test
@@ -78,21 +81,30 @@ class QualityDelta:
                                 losses=self.losses, mean=self.statistic, sd=self.sd)
 
 
-def _metric(group: str, pairs: Sequence[Pair], metric: str) -> str:
+def _metric(group: str, pairs: Sequence[Pair], metric: str) -> tuple[str, list[Pair]]:
+    """The metric, and the pairs it is measured on (see the module docstring)."""
     def complete(field: str) -> bool:
         return all(p.baseline.get(field) is not None and p.candidate.get(field) is not None for p in pairs)
 
     if metric == "auto":
-        if complete("passed"):
-            return "passed"
+        if any(r.get("passed") is not None for p in pairs for r in (p.baseline, p.candidate)):
+            one_sided = [p for p in pairs if (p.baseline.get("passed") is None) != (p.candidate.get("passed") is None)]
+            if one_sided:
+                k = one_sided[0].key
+                raise ValueError(
+                    f"group {group!r}: {len(one_sided)} pair(s) graded on one side only ('passed' is None on the "
+                    f"other), e.g. {k.suite}/{k.item_id} seed={k.seed} T={k.temperature:g}: an item is graded on "
+                    f"both sides or on neither")
+            # Ungraded on both sides: no evidence on the pass rate, not a tie.
+            return "passed", [p for p in pairs if p.baseline.get("passed") is not None]
         if complete("score"):
-            return "score"
+            return "score", list(pairs)
         raise ValueError(f"group {group!r}: neither 'passed' nor 'score' is set on every record")
     if metric not in ("passed", "score"):
         raise ValueError(f"metric must be 'auto', 'passed' or 'score', not {metric!r}")
     if not complete(metric):
         raise ValueError(f"group {group!r}: some records have no {metric!r}")
-    return metric
+    return metric, list(pairs)
 
 
 def _per_prompt_means(pairs: Sequence[Pair], metric: str) -> tuple[np.ndarray, np.ndarray]:
@@ -112,7 +124,7 @@ def quality_delta(
     """Paired quality delta of one group; see the module docstring."""
     if not pairs:
         raise ValueError(f"group {group!r} has no pairs")
-    metric = _metric(group, pairs, metric)
+    metric, pairs = _metric(group, pairs, metric)
     clustered = len(set(prompt_clusters(pairs))) < len(pairs)
     if clustered:
         base, cand = _per_prompt_means(pairs, metric)

@@ -58,6 +58,7 @@ class SuiteSpec:
     limit: int | None = None
     max_gen_toks: int | None = None
     discordance: float | None = None  # planning: the share of pairs expected to disagree (default [gates])
+    allow_code: bool = False        # "lmeval:<task>": may run a task that executes generated code
 
 
 @dataclass(frozen=True)
@@ -354,18 +355,27 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
         raise ConfigError(f"{path}: decoder names must be unique; repeated: {', '.join(sorted(dupes))}")
     suites = {}
     for name, table in raw.get("suites", {}).items():
-        _take(table, {"margin", "path", "include_path", "limit", "max_gen_toks", "discordance"}, f"{path} [suites.{name}]")
+        _take(table, {"margin", "path", "include_path", "limit", "max_gen_toks", "discordance", "allow_code"},
+              f"{path} [suites.{name}]")
+        if not isinstance(table.get("allow_code", False), bool):
+            raise ConfigError(f"{path} [suites.{name}]: allow_code must be true or false, got {table['allow_code']!r}")
+        if "allow_code" in table and not name.startswith("lmeval:"):
+            raise ConfigError(f"{path} [suites.{name}]: allow_code applies to lmeval:<task> suites only")
         _number(table, "margin", 0.0, 1.0 + 1e-12, f"{path} [suites.{name}]", "a drop in pass rate in (0, 1]")
         _number(table, "discordance", 0.0, 1.0 + 1e-12, f"{path} [suites.{name}]", "a share of pairs in (0, 1]")
         file, include = table.get("path"), table.get("include_path")
-        if file is not None and not Path(file).is_absolute():
-            file = str(path.parent / file)  # relative to the config file
+        for key in ("path", "include_path"):
+            if table.get(key) is not None and (not isinstance(table[key], str) or not table[key].strip()):
+                raise ConfigError(f"{path} [suites.{name}]: {key} must be a non-empty string, got {table[key]!r}")
+        # A suite file relative to the config file; "hf:DATASET[@split]" is a dataset, not a file.
+        if file is not None and not file.startswith("hf:") and not Path(file).is_absolute():
+            file = str(path.parent / file)
         if include is not None and not Path(include).is_absolute():
             include = str(path.parent / include)
         if (include or table.get("limit") or table.get("max_gen_toks")) and not name.startswith("lmeval:"):
             raise ConfigError(f"{path} [suites.{name}]: include_path/limit/max_gen_toks apply to lmeval:<task> suites only")
         suites[name] = SuiteSpec(name, table.get("margin"), file, include, table.get("limit"), table.get("max_gen_toks"),
-                                 table.get("discordance"))
+                                 table.get("discordance"), allow_code=table.get("allow_code", False))
     profiles = raw.get("profiles", {})
     if profile not in profiles:
         raise ConfigError(f"{path}: unknown profile {profile!r}; defined: {', '.join(sorted(profiles)) or 'none'}")

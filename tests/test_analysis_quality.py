@@ -56,10 +56,43 @@ def test_quality_metric_errors():
     pairs = build(np.random.default_rng(2))
     with pytest.raises(ValueError, match="group 'chat': some records have no 'passed'"):
         quality_deltas(pairs, margin=0.05, metric="passed")
-    for p in pairs[:3]:
+    for p in pairs[:3]:  # chat pairs: no 'passed' anywhere in that suite, and now no score either
+        assert p.key.suite == "chat"
         p.baseline["score"] = None
         p.baseline["passed"] = None
-    with pytest.raises(ValueError, match="neither 'passed' nor 'score'"):
-        quality_deltas(pairs, margin=0.05, by=None)
+    with pytest.raises(ValueError, match="group 'chat': neither 'passed' nor 'score'"):
+        quality_deltas(pairs, margin=0.05)
     with pytest.raises(ValueError, match="by must be"):
         quality_deltas(pairs, margin=0.05, by="decoder")
+
+
+def test_auto_metric_leaves_out_ungraded_pairs_instead_of_counting_ties():
+    """metric="auto" on a group where some items are ungraded (grader "none": passed None, score
+    0.0 on both sides): before, the whole group fell back to `score` and the ungraded items entered
+    as ties, diluting a 20-point loss on the graded ones into a non-inferiority pass."""
+    from analysis import quality_delta
+    from analysis.pairing import Pair, PairKey
+
+    def pair(i, b, c):
+        return Pair(PairKey("mixed", "h", f"i{i:03d}", 0, 0.0), b, c)
+
+    graded = [pair(i, {"passed": True, "score": 1.0}, {"passed": i >= 12, "score": float(i >= 12)})
+              for i in range(60)]
+    ungraded = [pair(100 + i, {"passed": None, "score": 0.0}, {"passed": None, "score": 0.0}) for i in range(240)]
+    alone = quality_delta(graded, margin=0.1, rng=0, n_resamples=999)
+    mixed = quality_delta(graded + ungraded, margin=0.1, rng=0, n_resamples=999)
+    assert alone.metric == mixed.metric == "passed"
+    assert mixed.n == mixed.n_pairs == 60 and mixed.statistic == pytest.approx(-0.2)
+    assert not mixed.non_inferiority.passed and mixed.loss_pvalue < 0.01
+    assert mixed.non_inferiority == alone.non_inferiority and mixed.pvalue == alone.pvalue
+    # Through quality_deltas too (the API the figures and reports use).
+    assert quality_deltas(graded + ungraded, margin=0.1, by=None, rng=0, n_resamples=999)["all"].n == 60
+    # Graded on one side only: the pair cannot be compared; an error naming it, not a silent drop.
+    lopsided = graded + [pair(999, {"passed": True, "score": 1.0}, {"passed": None, "score": 0.0})]
+    with pytest.raises(ValueError, match=r"group 'all': 1 pair\(s\) graded on one side only.*mixed/i999"):
+        quality_delta(lopsided, margin=0.1, rng=0, n_resamples=999)
+    # No record has `passed`: the continuous score, on every pair, as before.
+    scored = [pair(i, {"passed": None, "score": 0.5}, {"passed": None, "score": 0.5 + 0.01 * (i % 3)})
+              for i in range(20)]
+    q = quality_delta(scored, margin=0.1, rng=0, n_resamples=999)
+    assert q.metric == "score" and q.n == 20

@@ -147,6 +147,53 @@ def test_multiple_choice_records_have_no_tokens_and_pair(tiny_llama):
     assert gen[0]["suite_hash"] != base[0]["suite_hash"]
 
 
+def _flaky_build(monkeypatch, fail_on: dict):
+    """Build the real decoder, but fail the requests whose prompt contains a key of `fail_on`
+    with that exception (what non-finite logits or an engine's refusal raise)."""
+    import harness.build
+
+    real = harness.build.build_decoder
+
+    class Flaky:
+        def __init__(self, inner, target):
+            self.inner, self.target, self.name = inner, target, inner.name
+
+        def generate(self, request):
+            prompt = self.target.tokenizer.decode(list(request.prompt_ids))
+            for text, error in fail_on.items():
+                if text in prompt:
+                    raise error
+            return self.inner.generate(request)
+
+    monkeypatch.setattr(harness.build, "build_decoder",
+                        lambda name, target, options, *a: Flaky(real(name, target, options, *a), target))
+
+
+def test_one_failed_generation_is_an_error_row_not_the_end_of_the_task(tiny_llama, monkeypatch):
+    """A DecoderError on one lm-eval document (before: raised out of lmeval_records, ending the
+    regress run with no summary) is that document's error row, as make_row records one for the
+    runner's own suites; the other documents are generated and graded as usual."""
+    from harness.verdict.summary import _identity
+
+    base = lmeval_records(GEN, tiny_llama, "standard", {}, candidate="baseline", include_path=str(LOCAL))
+    _flaky_build(monkeypatch, {"capital of France": DecoderError("non-finite logits at step 0")})
+    cand = lmeval_records(GEN, tiny_llama, "standard", {}, candidate="flaky", include_path=str(LOCAL))
+    assert [r["item_id"] for r in cand] == ["0", "1", "2", "3", "4"]
+    bad = cand[2]
+    assert bad["error"] == "non-finite logits at step 0"
+    assert (bad["passed"], bad["score"], bad["tokens"], bad["text"], bad["margins"]) == (False, 0.0, [], "", [])
+    assert CONTRACT <= set(bad) and json.dumps(bad)
+    for good, ref in zip(cand[:2] + cand[3:], base[:2] + base[3:]):
+        assert "error" not in good and good["tokens"] == ref["tokens"] and good["passed"] is ref["passed"]
+    identity = _identity(pair_records(base, cand), eps=1e-3)
+    assert identity["errored"] == 1 and identity["n"] == 4 and identity["rate"] == 1.0
+    # An engine that went down is not one item's failure: it still ends the task.
+    from decoders.engines.server import EngineDown
+    _flaky_build(monkeypatch, {"spider": EngineDown("engine stopped answering")})
+    with pytest.raises(EngineDown, match="stopped answering"):
+        lmeval_records(GEN, tiny_llama, "standard", {}, candidate="down", include_path=str(LOCAL))
+
+
 # ----------------------------------------------------------------------------- gsm8k wiring
 
 def test_gsm8k_local_config_is_upstream_gsm8k_but_the_data():
@@ -397,3 +444,86 @@ def test_lmeval_task_with_no_docs_fails_with_no_items(tmp_path):
     gate = next(g for g in s["candidates"]["lossy"]["gates"] if g["name"] == "quality lmeval:decodegate_empty")
     assert gate["status"] == "fail" and "no items" in gate["detail"]
     assert s["suites"]["lmeval:decodegate_empty"]["n_items"] == 0
+
+
+
+def _regress_with(tmp_path, lmeval_table: str, task: str, capsys) -> tuple[int, str, Path]:
+    """`decodegate regress` on an ordinary three-item suite, then lm-eval suite `task` with the
+    given table lines: (exit code, stderr, run folder)."""
+    rows = [{"suite": "tiny3", "version": "1", "description": "d", "smoke": ["a", "b", "c"],
+             "defaults": {"grader": "contains", "max_new_tokens": 4, "stop": []}}]
+    rows += [{"id": k, "prompt": f"Say {k}", "references": [k]} for k in "abc"]
+    (tmp_path / "tiny3.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = tmp_path / "regress.toml"
+    cfg.write_text(f"""
+target = "tiny-llama"
+[[candidates]]
+name = "ee"
+decoder = "early-exit"
+kind = "lossy"
+options = {{ threshold = 0.5 }}
+[suites.tiny3]
+margin = 0.5
+path = "tiny3.jsonl"
+[suites."lmeval:{task}"]
+margin = 0.5
+{lmeval_table}
+[profiles.smoke]
+subset = "smoke"
+suites = ["tiny3", "lmeval:{task}"]
+temperatures = [0.0]
+""")
+    capsys.readouterr()
+    run_dir = tmp_path / "run"
+    code = main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress", "--no-tracking"])
+    return code, capsys.readouterr().err, run_dir
+
+
+def test_lmeval_tasks_are_checked_before_anything_generates(tmp_path, capsys, local_tasks_only):
+    """Before: lm-eval tasks were resolved only after every other suite had generated, so a
+    misspelt task, a wrong include_path or a code task (never allowed: no config key) ended the run
+    at the end, with no summary. Now the pre-flight refuses them first, naming the task and the fix."""
+    from suites.lmeval_export import export_suites
+
+    code, err, run_dir = _regress_with(tmp_path, f'include_path = "{LOCAL}"', "decodegate_tiny_gn", capsys)
+    assert code == 2 and "unknown lm-eval task 'decodegate_tiny_gn'" in err and "'decodegate_tiny_gen'" in err
+    assert not run_dir.exists()  # refused before the run folder, let alone a generation
+    code, err, run_dir = _regress_with(tmp_path, f'include_path = "{tmp_path / "nowhere"}"', GEN, capsys)
+    assert code == 2 and f"lm-eval task {GEN!r}: include_path" in err and "is not a folder" in err
+    assert not run_dir.exists()
+    tasks = tmp_path / "tasks"
+    export_suites(tasks, ["code"], profile="smoke")
+    code, err, run_dir = _regress_with(tmp_path, f'include_path = "{tasks}"', "decodegate_code_smoke", capsys)
+    assert code == 2 and "decodegate_code_smoke execute generated code" in err
+    assert 'set allow_code = true in the config\'s [suites."lmeval:decodegate_code_smoke"] table' in err
+    assert not run_dir.exists()
+
+
+def test_allow_code_runs_an_lmeval_code_task(tmp_path, capsys):
+    from suites.lmeval_export import export_suites
+
+    tasks = tmp_path / "tasks"
+    export_suites(tasks, ["code"], profile="smoke")
+    table = f'include_path = "{tasks}"\nlimit = 2\nmax_gen_toks = 8\nallow_code = true'
+    code, err, run_dir = _regress_with(tmp_path, table, "decodegate_code_smoke", capsys)
+    assert code in (0, 1), err
+    records = [json.loads(x) for x in (run_dir / "records.jsonl").read_text().splitlines()]
+    assert sum(r["suite"] == "lmeval:decodegate_code_smoke" for r in records) == 4  # 2 docs x 2 decoders
+    assert "lmeval:decodegate_code_smoke" in json.loads((run_dir / "summary.json").read_text())["suites"]
+
+
+def test_allow_code_key_is_checked(tmp_path):
+    from harness.config import ConfigError, load_config
+
+    def load(table):
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f'target = "tiny-llama"\n[[candidates]]\nname = "c"\ndecoder = "standard"\n'
+                       f'{table}\n[profiles.smoke]\nsubset = "smoke"\n')
+        return load_config(cfg, "smoke")
+
+    assert load('[suites."lmeval:t"]\nallow_code = true').suites["lmeval:t"].allow_code is True
+    assert load('[suites."lmeval:t"]\nmargin = 0.1').suites["lmeval:t"].allow_code is False
+    with pytest.raises(ConfigError, match="allow_code must be true or false, got 'yes'"):
+        load('[suites."lmeval:t"]\nallow_code = "yes"')
+    with pytest.raises(ConfigError, match=r"\[suites.factual\]: allow_code applies to lmeval:<task> suites only"):
+        load('[suites.factual]\nallow_code = true')

@@ -104,6 +104,9 @@ def run(args) -> int:
     report.check_ci_paths(getattr(args, "junit_xml", None), getattr(args, "summary_md", None))
     from harness.run import runner
     suites = runner.load_suites(config)
+    # lm-eval tasks run after every other suite: a misspelt task, a wrong include_path or a code
+    # task not allowed by the config is refused now, not after hours of generation.
+    runner.check_lmeval(config)
     from decoders import get_decoder_class
     for spec in (config.baseline, *config.candidates):
         get_decoder_class(spec.decoder)

@@ -36,6 +36,7 @@ import json
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -45,6 +46,7 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
 from decoders import GenerationRequest, GenerationResult, get_decoder_class
+from decoders.base import DecoderError
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +200,9 @@ class Generation:
 
     context: str
     gen_kwargs: str          # canonical JSON of the request's generation kwargs (the join key)
-    text: str                # what lm-eval received (stop sequences cut)
-    result: GenerationResult
+    text: str                # what lm-eval received (stop sequences cut; "" after an error)
+    result: GenerationResult | None
+    error: str | None = None  # the decoder's error on this request: its record is an error row
 
 
 def gen_kwargs_key(gen_kwargs: dict) -> str:
@@ -265,7 +268,20 @@ class DecodegateLM(HFLM):
 
     def _generate_one(self, context: str, gen_kwargs: dict, eos: str) -> str:
         request, until = self._request(context, gen_kwargs, eos)
-        result = self.decoder.generate(request)
+        try:
+            result = self.decoder.generate(request)
+        except DecoderError as e:
+            # One request's failure (non-finite logits, an engine refusing it) is that sample's
+            # error row, as in the runner's own suites; lm-eval gets "" and goes on. An engine that
+            # is down ends the run (the runner's rule too).
+            from decoders.engines.server import EngineDown
+            if isinstance(e, EngineDown):
+                raise
+            log.warning("decodegate %s: generation failed (%s); recorded as an error row", self.decoder_name, e)
+            served = Generation(context, gen_kwargs_key(gen_kwargs), "", None, error=str(e) or type(e).__name__)
+            self.generations.append(served)
+            self._served[(served.context, served.gen_kwargs)] = served
+            return ""
         text = self.tok_decode(list(result.tokens))
         think = self.think_end_token if isinstance(self.think_end_token, str) else None
         text = postprocess_generated_text(generation=text, stop=until, think_end_token=think)
@@ -354,6 +370,8 @@ def task_manager(include_path: str | None = None, include_defaults: bool = True)
 def find_task_manager(task: str, include_path: str | None = None):
     """The TaskManager that knows `task`: the local one first (fast), then lm-eval's built-ins."""
     if include_path is not None:
+        if not Path(include_path).is_dir():  # lm-eval would index nothing there, silently
+            raise LmEvalError(f"lm-eval task {task!r}: include_path {str(include_path)!r} is not a folder")
         local = task_manager(str(include_path), False)
         if task in local.all_tasks:
             return local
@@ -365,6 +383,47 @@ def find_task_manager(task: str, include_path: str | None = None):
     where = f" in {include_path} or" if include_path else ""
     raise LmEvalError(f"unknown lm-eval task {task!r}{hint} (not found{where} among lm-eval's "
                       f"{len(full.all_tasks)} built-in tasks, groups and tags)")
+
+
+def load_task(task: str, include_path: str | None = None, *, confirm_run_unsafe_code: bool = False,
+              how_to_allow: str = "pass confirm_run_unsafe_code=True to run them"):
+    """Resolve and build lm-eval task (or group) `task`: (its TaskManager, lm-eval's loaded dict,
+    the objects to evaluate). An unknown task, one that holds no tasks, or one that executes
+    generated code without `confirm_run_unsafe_code` is an LmEvalError (`how_to_allow` ends the
+    last message); one with no evaluation documents an LmEvalEmpty."""
+    tm = find_task_manager(task, include_path)
+    try:
+        loaded = tm.load([task])
+    except IndexError as e:  # lm-eval reads a task's first evaluation doc while building it
+        raise LmEvalEmpty(f"lm-eval task {task!r} has no evaluation documents: lm-eval could not read "
+                          f"its first one ({e})") from None
+    if task in loaded["groups"]:
+        objs = [loaded["groups"][task]]
+    else:
+        objs = list(loaded["tasks"].values())
+    if not loaded["tasks"]:
+        raise LmEvalError(f"lm-eval task {task!r} holds no tasks")
+    unsafe = sorted(n for n, t in loaded["tasks"].items() if getattr(t, "UNSAFE_CODE", False))
+    if unsafe and not confirm_run_unsafe_code:
+        raise LmEvalError(f"lm-eval task(s) {', '.join(unsafe)} execute generated code: {how_to_allow}")
+    return tm, loaded, objs
+
+
+def check_task(task: str, include_path: str | None = None, *, allow_code: bool = False) -> None:
+    """Pre-flight of a regress suite `lmeval:<task>`, before anything generates: the task resolves
+    (a misspelt name, an include_path that is not a folder), lm-eval builds it, and it executes
+    generated code only where its suite table allows it. Every error names the task; a task with no
+    documents passes here (its suite fails its gate with "no items")."""
+    how = (f"set allow_code = true in the config's [suites.\"lmeval:{task}\"] table to run it "
+           f"(its grader executes the code the model writes)")
+    try:
+        load_task(task, include_path, confirm_run_unsafe_code=allow_code, how_to_allow=how)
+    except LmEvalEmpty:
+        return
+    except LmEvalError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a task lm-eval cannot build: said now, not after the run
+        raise LmEvalError(f"lm-eval task {task!r} could not be loaded: {type(e).__name__}: {e}") from e
 
 
 def _stable(obj):
@@ -452,22 +511,7 @@ def lmeval_records(task: str, target, decoder_name: str, decoder_options: dict, 
 
     if limit is not None and (isinstance(limit, bool) or int(limit) != limit or limit < 1):
         raise LmEvalError(f"limit must be a positive integer or None, got {limit!r}")
-    tm = find_task_manager(task, include_path)
-    try:
-        loaded = tm.load([task])
-    except IndexError as e:  # lm-eval reads a task's first evaluation doc while building it
-        raise LmEvalEmpty(f"lm-eval task {task!r} has no evaluation documents: lm-eval could not read "
-                          f"its first one ({e})") from None
-    if task in loaded["groups"]:
-        objs = [loaded["groups"][task]]
-    else:
-        objs = list(loaded["tasks"].values())
-    if not loaded["tasks"]:
-        raise LmEvalError(f"lm-eval task {task!r} holds no tasks")
-    unsafe = sorted(n for n, t in loaded["tasks"].items() if getattr(t, "UNSAFE_CODE", False))
-    if unsafe and not confirm_run_unsafe_code:
-        raise LmEvalError(f"lm-eval task(s) {', '.join(unsafe)} execute generated code: pass "
-                          "confirm_run_unsafe_code=True to run them")
+    tm, loaded, objs = load_task(task, include_path, confirm_run_unsafe_code=confirm_run_unsafe_code)
     args = {"target": target, "decoder": decoder_name, "seed": seed, "temperature": temperature,
             **(decoder_options or {})}
     lm = DecodegateLM(**args)
@@ -525,6 +569,11 @@ def _record(sample, task_name, metric, filt, config, lm, single, **base) -> dict
         if gen is None:
             raise RuntimeError(f"{task_name} doc {sample['doc_id']}: no decoder generation recorded "
                                "for this sample (was a response cache used?)")
+        if gen.error is not None:  # as the runner's make_row records a failed generation
+            return {**_record_base(sample, task_name, single, base), "error": gen.error, "tokens": [],
+                    "text": "", "score": 0.0, "passed": False, "margins": [], "stats": {}, "timing": {},
+                    "lmeval": {"task": task_name, "doc_id": sample["doc_id"], "metric": metric, "filter": filt,
+                               "target": _stable(sample.get("target")), "extracted": None}}
         r = gen.result
         tokens, margins, stats, timing = list(r.tokens), list(r.margins), dict(r.stats), r.timing.as_dict()
         resps = sample.get("resps") or [[gen.text]]
@@ -533,11 +582,7 @@ def _record(sample, task_name, metric, filt, config, lm, single, **base) -> dict
         text = _choice_text(sample)
     filtered = sample.get("filtered_resps")
     return {
-        **{k: base[k] for k in ("candidate", "decoder", "suite", "suite_version", "suite_hash")},
-        "item_id": str(sample["doc_id"]) if single else f"{task_name}:{sample['doc_id']}",
-        "categories": _categories(sample, task_name, single),
-        "seed": base["seed"],
-        "temperature": float(base["temperature"]),
+        **_record_base(sample, task_name, single, base),
         "tokens": tokens,
         "text": text,
         "score": score,
@@ -548,4 +593,14 @@ def _record(sample, task_name, metric, filt, config, lm, single, **base) -> dict
         "lmeval": {"task": task_name, "doc_id": sample["doc_id"], "metric": metric, "filter": filt,
                    "target": _stable(sample.get("target")),
                    "extracted": _stable(filtered[0]) if output_type == "generate_until" and filtered else None},
+    }
+
+
+def _record_base(sample, task_name, single, base) -> dict:
+    return {
+        **{k: base[k] for k in ("candidate", "decoder", "suite", "suite_version", "suite_hash")},
+        "item_id": str(sample["doc_id"]) if single else f"{task_name}:{sample['doc_id']}",
+        "categories": _categories(sample, task_name, single),
+        "seed": base["seed"],
+        "temperature": float(base["temperature"]),
     }

@@ -153,6 +153,8 @@ def make_row(spec: DecoderSpec, work: WorkItem, result, block: int | None = None
     row.update(tokens=list(result.tokens), text=result.text, finish_reason=result.finish_reason,
                score=g.score, passed=g.passed, grade_detail=g.detail,
                margins=list(result.margins), stats=result.stats, timing=result.timing.as_dict())
+    if g.error:  # the grading machinery failed: this fail is no evidence (the quality gate says so)
+        row["grade_error"] = g.error
     if result.stats.get("compare_on") == "text":
         row["compare_on"] = "text"  # the engine gave text only: tokens are our re-tokenization
     return row
@@ -474,6 +476,20 @@ class LmEvalSuite:
         return list(self._ids)
 
 
+def check_lmeval(config: RegressConfig) -> None:
+    """Pre-flight of the profile's `lmeval:<task>` suites, before any model loads or anything
+    generates (they run after every other suite): each task resolves and builds, and one that
+    executes generated code runs only where its table says `allow_code = true`. An LmEvalError
+    (input error) naming the task otherwise."""
+    names = [n for n in config.profile.suites if n.startswith("lmeval:")]
+    if not names:
+        return
+    from harness.run.lmeval import check_task
+    for name in names:
+        spec_s = config.suites[name]
+        check_task(name[len("lmeval:"):], spec_s.include_path, allow_code=spec_s.allow_code)
+
+
 def run_lmeval(config: RegressConfig, run_dir: Path, lineup: Lineup, progress: bool = True) -> list:
     """`lmeval:<task>` suites: each decoder runs the task through lm-eval (generation through our
     decoder), and its per-sample records join records.jsonl like any other suite's."""
@@ -502,7 +518,8 @@ def run_lmeval(config: RegressConfig, run_dir: Path, lineup: Lineup, progress: b
                                                   candidate=spec.name, seed=seed, temperature=t, limit=spec_s.limit,
                                                   include_path=spec_s.include_path,
                                                   gen_kwargs={"max_gen_toks": spec_s.max_gen_toks}
-                                                  if spec_s.max_gen_toks else None)
+                                                  if spec_s.max_gen_toks else None,
+                                                  confirm_run_unsafe_code=spec_s.allow_code)
                         except LmEvalEmpty as e:  # no rows: the summary fails its gate with "no items"
                             print(f"decodegate: warning: {e}", file=sys.stderr)
                             rows = []
