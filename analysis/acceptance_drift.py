@@ -15,7 +15,10 @@ The statistic, per group (all prompts, then each category) and per quantity:
   drop is beyond the tolerance and the interval excludes the tolerated region). ``m`` is the
   number of gated comparisons (Bonferroni), so an unchanged candidate fails with probability at
   most ``alpha`` however many categories it has. Groups with fewer than ``min_rounds`` drafting
-  rounds on either side are reported but not gated.
+  rounds on either side, or fewer than ``min_prompts`` (5) paired prompts, are reported but not
+  gated (the gate calls the overall group inconclusive when it lacks prompts).
+- Records whose per-round counters are impossible (accepted > proposed, negative counts) are
+  refused (ValueError naming the record), as analysis.acceptance refuses them.
 
 Per draft position the conditional acceptance accepted / tested at position j is compared the
 same way (reported, not gated: positions past the first are thin and correlated).
@@ -31,6 +34,7 @@ import numpy as np
 from ._common import as_rng, check_level
 
 QUANTITIES = ("alpha", "tau")
+MIN_PROMPTS = 5   # paired prompts a comparison needs to be gated (a bootstrap over fewer collapses)
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,13 @@ def prompt_acceptance(row: Mapping[str, Any]) -> PromptAcceptance | None:
     if row.get("error") or acc is None or prop is None:
         return None
     acc, prop = np.asarray(acc, dtype=int), np.asarray(prop, dtype=int)
+    if acc.shape != prop.shape or np.any(acc > prop) or np.any(acc < 0):
+        # The rule of analysis.acceptance._per_round: such counters are impossible, not a drift.
+        raise ValueError(
+            f"record {row.get('suite')}/{row.get('item_id')} seed={row.get('seed', 0)} "
+            f"T={row.get('temperature', 0.0)}: accepted_per_round and proposed_per_round must be paired, "
+            f"0 <= accepted <= proposed (impossible counters: {len(acc)} accepted vs {len(prop)} proposed rounds"
+            + (f", e.g. accepted {_first_bad(acc, prop)}" if acc.shape == prop.shape else "") + ")")
     drafted = prop > 0
     acc, prop = acc[drafted], prop[drafted]
     k = int(prop.max()) if prop.size else 0
@@ -70,6 +81,11 @@ def prompt_acceptance(row: Mapping[str, Any]) -> PromptAcceptance | None:
         tokens=len(row.get("tokens") or []), forwards=int(s.get("target_forwards") or 0),
         accepted_at=tuple(int(x) for x in np.sum(acc[None, :] > j, axis=1)),
         tested_at=tuple(int(x) for x in np.sum((acc[None, :] >= j) & (prop[None, :] > j), axis=1)))
+
+
+def _first_bad(acc: np.ndarray, prop: np.ndarray) -> str:
+    i = int(np.flatnonzero((acc > prop) | (acc < 0))[0])
+    return f"{int(acc[i])} of {int(prop[i])} proposed in round {i}"
 
 
 @dataclass(frozen=True)
@@ -88,7 +104,7 @@ class Comparison:
     ci_high: float
     upper_bound: float          # one-sided upper bound at 1 - alpha / m (the gate's level)
     upper_level: float
-    gated: bool                 # enough rounds on both sides
+    gated: bool                 # enough rounds on both sides, and enough prompts
     regressed: bool
 
 
@@ -102,6 +118,7 @@ class DriftResult:
     n_candidate_only: int
     comparisons: tuple[Comparison, ...]
     by_position: tuple[Comparison, ...] = field(default=())
+    min_prompts: int = 5
 
     @property
     def regressions(self) -> list[Comparison]:
@@ -110,6 +127,22 @@ class DriftResult:
     @property
     def passed(self) -> bool:
         return not self.regressions
+
+
+def _side(rows: Sequence[Mapping[str, Any]], side: str) -> dict:
+    """Counters of one side's records by key; impossible counters refuse the comparison, naming them."""
+    out, bad = {}, []
+    for row in rows:
+        try:
+            p = prompt_acceptance(row)
+        except ValueError as e:
+            bad.append(str(e))
+            continue
+        if p is not None:
+            out[p.key] = p
+    if bad:
+        raise ValueError(f"{len(bad)} {side} record(s) with impossible acceptance counters; first: {bad[0]}")
+    return out
 
 
 def _ratio(num: float, den: float) -> float:
@@ -125,7 +158,7 @@ def _cluster_sums(rows: Sequence[PromptAcceptance], clusters: list, attr: str) -
 
 
 def _compare(group: str, quantity: str, ref: list, cand: list, num, den, *, idx, level: float,
-             upper_level: float, tolerance: float, min_rounds: int, gate: bool) -> Comparison:
+             upper_level: float, tolerance: float, min_rounds: int, min_prompts: int, gate: bool) -> Comparison:
     clusters = sorted({r.cluster for r in ref}, key=str)
     sums = [_cluster_sums(side, clusters, f) for side in (ref, cand) for f in (num, den)]
     r_num, r_den, c_num, c_den = sums
@@ -142,7 +175,9 @@ def _compare(group: str, quantity: str, ref: list, cand: list, num, den, *, idx,
             low, high = (float(x) for x in np.quantile(boot, [tail, 1 - tail]))
             upper = float(np.quantile(boot, upper_level))
     rounds_r, rounds_c = sum(r.rounds for r in ref), sum(r.rounds for r in cand)
-    gated = gate and min(rounds_r, rounds_c) >= min_rounds and np.isfinite(upper)
+    # A bootstrap over one or two prompts has (almost) no resamples but the point estimate: its
+    # "interval" is noise, and an unchanged drafter would be called regressed (or a changed one pass).
+    gated = gate and min(rounds_r, rounds_c) >= min_rounds and len(clusters) >= min_prompts and np.isfinite(upper)
     return Comparison(group=group, quantity=quantity, n_prompts=len(clusters), rounds_reference=rounds_r,
                       rounds_candidate=rounds_c, reference=point_r, candidate=point_c, relative_change=change,
                       ci_low=low, ci_high=high, upper_bound=upper, upper_level=upper_level, gated=gated,
@@ -159,14 +194,15 @@ def _groups(rows: Sequence[PromptAcceptance]) -> dict[str, list[int]]:
 
 def acceptance_drift(
     reference: Sequence[Mapping[str, Any]], candidate: Sequence[Mapping[str, Any]], *,
-    tolerance: float = 0.05, alpha: float = 0.05, min_rounds: int = 20, confidence_level: float = 0.95,
-    n_resamples: int = 2000, rng: np.random.Generator | int | None = None,
+    tolerance: float = 0.05, alpha: float = 0.05, min_rounds: int = 20, min_prompts: int = MIN_PROMPTS,
+    confidence_level: float = 0.95, n_resamples: int = 2000, rng: np.random.Generator | int | None = None,
 ) -> DriftResult:
     """Compare the candidate records with the reference records (both: rows of one candidate).
 
     ``tolerance``: the relative drop allowed (0.05: 5% below the reference); ``alpha``: the
     family-wise level of the one-sided tests; ``min_rounds``: drafting rounds a group needs on
-    both sides to be gated.
+    both sides to be gated; ``min_prompts``: paired prompts it needs (the bootstrap's unit).
+    Records with impossible counters (accepted > proposed, negative) raise ValueError.
     """
     if not 0 <= tolerance < 1:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
@@ -174,8 +210,7 @@ def acceptance_drift(
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
     level = check_level(confidence_level)
     gen = as_rng(rng)
-    ref = {p.key: p for p in map(prompt_acceptance, reference) if p is not None}
-    cand = {p.key: p for p in map(prompt_acceptance, candidate) if p is not None}
+    ref, cand = _side(reference, "reference"), _side(candidate, "candidate")
     keys = sorted(set(ref) & set(cand), key=str)
     if not keys:
         raise ValueError(f"no record of the candidate pairs with the reference ({len(cand)} candidate and "
@@ -186,9 +221,11 @@ def acceptance_drift(
     idx = gen.integers(0, 1 << 30, size=(n_resamples, n_clusters))
     # Bonferroni over the comparisons that can be gated (both quantities of every group with enough rounds).
     m = sum(min(sum(ref_rows[i].rounds for i in ix), sum(cand_rows[i].rounds for i in ix)) >= min_rounds
+            and len({ref_rows[i].cluster for i in ix}) >= min_prompts
             for ix in groups.values()) * len(QUANTITIES)
     upper_level = 1 - alpha / max(m, 1)
-    kw = dict(idx=idx, level=level, upper_level=upper_level, tolerance=tolerance, min_rounds=min_rounds)
+    kw = dict(idx=idx, level=level, upper_level=upper_level, tolerance=tolerance, min_rounds=min_rounds,
+              min_prompts=min_prompts)
     comps = []
     for name, ix in groups.items():
         r, c = [ref_rows[i] for i in ix], [cand_rows[i] for i in ix]
@@ -202,4 +239,4 @@ def acceptance_drift(
         for j in range(k))
     return DriftResult(tolerance=tolerance, alpha=alpha, min_rounds=min_rounds, n_paired=len(keys),
                        n_reference_only=len(set(ref) - set(cand)), n_candidate_only=len(set(cand) - set(ref)),
-                       comparisons=tuple(comps), by_position=by_pos)
+                       comparisons=tuple(comps), by_position=by_pos, min_prompts=min_prompts)

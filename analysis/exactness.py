@@ -8,8 +8,10 @@ exact probability of each sequence (and of any others it enumerates); then:
   (``scipy.stats.power_divergence``, log-likelihood) of the sampled sequences against those
   probabilities. Sequences whose expected count is below ``min_expected`` (5) are pooled with all
   unlisted sequences into one "other" bin, expected N * (1 - listed mass); if that bin is still
-  below ``min_expected`` it joins the smallest category. A sampled sequence of target probability
-  exactly 0 is an impossible draw and gives p = 0.
+  below ``min_expected`` it joins the smallest category, and the exact upper tail of its draws,
+  P(Bin(N, pooled mass) >= drawn there), is tested too (p = min(1, 2 min(p_chi2, p_tail)),
+  Bonferroni): otherwise draws of near-impossible sequences would hide in that category. A sampled
+  sequence of target probability exactly 0 is an impossible draw and gives p = 0.
 - :func:`homogeneity`: when exact probabilities are not available, a two-sample test of the
   candidate's samples against the baseline's (``scipy.stats.chi2_contingency`` on the 2 x k
   table, sparse columns pooled the same way, no Yates correction).
@@ -117,9 +119,16 @@ def goodness_of_fit(
     other_exp = max(n - sum(expected), 0.0)
     other_obs = n - sum(observed)
     pooled_mass = other_exp / n
+    rare_p = None
     if other_exp > 1e-9 * n or other_obs > 0:
         observed.append(other_obs)
         expected.append(other_exp)
+        if len(expected) >= 2 and other_exp < min_expected:
+            # The sparse "other" bin joins the smallest big bin, and the chi-square no longer sees
+            # where those draws landed: a sampler moving that bin's mass onto near-impossible
+            # sequences would fit. The exact upper tail of the pooled rare mass, P(Bin(n, mass) >=
+            # observed), keeps it in view (Bonferroni with the chi-square below).
+            rare_p = float(stats.binom.sf(other_obs - 1, n, min(max(pooled_mass, 0.0), 1.0)))
         observed, expected = _merge_small_other(observed, expected, min_expected)
     if len(expected) < 2:
         raise InsufficientDataError(
@@ -129,8 +138,11 @@ def goodness_of_fit(
     exp = np.asarray(expected)
     exp *= n / exp.sum()  # absorb rounding so scipy's sum check passes
     res = stats.power_divergence(np.asarray(observed), exp, lambda_=_METHODS[method])
+    pvalue = float(res.pvalue)
+    if rare_p is not None:
+        pvalue = min(1.0, 2.0 * min(pvalue, rare_p))
     return GoodnessOfFitResult(
-        statistic=float(res.statistic), pvalue=float(res.pvalue), n=n, df=len(exp) - 1,
+        statistic=float(res.statistic), pvalue=pvalue, n=n, df=len(exp) - 1,
         categories=len(exp), pooled_mass=float(pooled_mass), impossible=0, method=method,
         bin_probabilities=tuple(float(e) / n for e in exp),
     )

@@ -359,7 +359,7 @@ def non_inferiority(
         d = cand - base
         # A spread within float rounding of the differences' scale is no spread: 0.55 - 0.6 and
         # 0.35 - 0.4 differ in the 16th digit, and the t statistic divided by that noise (p ~ 1e-16).
-        if np.ptp(d) <= MARGIN_TOL * max(1.0, float(np.max(np.abs(d)))):
+        if constant_differences(d):
             # No spread to estimate a variance from: the t-test is undefined, and "p = 0" would
             # pass two prompts. The exact sign test still holds: every difference above the
             # margin has chance 0.5**n under a median at it. A constant difference at the margin
@@ -397,11 +397,52 @@ def below(x: float, threshold: float, *, tol: float = MARGIN_TOL) -> bool:
     return bool(x < threshold - tol * max(1.0, abs(threshold)))
 
 
+# Below this many discordant pairs the loss test also needs the exact sign test (McNemar exact,
+# one-sided): with 4 losses and no win Tango's z says p = 0.03, the exact chance is 0.5**4 = 0.0625.
+SMALL_DISCORDANT = 20
+
+
+def exact_loss_pvalue(wins, losses):
+    """One-sided exact McNemar p-value of a loss, P(X >= losses), X ~ Bin(wins + losses, 1/2)
+    (``scipy.stats.binomtest(losses, wins + losses, 0.5, alternative="greater")``; vectorised;
+    1 without discordant pairs)."""
+    w, l = np.asarray(wins), np.asarray(losses)
+    return stats.binom.sf(l - 1, w + l, 0.5)
+
+
 def tango_loss_pvalue(wins, losses, n, *, continuity_correction: float = NI_CONTINUITY_CORRECTION):
     """One-sided p-value of H0: delta >= 0 against a loss, delta < 0 (Tango score test with the
-    same continuity correction as the non-inferiority test; vectorised over counts)."""
+    same continuity correction as the non-inferiority test; vectorised over counts). With fewer
+    than ``SMALL_DISCORDANT`` discordant pairs the exact sign test must agree: the larger of the
+    two p-values."""
     z = tango_z(wins, losses, n, 0.0, shift=continuity_correction)
-    return stats.norm.cdf(z)
+    p = stats.norm.cdf(z)
+    small = np.asarray(wins) + np.asarray(losses) < SMALL_DISCORDANT
+    return np.where(small, np.maximum(p, exact_loss_pvalue(wins, losses)), p)
+
+
+def _exact_loss_bound(wins: int, losses: int, n: int, level: float) -> float:
+    """Upper bound of delta from the exact sign test on the discordant pairs: the one-sided
+    Clopper-Pearson bound of P(win | discordant), as delta = (d / n) (2 q - 1). Below 0 exactly
+    when :func:`exact_loss_pvalue` is below 1 - level."""
+    d = wins + losses
+    if d == 0:
+        return 0.0
+    q = 1.0 if wins == d else float(stats.beta.ppf(level, wins + 1, d - wins))
+    return d / n * (2.0 * q - 1.0)
+
+
+def sign_sample_size(level: float) -> int:
+    """Units an exact sign test needs before it can reject at ``level``: the least n with
+    0.5**n < level (5 at 0.05)."""
+    return int(np.floor(np.log2(1.0 / float(level)))) + 1
+
+
+def constant_differences(d) -> bool:
+    """Paired differences without spread beyond float rounding of their scale (no variance to
+    estimate: the t-test is undefined and only the sign test holds)."""
+    d = np.asarray(d, dtype=float)
+    return bool(np.ptp(d) <= MARGIN_TOL * max(1.0, float(np.max(np.abs(d)))))
 
 
 def loss_upper_bound(
@@ -410,16 +451,25 @@ def loss_upper_bound(
     continuity_correction: float = NI_CONTINUITY_CORRECTION,
 ) -> float:
     """The one-sided upper confidence bound of delta at ``level``: ``"tango-score"`` from the
-    discordant counts (inverting :func:`tango_loss_pvalue`'s test), ``"paired-t"`` from the mean
-    and standard deviation of the paired differences. A bound below 0 is a significant loss at
-    1 - level; below -margin, a loss larger than the margin allows."""
+    discordant counts (inverting :func:`tango_loss_pvalue`'s test; with fewer than
+    ``SMALL_DISCORDANT`` discordant pairs no lower than the exact sign test's bound), ``"paired-t"``
+    from the mean and standard deviation of the paired differences (without spread, the sign test's:
+    the mean where 0.5**n < 1 - level, else +inf, no bound). A bound below 0 is a significant loss
+    at 1 - level; below -margin, a loss larger than the margin allows."""
     level = check_level(level, "level")
     if method == "tango-score":
-        return tango_interval(int(wins), int(losses), int(n), confidence_level=level, alternative="less",
-                              continuity_correction=continuity_correction).high
+        bound = tango_interval(int(wins), int(losses), int(n), confidence_level=level, alternative="less",
+                               continuity_correction=continuity_correction).high
+        if int(wins) + int(losses) < SMALL_DISCORDANT:  # as tango_loss_pvalue: the exact sign test must agree
+            bound = max(bound, _exact_loss_bound(int(wins), int(losses), int(n), level))
+        return float(bound)
     if method == "paired-t":
-        if n < 2 or not sd:
-            return float(mean)
+        if sd is None or n < 2 or sd <= MARGIN_TOL * max(1.0, abs(float(mean))):
+            # No spread (or only float rounding of it): the t bound would be the mean itself, and
+            # two prompts that lose alike would be "worse". The exact sign test decides: n equal
+            # differences have chance 0.5**n of all falling on one side of the median; below
+            # 1 - level the bound is their value, otherwise there is no bound.
+            return float(mean) if n >= 1 and 0.5 ** n < 1.0 - level else float("inf")
         return float(mean + stats.t.ppf(level, n - 1) * sd / np.sqrt(n))
     raise ValueError(f"method must be 'tango-score' or 'paired-t', not {method!r}")
 
@@ -457,8 +507,8 @@ def t_sample_size(sd: float, margin: float, *, alpha: float = 0.05, power: float
     shift = float(true_delta) + float(margin)
     if not shift > 0 or at_or_below(true_delta, -margin):
         return None
-    if not sd > 0:
-        return 2
+    if not sd > 0:  # no spread: only the exact sign test decides, and it needs 0.5**n < alpha
+        return sign_sample_size(alpha)
     n = 2.0
     for _ in range(50):
         nxt = ((stats.t.ppf(1 - alpha, n - 1) + stats.t.ppf(power, n - 1)) * sd / shift) ** 2

@@ -11,7 +11,9 @@ only where no record has ``passed``.
   of a loss (H0: delta >= 0), all from the discordant counts;
 - continuous scores, or several pairs per prompt (seeds, temperatures): the pairs of one prompt
   are correlated, so the unit is the prompt: each prompt's mean over its pairs, then Wilcoxon
-  signed-rank, a bootstrap interval over prompts, and paired-t tests (non-inferiority, loss).
+  signed-rank, a bootstrap interval over prompts, and paired-t tests (non-inferiority, loss);
+  differences without spread (every prompt changed alike) are decided by the exact sign test
+  (0.5**n), never by a t-test divided by zero or by float rounding.
 
 ``n_needed`` says how many units would show non-inferiority with 80% power if there were no true
 change, at the observed discordance (or spread); ``n_needed_observed`` the same if the observed
@@ -32,8 +34,8 @@ from scipy import stats
 
 from ._common import ConfidenceInterval, as_rng, group_pairs, prompt_clusters
 from .paired import (
-    NonInferiorityResult, loss_upper_bound, mcnemar, ni_sample_size, non_inferiority, t_sample_size,
-    tango_loss_pvalue, wilcoxon_signed_rank,
+    NonInferiorityResult, below, constant_differences, loss_upper_bound, mcnemar, ni_sample_size, non_inferiority,
+    t_sample_size, tango_loss_pvalue, wilcoxon_signed_rank,
 )
 from .pairing import Pair
 
@@ -152,9 +154,15 @@ def quality_delta(
         name = "wilcoxon" + (" on per-prompt means" if clustered else "")
         ni = non_inferiority(base, cand, margin=margin, alpha=alpha, method="paired-t")
         d = cand - base
-        sd = float(np.std(d, ddof=1))
-        loss_p = float(stats.ttest_1samp(d, 0.0, alternative="less").pvalue) if sd > 0 else \
-            (0.0 if d[0] < 0 else 1.0)
+        if constant_differences(d):
+            # No spread beyond float rounding (every prompt lost alike): the t-test is undefined and
+            # "p = 0" made two prompts "worse". The exact sign test, as in non_inferiority: all n
+            # below 0 has chance 0.5**n under no change. sd = 0 tells loss_upper_bound the same.
+            sd = 0.0
+            loss_p = 0.5 ** len(d) if below(float(d.max()), 0.0) else 1.0
+        else:
+            sd = float(np.std(d, ddof=1))
+            loss_p = float(stats.ttest_1samp(d, 0.0, alternative="less").pvalue)
         n_needed = t_sample_size(sd, margin, alpha=alpha, power=POWER)
         n_needed_obs = t_sample_size(sd, margin, alpha=alpha, power=POWER, true_delta=float(d.mean())) \
             if d.mean() < 0 else n_needed

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import signal, stats
 
-from .paired import NI_CONTINUITY_CORRECTION, tango_z
+from .paired import NI_CONTINUITY_CORRECTION, SMALL_DISCORDANT, exact_loss_pvalue, tango_z
 
 SPENDING = ("obrien-fleming", "pocock")
 GRID = 1201          # grid points of the integration over the continuation region
@@ -182,6 +182,10 @@ def binary_z(wins, losses, n, margin: float, cc: float = NI_CONTINUITY_CORRECTIO
     """(z of non-inferiority, z of a loss) of pass/fail pairs, as :mod:`.paired` computes them."""
     z_ni = tango_z(wins, losses, n, -float(margin), shift=-cc)
     z_loss = -tango_z(wins, losses, n, 0.0, shift=cc)
+    # As tango_loss_pvalue: with few discordant pairs the exact sign test must agree (the smaller z).
+    small = np.asarray(wins) + np.asarray(losses) < SMALL_DISCORDANT
+    exact = stats.norm.isf(np.clip(exact_loss_pvalue(wins, losses), 1e-300, 1.0 - 1e-16))
+    z_loss = np.where(small, np.minimum(z_loss, exact), z_loss)
     return z_ni, z_loss
 
 

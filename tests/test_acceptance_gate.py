@@ -216,3 +216,45 @@ def test_a_tracking_server_that_goes_down_during_the_run_costs_no_verdict(refere
     assert cand["acceptance_drift"]["reference"].startswith("mlflow:") and junit.exists()
     assert any(g["name"] == "acceptance all alpha" and g["status"] == "fail" for g in cand["gates"])
     assert len(calls) == 1
+
+
+def _gates(ref, cand, **kw):
+    from harness.config import Gates
+    from harness.verdict.gate import _acceptance_gates
+    from harness.verdict.plain import plain
+    r = acceptance_drift(ref, cand, tolerance=0.05, rng=0)
+    return r, {g.name: g for g in _acceptance_gates({"acceptance_drift": {"reference": "runs/ref", **plain(r)}},
+                                                    Gates(**kw))}
+
+
+def test_a_drift_over_fewer_than_five_prompts_is_inconclusive():
+    """One prompt: the bootstrap over prompts has one cluster, its 'interval' is the point estimate, and
+    an unchanged drafter was 'regressed' in 72 of 200 runs (red-team); the same comparison could pass."""
+    ref = [_row("i0", [3, 3, 2, 3] * 8, [3] * 32)]
+    drop = [_row("i0", [2, 3, 2, 2] * 8, [3] * 32)]   # noise on one prompt, or a drop: one prompt cannot say
+    r, gates = _gates(ref, drop)
+    assert r.passed and not any(c.gated for c in r.comparisons)
+    for q in ("alpha", "tau"):
+        g = gates[f"acceptance all {q}"]
+        assert g.status == "fail" and g.detail.startswith("inconclusive") and "at least 5 paired prompts" in g.detail
+    _, same = _gates(ref, ref, inconclusive="warn")
+    assert {g.status for g in same.values()} == {"warn"}  # not "pass" from one prompt
+    # five prompts: gated as before
+    ref5 = [_row(f"i{i}", [3, 3, 2, 3] * 8, [3] * 32) for i in range(5)]
+    r, gates = _gates(ref5, ref5)
+    assert all(c.gated for c in r.comparisons) and gates["acceptance all alpha"].status == "pass"
+
+
+def test_impossible_acceptance_counters_are_refused():
+    """6 accepted of 4 proposed per round, 300 tokens from one target forward: 'tau 2.000 -> 300.000
+    pass' (red-team). analysis.acceptance refuses such rows; so does the drift."""
+    ref = [_row(f"i{i}", [2, 1, 3, 0, 4] * 6, [4] * 30) for i in range(8)]
+    bad = [_row(f"i{i}", [6] * 30, [4] * 30) for i in range(8)]
+    with pytest.raises(ValueError, match=r"8 candidate record\(s\) with impossible acceptance counters; first: "
+                                         r"record s/i0 .*accepted 6 of 4 proposed in round 0"):
+        acceptance_drift(ref, bad, rng=0)
+    negative = [_row(f"i{i}", [2, -1, 3, 0, 4] * 6, [4] * 30) for i in range(8)]
+    with pytest.raises(ValueError, match="reference record"):
+        acceptance_drift(negative, ref, rng=0)
+    with pytest.raises(ValueError, match="impossible"):
+        acceptance_drift(ref, [_row("i0", [1, 1], [2, 2, 2])], rng=0)

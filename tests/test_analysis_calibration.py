@@ -207,10 +207,11 @@ def test_calibration_verdict_is_the_gates_decision(n, counts):
 
 def test_aa_any_worse_counts_what_the_gate_calls_worse():
     """The A/A table once counted the loss test alone (0.0331 at n = 200, disc 0.1): a significant
-    loss within the margin is a pass for the gate. Its real rate is 0.0174."""
+    loss within the margin is a pass for the gate. Its real rate is 0.0174. The loss test alone is
+    0.0302 since it needs the exact sign test too below 20 discordant pairs (Tango's z alone: 0.0331)."""
     gate = cg.aa_any_worse(200, 0.1, studies=2000, rng=3)
     alone = cg.aa_any_worse(200, 0.1, rule="loss-alone", studies=2000, rng=3)
-    assert gate.exact == pytest.approx(0.0174, abs=2e-4) and alone.exact == pytest.approx(0.0331, abs=2e-4)
+    assert gate.exact == pytest.approx(0.0174, abs=2e-4) and alone.exact == pytest.approx(0.0302, abs=2e-4)
     assert abs(gate.simulated - gate.exact) <= 4 * gate.mc_se
     looked = cg.aa_any_worse(200, 0.1, looks=3, studies=1000, rng=3)  # the decide profile's design
     assert looked.exact <= 0.05 and looked.exact != pytest.approx(gate.exact, abs=1e-3)

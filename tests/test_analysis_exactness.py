@@ -43,7 +43,10 @@ def test_sparse_other_bin_joins_smallest():
     samples = [SEQS[0]] * 20 + [SEQS[1]] * 12 + [SEQS[2]] * 10 + [SEQS[3]] * 6 + [(9, 2)] * 2
     res = goodness_of_fit(samples, probability_table(samples))
     ref = stats.chisquare([20, 12, 10, 8], [20, 12.5, 10, 7.5])
-    assert res.categories == 4 and res.pvalue == pytest.approx(ref.pvalue)
+    # the pooled draws also face the exact upper tail of their mass (2 of 50 at 0.05), Bonferroni
+    tail = stats.binom.sf(1, 50, 0.05)
+    assert res.categories == 4 and res.statistic == pytest.approx(ref.statistic)
+    assert res.pvalue == pytest.approx(min(1.0, 2 * min(ref.pvalue, tail)))
 
 
 def test_null_rejection_rate_and_power():
@@ -92,3 +95,15 @@ def test_homogeneity_null_rate():
     assert 0.02 <= np.mean(np.array(p) <= 0.05) <= 0.08
     with pytest.raises(InsufficientDataError):
         homogeneity([SEQS[0]] * 3, [SEQS[1]] * 3)
+
+
+def test_draws_of_near_impossible_sequences_do_not_hide_in_the_smallest_bin():
+    """Target A .5, B .5 - 1e-9, the rest 1e-9: 50 A and 50 draws of the rest fit with p = 1 once the
+    sparse 'other' bin joined B (red-team). The exact upper tail of the pooled rare mass sees them."""
+    probs = {"A": 0.5, "B": 0.5 - 1e-9, "*": 1e-9}
+    res = goodness_of_fit(["A"] * 50 + ["*"] * 50, probs)
+    assert res.pvalue < 1e-6 and res.categories == 2
+    res = goodness_of_fit(["A"] * 50 + ["B"] * 30 + ["*"] * 20, probs)
+    assert res.pvalue < 1e-6
+    fine = goodness_of_fit(["A"] * 50 + ["B"] * 50, probs)
+    assert fine.pvalue == pytest.approx(1.0)

@@ -220,3 +220,24 @@ def test_a_difference_constant_but_for_float_rounding_is_decided_by_the_sign_tes
     assert not at.passed and at.pvalue == 1.0
     spread = non_inferiority([0.6, 0.4], [0.55, 0.36], margin=0.1, method="paired-t")   # a real spread: the t-test
     assert spread.pvalue == pytest.approx(stats.ttest_1samp([-0.05, -0.04], -0.1, alternative="greater").pvalue)
+
+
+def test_a_loss_from_few_discordant_pairs_needs_the_exact_sign_test():
+    """4 losses, no win: Tango's z said p < 0.05, the exact one-sided McNemar p is 0.5**4 = 0.0625."""
+    from analysis.paired import loss_upper_bound, tango_loss_pvalue
+    for n in (4, 100):
+        p = float(tango_loss_pvalue(0, 4, n))
+        assert p == pytest.approx(max(0.0625, p)) and p >= stats.binomtest(4, 4, 0.5, alternative="greater").pvalue
+        assert loss_upper_bound(method="tango-score", level=0.95, n=n, wins=0, losses=4) >= 0
+    assert float(tango_loss_pvalue(0, 5, 5)) < 0.05  # 0.5**5
+    assert loss_upper_bound(method="tango-score", level=0.95, n=5, wins=0, losses=5) < 0
+    # vectorised, and unchanged from 20 discordant pairs on
+    w, l = np.array([0, 1, 5]), np.array([4, 19, 25])
+    p = tango_loss_pvalue(w, l, 100)
+    z = tango_z(w, l, 100, 0.0, shift=0.5)
+    assert p[2] == pytest.approx(stats.norm.cdf(z[2])) and p[1] >= stats.binom.sf(18, 20, 0.5)
+    # the bound is below 0 exactly when the p-value is below 1 - level
+    for w in range(0, 6):
+        for l in range(0, 19):
+            up = loss_upper_bound(method="tango-score", level=0.95, n=60, wins=w, losses=l)
+            assert (up < -1e-9) == (float(tango_loss_pvalue(w, l, 60)) < 0.05), (w, l, up)

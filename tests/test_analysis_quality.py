@@ -96,3 +96,30 @@ def test_auto_metric_leaves_out_ungraded_pairs_instead_of_counting_ties():
               for i in range(20)]
     q = quality_delta(scored, margin=0.1, rng=0, n_resamples=999)
     assert q.metric == "score" and q.n == 20
+
+
+def _clustered(n_prompts, seeds=2, base=True, cand=False):
+    """n prompts with `seeds` pairs each (unit: the prompt), every pair base `base`, candidate `cand`."""
+    from analysis.pairing import Pair, PairKey
+    return [Pair(PairKey("s", "h", f"i{i}", s, 0.0), {"passed": base}, {"passed": cand})
+            for i in range(n_prompts) for s in range(seeds)]
+
+
+def test_prompts_that_all_lose_alike_are_decided_by_the_sign_test_not_by_p_zero():
+    """Two prompts (two seeds each) that both lost: sd = 0, and the paired-t loss test gave p = 0 and
+    an upper bound at the mean, so two prompts were 'worse, loss larger than the margin' (red-team)."""
+    from analysis import quality_delta
+    from analysis.paired import loss_upper_bound
+    two = quality_delta(_clustered(2), margin=0.1, rng=0, group="s", metric="passed")
+    assert two.unit == "prompt" and two.loss_pvalue == pytest.approx(0.25)
+    assert two.loss_upper_bound(0.95) == float("inf")  # no bound: the sign test cannot reject with 2
+    five = quality_delta(_clustered(5), margin=0.1, rng=0, group="s", metric="passed")
+    assert five.loss_pvalue == pytest.approx(1 / 32) and five.loss_upper_bound(0.95) == pytest.approx(-1.0)
+    assert five.n_needed == 5  # the sign test needs 0.5**n < 0.05 (the t formula said 2)
+    same = quality_delta(_clustered(5, cand=True), margin=0.1, rng=0, group="s", metric="passed")
+    assert same.loss_pvalue == 1.0
+    # differences equal but for float rounding (0.35 - 0.4, 0.55 - 0.6): the same
+    d = np.array([0.35 - 0.4, 0.55 - 0.6])
+    assert np.std(d, ddof=1) > 0
+    assert loss_upper_bound(method="paired-t", level=0.95, n=2, mean=float(d.mean()),
+                            sd=float(np.std(d, ddof=1))) == float("inf")

@@ -323,3 +323,31 @@ def test_a_summary_step_without_data_is_a_failed_gate(where, step):
     d = decide(c, Gates())
     assert not d.passed and names(d, "fail") == {f"analysis {step}"}
     assert "no exit layers recorded" in d.failures[0].detail
+
+
+def test_two_prompts_that_lost_alike_are_not_worse():
+    """Clustered pairs (two seeds per prompt), every prompt lost: sd = 0 made the paired-t bound the
+    mean itself, and two prompts were "worse, loss larger than the margin" (red-team); the exact sign
+    test needs 5 (0.5**5 < 0.05)."""
+    from analysis import quality_delta
+    from analysis.pairing import Pair, PairKey
+    from harness.verdict.plain import plain
+
+    def suite(n):
+        pairs = [Pair(PairKey("s", "h", f"i{i}", s, 0.0), {"passed": True}, {"passed": False})
+                 for i in range(n) for s in range(2)]
+        return plain(quality_delta(pairs, margin=0.1, rng=0, group="s", metric="passed"))
+    d = decide(lossy(s=suite(2)), Gates(inconclusive="warn"))
+    detail = d.results[0].detail
+    assert d.passed and detail.startswith("inconclusive") and "worse," not in detail
+    assert "no one-sided 95% upper bound: 2 prompts" in detail and "needs 5" in detail
+    d = decide(lossy(s=suite(5)), Gates(inconclusive="warn"))
+    assert not d.passed and "worse, loss larger than the margin" in d.results[0].detail
+
+
+def test_four_discordant_losses_are_not_worse_before_the_exact_sign_test():
+    """n = 4, all lost: Tango's z gave a loss at 0.05 where the exact sign test gives 0.0625."""
+    d = decide(lossy(f=quality(n=4, losses=4, base_pass=4)), Gates(inconclusive="warn"))
+    assert d.passed and d.results[0].detail.startswith("inconclusive")
+    d = decide(lossy(f=quality(n=5, losses=5, base_pass=5)), Gates(inconclusive="warn"))
+    assert not d.passed and d.results[0].detail.startswith("worse")

@@ -288,3 +288,28 @@ def test_sample_size_plan_uses_the_profiles_looks():
     assert "P(pass)" in text and "looks included" in text
     code = next(line for line in text.splitlines() if " code " in line)
     assert f"{p['rows'][1]['pass_probability']:.3f}" in code and "cannot decide: about 141 items would" in code
+
+
+def test_prompts_that_all_lose_alike_are_not_worse_at_the_first_look():
+    """Clustered pairs (two seeds per item), the first look's two items both lost: the paired-t loss
+    p-value was 0 (z_loss 37) and the run stopped 'worse at look 1' (red-team). The sign test gives
+    0.5**2 at look 1."""
+    from analysis.pairing import Pair, PairKey
+    from harness.verdict.looks import evaluate
+    p = seq.Plan.make(3, 0.05, 0.05, "obrien-fleming")
+    items = [f"i{i}" for i in range(6)]
+    sets = [set(items[:n]) for n in p.look_sizes(len(items))]
+    pairs = [Pair(PairKey("s", "h", it, s, 0.0), {"passed": True}, {"passed": False}) for it in items for s in range(2)]
+    res = evaluate(p, sets, pairs, 0.1, 0.05)
+    first = res["looks"][0]
+    assert first["z_loss"] == pytest.approx(float(stats.norm.isf(0.25)))
+    assert (res["decided"], res["look"]) != ("worse", 1)
+
+
+def test_binary_z_loss_needs_the_exact_sign_test_with_few_discordant_pairs():
+    """As analysis.paired.tango_loss_pvalue: 4 losses of 4 discordant pairs are not z = 1.96."""
+    from analysis.paired import tango_loss_pvalue
+    w, l = np.array([0, 0, 3]), np.array([4, 7, 30])
+    _, z_loss = seq.binary_z(w, l, 60, MARGIN)
+    assert z_loss == pytest.approx(stats.norm.isf(tango_loss_pvalue(w, l, 60)))
+    assert z_loss[0] == pytest.approx(stats.norm.isf(0.0625))

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import math
 
-from analysis.paired import below, loss_upper_bound
+from analysis.acceptance_drift import MIN_PROMPTS
+from analysis.paired import below, loss_upper_bound, sign_sample_size
 from harness.config import Gates, sampled_identity_applies
 from harness.verdict import engine_exactness
 from harness.verdict.floor import gate_detail as floor_gate
@@ -146,6 +147,10 @@ def _quality_detail(q: dict, gates: Gates, worse_level: float) -> tuple[str, str
             f"n={q['n']} {unit}")
     lower_s = f"one-sided {_pct(1 - gates.alpha)} lower bound {ni['lower_bound']:+.3f}"
     upper_s = f"one-sided {_pct(1 - worse_level)} upper bound {upper:+.3f}"
+    if not math.isfinite(upper):
+        # Differences without spread (analysis.paired.loss_upper_bound): only the exact sign test holds.
+        upper_s = (f"no one-sided {_pct(1 - worse_level)} upper bound: {q['n']} {unit} that all changed alike are "
+                   f"too few for the exact sign test, which needs {sign_sample_size(worse_level)}")
     if ni["passed"]:
         detail = f"non-inferior: {lower_s} > -{margin:.2f}; {head}"
         if below(upper, 0.0):
@@ -167,7 +172,7 @@ def _quality_detail(q: dict, gates: Gates, worse_level: float) -> tuple[str, str
             need_s += (f", {obs} if the observed delta is real" if obs is not None
                        else "; none if the observed delta is real")
     return "inconclusive", (f"inconclusive: neither non-inferior ({lower_s} <= -{margin:.2f}) nor worse "
-                            f"({upper_s} >= 0); {need_s}; {head}"), upper
+                            f"({upper_s}{' >= 0' if math.isfinite(upper) else ''}); {need_s}; {head}"), upper
 
 
 def _grade_errors(s: dict) -> str | None:
@@ -367,18 +372,25 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def _num(x) -> str:
+    return f"{x:.3f}" if _finite(x) else "not computable"
+
+
 def _acceptance_gates(cand: dict, gates: Gates) -> list[GateResult]:
     """`acceptance_reference`: α and τ, overall and per category with enough rounds, must not fall
     below the reference beyond the tolerance with an interval that excludes it (see
     analysis.acceptance_drift: paired bootstrap over prompts, Bonferroni over the comparisons).
     A candidate that drafts in too few rounds where the reference drafted in enough, on the same
-    prompts, is not "not gated": its drafter stopped proposing, and nothing shows it did not regress."""
+    prompts, is not "not gated": its drafter stopped proposing, and nothing shows it did not regress.
+    Fewer than `min_prompts` (5) paired prompts overall is inconclusive: the bootstrap over prompts
+    has nothing to resample (categories with as few are reported, not gated)."""
     drift = cand.get("acceptance_drift")
     if not drift:
         return []
     if drift.get("error"):
         return [GateResult("acceptance drift", "fail", f"against {drift['reference']}: {drift['error']}")]
     tol = drift["tolerance"]
+    min_prompts = drift.get("min_prompts", MIN_PROMPTS)
     out = []
     for c in drift["comparisons"]:
         if (c["group"] == "all" and c["rounds_reference"] >= drift["min_rounds"] > c["rounds_candidate"]):
@@ -388,8 +400,18 @@ def _acceptance_gates(cand: dict, gates: Gates) -> list[GateResult]:
                                   f"{c['n_prompts']} prompts (fewer than {drift['min_rounds']}): its drafter stopped "
                                   f"proposing, so its {c['quantity']} cannot be shown within -{tol:.0%}"))
             continue
+        enough_rounds = min(c["rounds_reference"], c["rounds_candidate"]) >= drift["min_rounds"]
+        if c["group"] == "all" and enough_rounds and c["n_prompts"] < min_prompts:
+            # A bootstrap over fewer prompts collapses to the point estimate: neither a drop nor its
+            # absence is shown (analysis.acceptance_drift.MIN_PROMPTS).
+            out.append(GateResult(f"acceptance all {c['quantity']}", _inconclusive(gates), f"inconclusive: "
+                                  f"{c['quantity']} {_num(c['reference'])} -> {_num(c['candidate'])} on "
+                                  f"{c['n_prompts']} prompt(s) only: the interval resamples prompts, and fewer than "
+                                  f"{min_prompts} show nothing against {drift['reference']}; at least {min_prompts} "
+                                  f"paired prompts would decide"))
+            continue
         if not c["gated"]:
-            if c["group"] == "all" and min(c["rounds_reference"], c["rounds_candidate"]) >= drift["min_rounds"]:
+            if c["group"] == "all" and enough_rounds:
                 # Enough rounds on both sides, and still no interval: a side's records lack what the
                 # quantity is computed from (τ: the target's forwards). Not gated would drop it unseen.
                 vals = ", ".join(f"{side} {c[side]:.3f}" if _finite(c[side]) else f"{side} not computable"
