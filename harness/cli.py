@@ -59,18 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def placeholder_ci(args) -> None:
-    """A command with CI outputs (regress --junit-xml / --summary-md) replaces the last run's files
-    with a no-verdict failure before anything else can refuse: a bad name in the config, an
-    unreachable reference or --plan-only exit before the run, and must not leave the previous
-    run's green JUnit for CI's reporters to show. The paths do not depend on the config."""
-    junit, md = getattr(args, "junit_xml", None), getattr(args, "summary_md", None)
-    if junit or md:
-        from harness.verdict import report
-        report.check_ci_paths(junit, md)
-        report.placeholder_ci(junit, md)
-
-
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -79,7 +67,6 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
-        placeholder_ci(args)
         return int(run(args) or 0)
     except KeyboardInterrupt:
         print("decodegate: interrupted", file=sys.stderr)

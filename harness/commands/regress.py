@@ -97,11 +97,17 @@ def open_run_dir(args, config, suites) -> tuple[Path, dict]:
 
 
 def run(args) -> int:
+    # The last run's CI files are replaced by a no-verdict failure before anything can refuse (a
+    # bad name in the config, an unreachable reference, --plan-only): a run that stops before its
+    # verdict must not leave the previous run's green JUnit for CI's reporters. The paths do not
+    # depend on the config.
+    from harness.verdict import report
+    ci = getattr(args, "junit_xml", None), getattr(args, "summary_md", None)
+    report.check_ci_paths(*ci)
+    report.placeholder_ci(*ci)
     from harness.config import load_config
     config = load_config(args.config, args.profile)
     # Everything that can be wrong with the input is found before any model is loaded.
-    from harness.verdict import report
-    report.check_ci_paths(getattr(args, "junit_xml", None), getattr(args, "summary_md", None))
     from harness.run import runner
     suites = runner.load_suites(config)
     # lm-eval tasks run after every other suite: a misspelt task, a wrong include_path or a code
@@ -119,7 +125,6 @@ def run(args) -> int:
     print(power.table(plan, config), file=sys.stderr)
     if getattr(args, "plan_only", False):
         return 0
-    report.placeholder_ci(getattr(args, "junit_xml", None), getattr(args, "summary_md", None))
     from harness.run.store import open_store
     store = open_store(getattr(args, "baseline_store", None), getattr(args, "fresh_baseline", False), args.tracking_uri)
     run_dir, meta = open_run_dir(args, config, suites)
