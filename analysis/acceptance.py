@@ -166,7 +166,9 @@ def _stats(record: Mapping[str, Any]) -> Mapping[str, Any]:
     return s
 
 
-def _per_round(s: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+def per_round_counts(s: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """A record's (accepted, proposed) per round as int arrays, None without them; impossible
+    counters (unpaired, accepted > proposed, negative) raise ValueError."""
     acc, prop = s.get("accepted_per_round"), s.get("proposed_per_round")
     if acc is None or prop is None:
         return None
@@ -181,7 +183,7 @@ def _by_position(stats_list: Sequence[Mapping[str, Any]], k: int):
     acc_pos, prop_pos, tested_pos = np.zeros(k, int), np.zeros(k, int), np.zeros(k, int)
     exact_tested = True
     for s in stats_list:
-        rounds = _per_round(s)
+        rounds = per_round_counts(s)
         if rounds is not None:
             acc, prop = rounds
             j = np.arange(k)[:, None]
@@ -283,7 +285,7 @@ def acceptance_summary(
     level = check_level(confidence_level)
     gen = as_rng(rng)
     stats_list = [_stats(p.candidate) for p in pairs]
-    per_round = [_per_round(s) for s in stats_list]
+    per_round = [per_round_counts(s) for s in stats_list]
     if k is None:
         k = max([int(r[1].max()) for r in per_round if r is not None and r[1].size]
                 + [len(s.get("acceptance_by_position") or []) for s in stats_list]

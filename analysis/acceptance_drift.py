@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ._common import as_rng, check_level
+from .acceptance import per_round_counts
 
 QUANTITIES = ("alpha", "tau")
 MIN_PROMPTS = 5   # paired prompts a comparison needs to be gated (a bootstrap over fewer collapses)
@@ -59,17 +60,20 @@ class PromptAcceptance:
 def prompt_acceptance(row: Mapping[str, Any]) -> PromptAcceptance | None:
     """Counters of one candidate record; None when it holds no drafting (an error, no stats)."""
     s = row.get("stats") or {}
-    acc, prop = s.get("accepted_per_round"), s.get("proposed_per_round")
-    if row.get("error") or acc is None or prop is None:
+    if row.get("error"):
         return None
-    acc, prop = np.asarray(acc, dtype=int), np.asarray(prop, dtype=int)
-    if acc.shape != prop.shape or np.any(acc > prop) or np.any(acc < 0):
-        # The rule of analysis.acceptance._per_round: such counters are impossible, not a drift.
+    try:
+        counts = per_round_counts(s)  # impossible counters are refused, not a drift
+    except ValueError as e:
+        acc, prop = np.asarray(s["accepted_per_round"]), np.asarray(s["proposed_per_round"])
         raise ValueError(
             f"record {row.get('suite')}/{row.get('item_id')} seed={row.get('seed', 0)} "
-            f"T={row.get('temperature', 0.0)}: accepted_per_round and proposed_per_round must be paired, "
-            f"0 <= accepted <= proposed (impossible counters: {len(acc)} accepted vs {len(prop)} proposed rounds"
-            + (f", e.g. accepted {_first_bad(acc, prop)}" if acc.shape == prop.shape else "") + ")")
+            f"T={row.get('temperature', 0.0)}: {e} (impossible counters: {len(acc)} accepted vs {len(prop)} "
+            f"proposed rounds" + (f", e.g. accepted {_first_bad(acc, prop)}" if acc.shape == prop.shape else "") + ")"
+        ) from None
+    if counts is None:
+        return None
+    acc, prop = counts
     drafted = prop > 0
     acc, prop = acc[drafted], prop[drafted]
     k = int(prop.max()) if prop.size else 0
