@@ -33,9 +33,10 @@ The metrics, with `vllm bench serve`'s names:
   baseline over candidate, the same item at the same offset), its interval over prompts.
 - **crossover**: a candidate pays at a level when that speedup's lower bound is >= 1, it has no
   failed request and it meets every SLO; the crossover is the highest rate up to which every
-  level tried paid. A level where `max_in_flight` held either side back (``held_back``) was not
-  offered its rate: it is not measured there (pays None), which ends the crossover as a level
-  that did not pay would, and says so.
+  level tried paid. A level where `max_in_flight` held either side back (``held_back``), or the
+  load generator sent its requests late (``sent_late``), was not offered its rate: it is not
+  measured there (pays None), which ends the crossover as a level that did not pay would, and
+  says so. Rows that repeat a request (``repeated``) never pay.
 
 Scope: numbers only. The open-loop schedule and its measurement live in harness.run.load, the
 SLO gates in harness.verdict.slo, the figure in analysis.load_figure.
@@ -57,12 +58,19 @@ SLO_KEYS = {"ttft_p95_s": "ttft", "tpot_p95_s": "tpot", "e2e_p95_s": "e2e"}
 _BIG = 1e300  # stands for "never answered" where order statistics need a number
 
 
+def _seconds(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
 def ok(row: Mapping[str, Any]) -> bool:
-    """A request that was answered, with a usable end-to-end time: a NaN or infinite time (a
-    broken clock, a row edited by hand) is a failed request, never a fast one."""
-    e2e = row.get("e2e_s")
-    return (not row.get("error") and (row.get("n_tokens") or 0) > 0 and isinstance(e2e, (int, float))
-            and math.isfinite(e2e) and e2e >= 0)
+    """A request that was answered, with usable times: an E2E, a TTFT within it and token gaps
+    that are finite and not negative, and a whole count of tokens. Anything else (a broken clock,
+    a row edited by hand) is a failed request, never a fast one: a negative TTFT met a TTFT
+    objective, a TTFT past the E2E made a negative TPOT, a NaN p95 made the baseline 'over capacity'."""
+    e2e, ttft, n = row.get("e2e_s"), row.get("ttft_s"), row.get("n_tokens")
+    return (not row.get("error") and isinstance(n, int) and not isinstance(n, bool) and n > 0
+            and _seconds(e2e) and _seconds(ttft) and ttft <= e2e
+            and all(_seconds(x) for x in row.get("token_times_s") or []))
 
 
 def tpot(row: Mapping[str, Any]) -> float | None:
@@ -143,7 +151,10 @@ def p95_bound(values: Sequence[float | None], *, alpha: float = 0.05) -> dict:
         return {"n": 0, "p95": None, "upper_bound": None, "bound": "too few"}
     p95 = float(np.percentile(v, 95, method=PERCENTILE_METHOD))
     high = float(stats.quantile_test(v, q=p95, p=0.95, alternative="less").confidence_interval(1 - alpha).high)
-    failed = lambda x: x >= _BIG / 10  # noqa: E731
+    # A value past the slowest answered request stands on a failed one, whatever its size: the
+    # p95 interpolates between order statistics, and 5% of the way to _BIG was "5e+298 s".
+    slowest = max((x for x in values if x is not None), default=-math.inf)
+    failed = lambda x: x > slowest  # noqa: E731
     out = {"n": int(v.size), "p95": None if failed(p95) else p95, "upper_bound": None}
     if not np.isfinite(high):
         out["bound"] = "too few"
@@ -192,6 +203,13 @@ def _acceptance(rows: Sequence[Mapping[str, Any]], level: float, rng) -> dict:
              and "proposed" in r["stats"] and "accepted" in r["stats"]]
     if not pairs:
         return {}
+    bad = [(a, p) for a, p in pairs if not (math.isfinite(a) and math.isfinite(p) and 0 <= a <= p)]
+    if bad:
+        # Counts that cannot be (more accepted than proposed, negative) are refused, not published,
+        # as analysis.acceptance refuses them: an α of 1.2 was reported for such a level.
+        return {"source": "per-request telemetry", "requests": len(pairs),
+                "error": f"{len(bad)} of {len(pairs)} requests reported impossible counts (first: {bad[0][0]:g} "
+                         f"accepted of {bad[0][1]:g} proposed): not measured"}
     acc, prop = (np.asarray(x) for x in zip(*pairs))
     out = {"source": "per-request telemetry", "requests": len(pairs), "proposed": int(prop.sum()),
            "accepted": int(acc.sum())}
@@ -220,8 +238,8 @@ def level_metrics(rows: Sequence[Mapping[str, Any]], *, duration_s: float, slo: 
     fine = [r for r in rows if ok(r)]
     errors = [r for r in rows if not ok(r)]
     out: dict = {"n": len(rows), "ok": len(fine), "errors": len(errors),
-                 "first_error": (errors[0].get("error") or "no tokens") if errors else None,
-                 "duration_s": float(duration_s)}
+                 "first_error": (errors[0].get("error") or "no tokens or no usable times") if errors else None,
+                 "duration_s": float(duration_s), "repeated": repeated(rows)}
     for name in ("ttft", "tpot", "e2e"):
         out[name] = quantiles([x for x in (metric(r, name) for r in fine) if x is not None],
                               confidence_level=confidence_level)
@@ -280,8 +298,22 @@ def level_speedup(base_rows: Sequence[Mapping[str, Any]], cand_rows: Sequence[Ma
             "n_prompts": res.n_prompts, "metric": "E2E seconds per output token, baseline / candidate"}
 
 
+def repeated(rows: Sequence[Mapping[str, Any]]) -> int:
+    """Rows whose schedule index an earlier row already had: each request is played once per
+    level, so a repeat is a row counted twice (a file appended to twice, edited, merged), and
+    would pass for evidence it is not (30 requests doubled make the 59 a p95 bound needs)."""
+    seen: set = set()
+    extra = 0
+    for r in rows:
+        extra += r.get("index") in seen
+        seen.add(r.get("index"))
+    return extra
+
+
 def pays(cand: Mapping[str, Any], speedup: Mapping[str, Any] | None) -> tuple[bool, str]:
     """Whether speculation pays at this level, and why (fail closed: missing evidence does not pay)."""
+    if cand.get("repeated"):
+        return False, f"{cand['repeated']} of its {cand['n']} rows repeat a request already counted"
     if cand.get("errors"):
         return False, f"{cand['errors']} of {cand['n']} requests failed ({cand.get('first_error')})"
     if not speedup or speedup.get("lower_bound") is None:
@@ -315,6 +347,20 @@ def held_back(rows: Sequence[Mapping[str, Any]], rate: float) -> dict:
         return {"p50_s": None, "p95_s": None, "throttled": False}
     p50 = float(np.median(waits))
     return {"p50_s": p50, "p95_s": float(np.percentile(waits, 95)), "throttled": p50 > 1.0 / rate}
+
+
+def sent_late(rows: Sequence[Mapping[str, Any]], rate: float) -> dict:
+    """How long after its scheduled offset each request was sent: the load generator's own lag
+    (a busy machine, a blocked event loop) plus any wait for a `max_in_flight` slot. Latencies
+    start when sent, so a generator that fell behind offered the engine less than `rate` and the
+    rows hide it: where the typical request left later than the mean gap between arrivals, the
+    level was not offered its rate (`late`), like a level `held_back`."""
+    delays = [float(r.get("lag_s") or 0) + float(r.get("cap_wait_s") or 0) for r in rows
+              if isinstance(r.get("lag_s"), (int, float)) or isinstance(r.get("cap_wait_s"), (int, float))]
+    if not delays:
+        return {"p50_s": None, "p95_s": None, "late": False}
+    p50 = float(np.median(delays))
+    return {"p50_s": p50, "p95_s": float(np.percentile(delays, 95)), "late": p50 > 1.0 / rate}
 
 
 def crossover(levels: Sequence[tuple[float, bool | None]]) -> dict:
@@ -356,11 +402,19 @@ def judge_level(base_rows: Sequence[Mapping[str, Any]], cand_rows: Sequence[Mapp
     metrics = level_metrics(cand_rows, duration_s=duration_s, slo=slo, alpha=alpha, prometheus=prometheus)
     speedup = level_speedup(base_rows, cand_rows, alpha=alpha)
     paid, why = pays(metrics, speedup)
+    if paid and repeated(base_rows):
+        paid, why = False, f"{repeated(base_rows)} of the baseline's rows repeat a request already counted"
     for side, rows in (("baseline", base_rows), ("candidate", cand_rows)):
         held = held_back(rows, rate) if rate is not None else {}
+        late = sent_late(rows, rate) if rate is not None else {}
         if held.get("throttled"):
             paid, why = None, (f"max_in_flight held the {side}'s requests back (a median {held['p50_s']:.3g} s for "
                                f"a slot, longer than the mean gap between arrivals): the engine was not offered "
                                f"{rate:g} req/s")
+            break
+        if late.get("late"):
+            paid, why = None, (f"the load generator sent the {side}'s requests late (a median {late['p50_s']:.3g} s "
+                               f"after their offsets, longer than the mean gap between arrivals): the engine was "
+                               f"not offered {rate:g} req/s")
             break
     return {"metrics": metrics, "speedup": speedup, "pays": paid, "why": why}

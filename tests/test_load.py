@@ -368,3 +368,145 @@ def test_a_level_max_in_flight_held_back_is_no_evidence_that_the_candidate_pays(
     c = summary["load"]["crossover"]["c"]
     assert c["words"].startswith("c is not shown to pay: not measured at 1 req/s, the lowest level tried")
     assert "crossover_rps" not in summary["candidates"]["c"]["metrics"]["load"]
+
+
+# ------------------------------------------------------------------- red-team: load evidence
+
+def test_a_request_without_a_usable_ttft_token_time_or_count_is_a_failed_request():
+    """A TTFT of None crashed the verdict (TypeError); a NaN TTFT counted as a good request and made
+    the baseline 'over capacity' (p95 nan); a negative TTFT passed a TTFT objective at p95 -5 s, and
+    a TTFT past the E2E a TPOT objective at p95 -1.1 s."""
+    from analysis.load import ok
+    fine = row(0, 0.2, [0.05] * 3)
+    assert ok(fine) and good(fine, {"ttft_p95_s": 1.0, "tpot_p95_s": 1.0})
+    for bad in ({"ttft_s": None}, {"ttft_s": float("nan")}, {"ttft_s": -5.0}, {"ttft_s": fine["e2e_s"] + 10},
+                {"token_times_s": [0.2, float("nan"), 0.05, 0.05]}, {"token_times_s": [0.2, -0.05, 0.05, 0.05]},
+                {"n_tokens": "4"}, {"n_tokens": True}):
+        r = {**fine, **bad}
+        assert not ok(r) and not good(r, {"ttft_p95_s": 1.0, "tpot_p95_s": 1.0}), bad
+        assert level_metrics([r] * 3, duration_s=1.0)["errors"] == 3, bad
+    slo = {"ttft_p95_s": 0.5, "tpot_p95_s": 0.05}
+    base = [row(i, 0.1, [0.02] * 9) for i in range(80)]
+    good_level = level_metrics(base, duration_s=10, slo=slo)
+    for bad in ({"ttft_s": -5.0}, {"ttft_s": 10.0}, {"ttft_s": float("nan")}):
+        cand = level_metrics([{**r, **bad} for r in base], duration_s=10, slo=slo)
+        assert [level_outcome(k, good_level, cand)[0] for k in slo] == ["fail", "fail"], bad
+
+
+def _write_level(tmp_path, sides: dict, *, rates=(1.0,), requests: int, extra: dict | None = None) -> Path:
+    """load.jsonl and load_levels.jsonl from {decoder: rows} at each rate (every side at every rate)."""
+    import json
+    rows = [{**r, "candidate": name, "rate": rate, **(extra or {})} for rate in rates
+            for name, side in sides.items() for r in side]
+    (tmp_path / "load.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    levels = [{"candidate": name, "rate": rate, "wall_s": requests / rate, "requests": requests}
+              for rate in rates for name in sides]
+    (tmp_path / "load_levels.jsonl").write_text("".join(json.dumps(lv) + "\n" for lv in levels))
+    return tmp_path
+
+
+def test_duplicated_request_rows_are_no_evidence(tmp_path):
+    """30 requests played, each row in load.jsonl twice: n = 60 made an upper bound on the p95 'exist'
+    (it needs 59 requests) and the SLO gate, the errors gate and the crossover all passed."""
+    from harness.verdict.load import apply
+    cfg = load_config(_cfg(tmp_path, "rates = [1]\nload_requests = 30\n[profiles.load.slo]\nttft_p95_s = 1.0"), "load")
+    base = [row(i, 0.2, [0.1] * 9) for i in range(30)]
+    fast = [row(i, 0.1, [0.05 + 0.001 * (i % 3)] * 9) for i in range(30)]
+    summary = {"baseline": "baseline", "candidates": {"c": {"verdict": "pass", "gates": []}}}
+    assert not apply(summary, cfg, _write_level(tmp_path, {"baseline": base, "c": fast + fast}, requests=30))
+    gates = {g["name"]: g for g in summary["candidates"]["c"]["gates"]}
+    assert gates["load errors"]["status"] == "fail"
+    assert "30 of the candidate's rows repeat a request already counted" in gates["load errors"]["detail"]
+    assert gates["slo ttft_p95_s"]["status"] != "pass" and "repeat" in gates["slo ttft_p95_s"]["detail"]
+    assert not judge_level(base, fast + fast, duration_s=30)["pays"]
+    assert not judge_level(base + base[:1], fast, duration_s=30)["pays"]   # the baseline's rows too
+    assert judge_level(base, fast, duration_s=30)["pays"]
+
+
+def test_a_level_the_load_generator_sent_late_is_not_judged_at_its_rate(tmp_path):
+    """The client could not keep the open-loop schedule (request i left at 2i + 3 s for an offset of
+    i s: half the rate asked). The level was judged at 1 req/s: 'pays at every level tried (up to
+    1 req/s)' and the SLO passed, with nothing in the verdict saying the rate was not offered."""
+    from harness.verdict.load import apply, lines
+    base = [row(i, 0.1, [0.1] * 9) for i in range(60)]
+    fast = [row(i, 0.05, [0.05 + 0.001 * (i % 3)] * 9) for i in range(60)]
+    def late(rows, lag):
+        return [{**r, "offset_s": float(r["index"]), "lag_s": lag(r["index"]), "cap_wait_s": 0.0} for r in rows]
+    j = judge_level(late(base, lambda i: 3.0 + i), late(fast, lambda i: 3.0 + i), duration_s=120, rate=1.0)
+    assert j["pays"] is None and "sent the baseline's requests late" in j["why"]
+    assert judge_level(base, late(fast, lambda i: 3.0 + i), duration_s=120, rate=1.0)["pays"] is None
+    # On time (a few ms late) it is judged as before.
+    assert judge_level(late(base, lambda i: 0.002), late(fast, lambda i: 0.002), duration_s=60, rate=1.0)["pays"]
+
+    cfg = load_config(_cfg(tmp_path, "rates = [1]\nload_requests = 60\n[profiles.load.slo]\nttft_p95_s = 1.0"), "load")
+    summary = {"baseline": "baseline", "candidates": {"c": {"verdict": "pass", "gates": []}}}
+    folder = _write_level(tmp_path, {"baseline": late(base, lambda i: 3.0 + i), "c": late(fast, lambda i: 3.0 + i)},
+                          requests=60)
+    assert not apply(summary, cfg, folder)
+    [gate] = [g for g in summary["candidates"]["c"]["gates"] if g["name"] == "slo ttft_p95_s"]
+    assert gate["status"] == "fail" and "1 req/s: INCONCLUSIVE" in gate["detail"] and "sent the" in gate["detail"]
+    c = summary["load"]["crossover"]["c"]
+    assert c["words"].startswith("c is not shown to pay: not measured at 1 req/s")
+    assert "pays at every level" not in lines(summary)
+
+
+def test_a_configured_level_without_the_baseline_is_not_a_pass(tmp_path):
+    """The baseline's level at 2 req/s missing from the run folder: nothing to compare the candidate
+    with there, yet the errors gate passed 'at 2 level(s)'."""
+    import json
+
+    from harness.verdict.load import apply
+    cfg = load_config(_cfg(tmp_path, "rates = [1, 2]\nload_requests = 30"), "load")
+    base = [row(i, 0.1, [0.1] * 9) for i in range(30)]
+    fast = [row(i, 0.05, [0.05 + 0.001 * (i % 3)] * 9) for i in range(30)]
+    folder = _write_level(tmp_path, {"baseline": base, "c": fast}, rates=(1.0, 2.0), requests=30)
+    for name in ("load.jsonl", "load_levels.jsonl"):   # drop the baseline's 2 req/s level
+        kept = [r for r in map(json.loads, (folder / name).read_text().splitlines())
+                if not (r["candidate"] == "baseline" and r["rate"] == 2.0)]
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in kept))
+    summary = {"baseline": "baseline", "candidates": {"c": {"verdict": "pass", "gates": []}}}
+    assert not apply(summary, cfg, folder)
+    [gate] = [g for g in summary["candidates"]["c"]["gates"] if g["name"] == "load errors"]
+    assert gate["status"] == "fail" and "2 req/s: no baseline requests" in gate["detail"]
+
+
+def test_a_p95_that_interpolates_onto_a_failed_request_is_not_a_number_of_seconds():
+    """72 requests, 3 refused: the median-unbiased p95 lies 5% of the way from the slowest answer to
+    the stand-in for 'never answered', and was reported as a p95 of 5e+298 s ("the baseline's p95
+    5e+298 s > 0.5 s") instead of the baseline's failures."""
+    b = p95_bound([0.1] * 69 + [None] * 3)
+    assert b["p95"] is None and b["bound"] == "on failed requests"
+    for n in range(59, 160):   # every size: a p95 is either a time some request took, or None
+        for failures in range(0, 6):
+            b = p95_bound([0.01 * i for i in range(n - failures)] + [None] * failures)
+            assert b["p95"] is None or b["p95"] <= 0.01 * (n - failures - 1), (n, failures, b)
+    rows = [row(i, 0.1, [0.01]) for i in range(69)] + [row(69 + i, 0, [], error="HTTP 503") for i in range(3)]
+    m = level_metrics(rows, duration_s=10, slo={"ttft_p95_s": 0.5})
+    assert level_outcome("ttft_p95_s", m, m) == ("over capacity", "the baseline failed 3 of 72 requests")
+
+
+def test_impossible_per_request_acceptance_counts_are_refused_not_published():
+    """A request that reported 12 accepted of 10 proposed: the level's α per token and per request
+    were published as 1.2 (negative counts as a level without α, silently)."""
+    for stats in ({"proposed": 10, "accepted": 12}, {"proposed": -10, "accepted": -5}, {"proposed": 10, "accepted": -1}):
+        rows = [row(i, 0.1, [0.01] * 5, stats={"telemetry": "per-request", "proposed": 10, "accepted": 4})
+                for i in range(4)]
+        rows.append(row(4, 0.1, [0.01] * 5, stats={"telemetry": "per-request", **stats}))
+        acc = level_metrics(rows, duration_s=1.0)["acceptance"]
+        assert "per_token" not in acc and "per_request" not in acc, (stats, acc)
+        assert "1 of 5 requests reported impossible counts" in acc["error"]
+    acc = level_metrics(rows[:4], duration_s=1.0)["acceptance"]
+    assert acc["per_token"]["value"] == pytest.approx(0.4) and "error" not in acc
+
+
+def test_an_engine_candidate_without_any_load_level_is_not_a_pass(tmp_path):
+    """load.jsonl and load_levels.jsonl held the baseline's level only: the engine candidate, which
+    the load phase plays at every rate, got no load gate at all and kept its 'pass'."""
+    from harness.verdict.load import apply
+    cfg = load_config(_cfg(tmp_path, "rates = [1]\nload_requests = 30"), "load")
+    folder = _write_level(tmp_path, {"baseline": [row(i, 0.1, [0.1] * 9) for i in range(30)]}, requests=30)
+    summary = {"baseline": "baseline", "candidates": {"c": {"verdict": "pass", "gates": []}}}
+    assert not apply(summary, cfg, folder)
+    [gate] = [g for g in summary["candidates"]["c"]["gates"] if g["name"] == "load errors"]
+    assert gate["status"] == "fail" and "1 req/s: no candidate requests" in gate["detail"]
+    assert summary["candidates"]["c"]["verdict"] == "fail"

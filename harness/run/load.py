@@ -38,6 +38,7 @@ import httpx
 import numpy as np
 
 from decoders.base import DecoderError
+from decoders.engines.client import _malformed
 from decoders.engines.telemetry import spec_counters, spec_delta
 from harness.run.records import LOAD, LOAD_LEVELS as LEVELS, RecordWriter, read_records
 from harness.run.runner import WorkItem, make_request, work_items
@@ -137,6 +138,14 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
                        tokens=list(result.tokens), done_s=time.perf_counter() - t0, error=None)
         except refused as e:
             row.update(error=_error_text(e), n_tokens=0, stats={}, done_s=time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001 - an answer that could not be read is that request's error
+            if not _malformed(e):
+                raise
+            # As the closed-loop client counts it (decoders.engines.client._one): bad JSON in one
+            # stream had ended the whole load phase, the level being played lost with it.
+            row.update(error=f"engine {decoder.server.spec.name!r} sent a malformed or error response: "
+                             f"{type(e).__name__}: {str(e)[:300]}", n_tokens=0, stats={},
+                       done_s=time.perf_counter() - t0)
         finally:
             state["in_flight"] -= 1
             if gate is not None:
@@ -159,7 +168,14 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
 
 def _prometheus(decoder) -> dict | None:
     # Read outside the level's timed window; a blocking call here costs the schedule nothing.
-    return spec_counters(decoder.server.metrics()) if getattr(decoder, "metrics_ok", False) else None
+    # A page that stopped parsing (a gateway's HTML with 200) costs the level's counters, not the
+    # level: this read comes after the level is played and before its rows are written.
+    if not getattr(decoder, "metrics_ok", False):
+        return None
+    try:
+        return spec_counters(decoder.server.metrics())
+    except ValueError:
+        return None
 
 
 class LoadRun:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from analysis.load import crossover, held_back, judge_level, level_metrics
+from analysis.load import crossover, held_back, judge_level, level_metrics, sent_late
 from harness.run.records import LOAD, LOAD_LEVELS as LEVELS, read_records
 from harness.verdict import slo as slo_gates
 
@@ -59,7 +59,9 @@ def summarize(config, rows: list[dict], levels: list[dict], baseline: str) -> di
                 entry.update(metrics=j["metrics"], speedup=j["speedup"], pays=j["pays"], why=j["why"])
                 if (baseline, rate) in info:
                     judged[name].append((rate, j["pays"], j["why"]))
-            entry["metrics"].update(scheduled=lv.get("requests"), held_back=held_back(by.get((name, rate), []), rate))
+            mine = by.get((name, rate), [])
+            entry["metrics"].update(scheduled=lv.get("requests"), held_back=held_back(mine, rate),
+                                    sent_late=sent_late(mine, rate))
             table.append(entry)
     crossovers = {}
     for name, js in judged.items():
@@ -113,13 +115,17 @@ def apply(summary: dict, config, run_dir: Path) -> bool:
     summary["load"] = load
     passed = True
     slo = load["slo"]
+    from harness.run.load import load_specs
+    played = {s.name for s in load_specs(config, None)[1:]}  # every engine candidate plays every rate
     for name, cand in summary["candidates"].items():
-        if name not in load["crossover"] and not any(e["decoder"] == name for e in load["levels"]):
+        if name not in played and name not in load["crossover"] and not any(e["decoder"] == name
+                                                                             for e in load["levels"]):
             continue
-        # Every configured rate is gated (a candidate missing there fails); a bracketing level
-        # only for the candidates it was run for.
+        # Every configured rate is gated (a candidate missing there fails, even with no level in
+        # the files at all); a bracketing level only for the candidates it was run for.
         mine = [{"rate": r, "baseline": _metrics(load, base_name, r), "candidate": _metrics(load, name, r)}
-                for r in load["rates"] if r in load["configured_rates"] or _metrics(load, name, r) is not None]
+                for r in sorted(set(load["rates"]) | set(load["configured_rates"]))
+                if r in load["configured_rates"] or _metrics(load, name, r) is not None]
         cand["load"] = {"crossover": load["crossover"].get(name)}
         cand.setdefault("metrics", {})["load"] = mlflow_metrics(load, name, base_name)
         # Failed requests are gated with or without objectives: an engine that died under load

@@ -11,7 +11,9 @@ counted as never answered), so a candidate passes only on evidence:
 - the candidate without rows at a level the baseline ran: fail (missing evidence);
 - the baseline without rows at a level: inconclusive (nothing to hold the candidate to);
 - either side held back by `max_in_flight` (its median wait for a slot longer than the mean gap
-  between arrivals): inconclusive, since the engine was not offered that rate.
+  between arrivals) or sent late by the load generator (its median delay after the offsets
+  longer than that gap): inconclusive, since the engine was not offered that rate;
+- either side with rows that repeat a request: inconclusive (the rows are not the requests played).
 A level where the baseline misses the objective (its p95 above it, or more than 5% of its
 requests failed) is "over capacity": reported, not gated.
 
@@ -21,9 +23,10 @@ the worst over the gated levels.
 `load errors`, with or without objectives: a candidate's failed request at a level where the
 baseline failed none, more failures than the baseline's (one-sided Fisher exact test at alpha), or
 no candidate requests at a configured level fail, and so do requests the harness played but whose
-rows are missing; failures on both sides that no test tells
-apart are over capacity (warn). A baseline that failed more than 5% of its requests at every
-level compared nothing: inconclusive. Pure: summaries in, `GateResult`s out.
+rows are missing, and rows that repeat a request; failures on both sides that no test tells
+apart are over capacity (warn). A level the candidate played without its baseline, or a baseline
+that failed more than 5% of its requests at every level, compared nothing: inconclusive.
+Pure: summaries in, `GateResult`s out.
 """
 from __future__ import annotations
 
@@ -42,11 +45,19 @@ def level_outcome(key: str, base: dict | None, cand: dict | None) -> tuple[str, 
     b = ((base or {}).get("slo") or {}).get(key)
     c = ((cand or {}).get("slo") or {}).get(key)
     for side, m in (("baseline", base), ("candidate", cand)):
-        held = (m or {}).get("held_back") or {}
+        held, late = (m or {}).get("held_back") or {}, (m or {}).get("sent_late") or {}
         if held.get("throttled"):
             return "inconclusive", (f"max_in_flight held the {side}'s requests back (a median {held['p50_s']:.3g} s "
                                     f"for a slot, longer than the mean gap between arrivals): the engine was not "
                                     f"offered this rate, and latencies counted from sending hide the wait")
+        if late.get("late"):
+            return "inconclusive", (f"the load generator sent the {side}'s requests late (a median "
+                                    f"{late['p50_s']:.3g} s after their offsets, longer than the mean gap between "
+                                    f"arrivals): the engine was not offered this rate, and latencies counted from "
+                                    f"sending hide the delay")
+        if (m or {}).get("repeated"):
+            return "inconclusive", (f"{m['repeated']} of the {side}'s {m['n']} rows repeat a request already "
+                                    f"counted: the rows are not the requests played")
     if not b or not b["n"]:
         return "inconclusive", "no baseline requests at this level"
     if b["p95"] is None:  # more than 5% of the baseline's requests failed
@@ -89,7 +100,7 @@ BASELINE_ERRORS_MAX = 0.05  # the share of failed baseline requests past which a
 
 def error_gate(levels: list[dict], config_gates: Gates) -> GateResult:
     """Failed requests under load (see the module docstring); `levels` as for `gates`."""
-    fails, shared, usable = [], [], 0
+    fails, shared, usable, unmatched = [], [], 0, []
     for lv in levels:
         base, cand, rate = lv.get("baseline") or {}, lv.get("candidate"), f"{lv['rate']:g} req/s"
         be, bn = base.get("errors") or 0, base.get("n") or 0
@@ -98,10 +109,15 @@ def error_gate(levels: list[dict], config_gates: Gates) -> GateResult:
         if cand is None:
             fails.append(f"{rate}: no candidate requests")
             continue
+        if lv.get("baseline") is None:
+            unmatched.append(f"{rate}: no baseline requests to compare the candidate's with")
         ce, cn = cand.get("errors") or 0, cand.get("n") or 0
         for side, m, n in (("candidate", cand, cn), ("baseline", base, bn)):
-            if m.get("scheduled") is not None and n < m["scheduled"]:
-                fails.append(f"{rate}: {m['scheduled'] - n} of the {side}'s {m['scheduled']} requests have no row")
+            if m.get("scheduled") is not None and n - (m.get("repeated") or 0) < m["scheduled"]:
+                fails.append(f"{rate}: {m['scheduled'] - n + (m.get('repeated') or 0)} of the {side}'s "
+                             f"{m['scheduled']} requests have no row")
+            if m.get("repeated"):
+                fails.append(f"{rate}: {m['repeated']} of the {side}'s rows repeat a request already counted")
         if not ce:
             continue
         what = f"{rate}: the candidate failed {ce} of {cn} ({cand.get('first_error')}), the baseline {be} of {bn}"
@@ -113,6 +129,9 @@ def error_gate(levels: list[dict], config_gates: Gates) -> GateResult:
     if fails:
         return GateResult("load errors", "fail", "failed or missing requests where the baseline's did not fail "
                           "as often: " + "; ".join(fails))
+    if unmatched:
+        # A level the candidate played without its baseline compared nothing: not a pass.
+        return GateResult("load errors", inconclusive_status(config_gates), "inconclusive: " + "; ".join(unmatched))
     if not usable:
         return GateResult("load errors", inconclusive_status(config_gates), f"inconclusive: the baseline failed more than "
                           f"{BASELINE_ERRORS_MAX:.0%} of its requests at every level, so no level compared "
