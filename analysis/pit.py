@@ -314,9 +314,11 @@ def pit_test(feat: PitFeatures, *, level: float = 0.01, rng=None) -> PitTestResu
                              float(u.mean()) if u.size else None, None, level,
                              f"{impossible} token(s) of probability 0", deviation(feat))
     if n < MIN_TOKENS:
+        # Inconclusive, and the verdict must say what size would decide, not only that a test needs 10.
         return PitTestResult(None, n, 0, None, None, None, None, None, 0, observed, expected,
                              float(u.mean()) if u.size else None, None, level,
-                             f"{n} token(s): too few for a test (at least {MIN_TOKENS})", deviation(feat))
+                             f"{n} token(s): too few for a test (at least {MIN_TOKENS})", deviation(feat),
+                             tokens_needed=tokens_needed(feat, level=level / 3))
     ney_stat, ney_p = neyman_smooth(u)
     _, id_p = neyman_smooth(pit_values(feat, v=v, order="id"))
     rank_stat, rank_p, df = rank_class_test(feat)

@@ -116,3 +116,17 @@ def test_samples_needed_is_the_goodness_of_fit_power_solved_for_n():
     n = samples_needed(bins, level=0.0025)
     assert detectable_tv(bins, n, level=0.0025) <= 0.1 < detectable_tv(bins, n - 1, level=0.0025)
     assert samples_needed([1.0], level=0.01) is None
+
+
+def test_too_few_tokens_for_a_test_still_say_how_many_would_decide():
+    """Below MIN_TOKENS no p-value is computed; the inconclusive verdict must still name the size
+    that would decide (it said only "at least 10", the size at which a test runs at all)."""
+    rng = np.random.default_rng(6)
+    p = cg.lm_rows(5, 64, rng)
+    feat = pit.features(p, cg._draw(p, rng))
+    res = pit.pit_test(feat, level=0.005, rng=0)
+    assert res.pvalue is None and res.tokens_needed is not None and res.tokens_needed % 5 == 0
+    repeated = pit.PitFeatures(*(np.concatenate([getattr(feat, f)] * (res.tokens_needed // 5))
+                                 for f in pit.PitFeatures.FIELDS))
+    assert pit.detectable_tv(repeated, level=0.005 / 3) <= 0.1
+    assert pit.pit_test(pit.empty_features(), level=0.005, rng=0).tokens_needed is None  # nothing to repeat

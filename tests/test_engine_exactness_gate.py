@@ -110,3 +110,44 @@ def test_an_engine_that_never_drafted_has_not_shown_its_verifier_is_exact():
     assert _status(gates(_cand(drafted, _res(0.5)), G), "exactness PIT all") == "pass"
     unknown = _res(0.4, proposed=0, rejected=0, drafting_counted=0)   # an engine that reports no counts
     assert _status(gates(_cand(unknown, _res(0.5)), G), "exactness PIT all") == "pass"
+
+
+def test_a_candidate_that_ignores_the_seed_fails():
+    """The baseline honours the seed, the candidate repeats one sample per prompt at every seed:
+    each token still fits the target, so the PIT passes; only its own seed check shows it."""
+    cand = _cand(_res(0.4), _res(0.5))
+    cand["exactness"]["candidate_seeds"] = {"pairs": 16, "identical": 16, "chance": 1e-30, "ignored": True,
+                                            "of": "deaf"}
+    out = gates(cand, G)
+    assert _status(out, "exactness PIT all") == "pass"
+    r = next(r for r in out if r.name == "candidate seed")
+    assert r.status == "fail" and "the candidate deaf ignores the request's seed" in r.detail
+    assert "identical on all 16 pair(s)" in r.detail
+    honoured = _cand(_res(0.4), _res(0.5))
+    honoured["exactness"]["candidate_seeds"] = {"pairs": 16, "identical": 0, "chance": None, "ignored": False}
+    assert not [r for r in gates(honoured, G) if r.name == "candidate seed"]
+    predictable = _cand(_res(0.4), _res(0.5))
+    predictable["exactness"]["candidate_seeds"] = {"pairs": 4, "identical": 4, "chance": 0.3, "ignored": False}
+    [r] = [r for r in gates(predictable, G) if r.name == "candidate seed"]
+    assert r.status == "warn" and "could not be checked" in r.detail
+
+
+def test_too_few_tokens_for_a_p_value_say_what_would_decide():
+    """5 tokens tested (most positions left out): no p-value. The inconclusive verdict named only
+    the test's minimum of 10 tokens, not the size that would decide."""
+    few = _res(None, n=5, detectable_tv=None, note="5 token(s): too few for a test (at least 10)", tokens_needed=200)
+    r = next(r for r in gates(_cand(few, _res(0.5)), G) if r.name == "exactness PIT all")
+    assert r.status == "fail" and r.detail.startswith("inconclusive: no p-value")
+    assert "about 200 tokens like these would detect a TV of 0.1" in r.detail
+    none = _res(None, n=0, detectable_tv=None, note="0 token(s): too few for a test (at least 10)")
+    r = next(r for r in gates(_cand(none, _res(0.5)), G) if r.name == "exactness PIT all")
+    assert r.status == "fail" and "more sampled tokens (seeds, items) would decide" in r.detail
+
+
+def test_an_engine_that_rejected_no_draft_has_not_shown_its_corrections():
+    """120 draft tokens proposed, every one accepted: a wrong residual after a rejection never had a
+    chance to show. The in-process rejection check calls that inconclusive; the engine check passed."""
+    accepted_all = _res(0.4, proposed=120, rejected=0, drafting_counted=36)
+    r = next(r for r in gates(_cand(accepted_all, _res(0.5)), G) if r.name == "exactness PIT all")
+    assert r.status == "fail" and r.detail.startswith("inconclusive") and "rejected none of the 120" in r.detail
+    assert _status(gates(_cand(accepted_all, _res(0.5)), Gates(inconclusive="warn")), "exactness PIT all") == "warn"

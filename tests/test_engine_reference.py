@@ -85,3 +85,36 @@ def test_the_noise_pass_keeps_logits_only_up_to_its_budget(tiny_llama, calls, mo
     calls.clear()
     engine_exactness.features(ref, {"base": base})
     assert calls == [(tuple(A), 5)]  # the three kept are not computed again; the rest are
+
+
+def test_top_logprobs_that_are_no_log_probabilities_are_refused():
+    """An engine reference's top-k logprobs with a NaN, a value above 0, or a sum past 1 cannot
+    decide a nucleus. Read as they were, a NaN token dropped out of the nucleus (a candidate that
+    drew it then "failed" on a token of probability 0) and a sum past 1 hid the unseen mass."""
+    from harness.run.reference import shaped_from_top_logprobs
+    request = types.SimpleNamespace(temperature=0.7, top_k=0, top_p=0.8)
+    good = {1: -0.2, 2: -2.5, 3: -3.0, 4: -4.0, 5: float("-inf")}
+    assert shaped_from_top_logprobs(good, request, 10) is not None  # -inf is probability 0: fine
+    for top, why in (({1: -0.1, 2: float("nan"), 3: -3.0}, "token 2 has nan"),
+                     ({1: float("nan"), 2: -0.1, 3: -3.0}, "token 1 has nan"),
+                     ({1: 0.5, 2: -0.3, 3: -3.0}, "token 1 has 0.5"),
+                     ({1: -0.05, 2: -0.3, 3: -3.0}, "sum to probability 1.7"),
+                     ({1: float("-inf"), 2: float("-inf")}, "all -inf")):
+        with pytest.raises(ValueError, match=why):
+            shaped_from_top_logprobs(top, request, 10)
+
+
+def test_an_invalid_engine_reference_is_named_with_the_record():
+    """The check of a level fails closed on such a reference (harness.run.engine_exactness.run_checks
+    turns the ValueError into the candidates' error); the message names the record it came from."""
+
+    class NanEngine:  # an engine reference whose logprobs hold a NaN (no real server here returns one)
+        def prompt_logprobs(self, context, tokens, k):
+            return [{1: -0.1, 2: float("nan")} for _ in tokens]
+
+    ref = Reference.__new__(Reference)
+    ref.engine, ref.noise, ref.vocab, ref._cache, ref._kept = NanEngine(), 0.0, 64, {}, 0
+    seqs = _seqs([(A, [1, 2, 1])])
+    seqs.rows[0][0].update(suite="longform", item_id="lf-3", seed=1)
+    with pytest.raises(ValueError, match=r"cand longform/lf-3 seed 1: .*token 2 has nan"):
+        engine_exactness.features(ref, {"cand": seqs})

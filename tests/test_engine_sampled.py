@@ -17,7 +17,10 @@ declared exact:
   0.89 logits from the fp32 copy, and 0.9 passed there). At 1.5 a position whose T = 0.7 nucleus is
   one token at p ~0.95 has a second token of p ~0.2, so tokens of probability 0 appear on any
   processor;
-- `wide`: the baseline's server with top-p dropped (1.0 sent; must fail).
+- `wide`: the baseline's server with top-p dropped (1.0 sent; must fail);
+- `deaf`: the baseline's server with the request's seed overridden (7 sent whatever seed was
+  asked): one draw per prompt, repeated at every seed. Token by token those draws follow the
+  target, so the PIT passes them; only the candidate's own seed check fails it.
 Each is judged by the sequential PIT test against the reference, with the baseline's own samples
 as the control. The engine's own logprobs as the reference, and a seed the engine ignores:
 `tests/test_engine_sampled_reference.py` (a file of its own, so that xdist runs it beside this one).
@@ -53,7 +56,8 @@ def _config(tmp_path: Path, reference: str = "target", top_p: float = 0.8, basel
             f'[[candidates]]\nname = "{n}"\ndecoder = "llama.cpp"\nkind = "exact"\noptions = {{ {o} }}\n\n'
             for n, o in [("plain2", 'engine = "plain2"'), ("ngram", 'engine = "ngram"'), ("q2k", 'engine = "q2k"'),
                          ("hot", 'engine = "plain", extra = { temperature = 1.5 }'),
-                         ("wide", 'engine = "plain", extra = { top_p = 1.0 }')])
+                         ("wide", 'engine = "plain", extra = { top_p = 1.0 }'),
+                         ("deaf", 'engine = "plain", extra = { seed = 7 }')])
     cfg = tmp_path / "sampled.toml"
     cfg.write_text(f"""target = "smollm2-135m"
 top_p = {top_p}
@@ -134,3 +138,15 @@ def test_ngram_speculation_is_reported_with_its_power(target_run):
     assert res["pvalue"] is not None and res["n"] >= 200 and res["proposed"] > 0
     assert res["detectable_tv"] is not None and 0 < res["detectable_tv"] < 0.5
     assert "acceptance ngram T=0.7" in report
+
+
+def test_a_candidate_that_ignores_the_seed_fails(target_run):
+    """`deaf` repeats one sample per prompt at all three seeds. Each of its tokens is a fair draw
+    from the target, so the PIT fits; it passed (exit 0 alone beside a correct candidate) because
+    only the baseline's seed was checked."""
+    _, summary, _ = target_run
+    seed = _gate(summary, "deaf", "candidate seed")
+    assert seed["status"] == "fail" and "the candidate deaf ignores the request's seed" in seed["detail"], seed
+    assert "identical on all 16 pair(s)" in seed["detail"]
+    assert summary["candidates"]["deaf"]["verdict"] == "fail"
+    assert not [g for g in summary["candidates"]["plain2"]["gates"] if g["name"] == "candidate seed"]

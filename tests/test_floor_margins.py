@@ -27,7 +27,7 @@ from harness.verdict.report import statistics_lines
 N_TOKENS = 8
 
 
-def setup(tmp_path: Path, n: int = 40, gates: str = "") -> tuple:
+def setup(tmp_path: Path, n: int = 40, gates: str = "", temperatures: str = "[0.0]", seeds: str = "[0]") -> tuple:
     rows = [{"suite": "mini", "version": "1", "description": "floor test suite", "smoke": [f"p{i}" for i in range(n)],
              "defaults": {"grader": "contains", "max_new_tokens": N_TOKENS, "stop": []}}]
     rows += [{"id": f"p{i}", "prompt": f"prompt {i}", "references": ["x"]} for i in range(n)]
@@ -55,8 +55,8 @@ path = "{suite}"
 [profiles.smoke]
 subset = "smoke"
 suites = ["mini"]
-temperatures = [0.0]
-seeds = [0]
+temperatures = {temperatures}
+seeds = {seeds}
 [gates]
 near_tie_epsilon = 1e-3
 {gates}
@@ -265,3 +265,38 @@ def test_aa_floor_max_is_validated(tmp_path):
         setup(tmp_path, gates="aa_floor_max = 1.5")
     with pytest.raises(ConfigError, match="aa_noise_max"):
         setup(tmp_path, gates="aa_noise_max = -1")
+
+
+def test_divergences_on_the_prompts_the_aa_run_left_are_not_called_absent(tmp_path):
+    """The candidate diverges within the noise (margin 0.06) on exactly the three prompts where
+    the A/A run flipped: no discordant prompt, so the rate test has nothing to count and the block
+    passes. It said "no divergence above the near-tie epsilon on either side", with three on each."""
+    config, suites = setup(tmp_path)
+    records = build(suites[0], 40, aa_flips={i: 0.06 for i in (0, 1, 2)}, cand_divs={i: 0.06 for i in (0, 1, 2)},
+                    aa_shift=0.1)
+    _, cand = run(config, suites, records)
+    g = identity_gate(cand, config.gates)
+    f = cand["suites"]["mini"]["identity"]["T=0"]["floor"]
+    assert f["within_noise"] == 3 and f["candidate_only"] == f["floor_only"] == 0
+    assert g["status"] == "pass", g
+    assert "on either side" not in g["detail"] and "each on a prompt where the A/A run also diverged" in g["detail"]
+
+
+def test_sampled_pairs_do_not_dilute_the_aa_runs_greedy_divergence_rate(tmp_path):
+    """The A/A run diverges on 16 of 40 greedy prompts at each of two seeds (0.4 > aa_floor_max
+    0.25); at T=0.7 its seeded samples reproduce the baseline's on both seeds. The rate was pooled
+    over every identity block, 32 of 160, so the floor was valid and a candidate diverging on 14 other prompts passed
+    "within the floor". The noise is measured on greedy pairs; so is the rate the cap applies to."""
+    config, suites = setup(tmp_path, temperatures="[0.0, 0.7]", seeds="[0, 1]")
+    records = build(suites[0], 40, aa_flips={i: 0.3 for i in range(16)}, cand_divs={i: 0.3 for i in range(16, 30)},
+                    aa_shift=0.05)
+    base = {r["item_id"]: r for r in records if r["candidate"] == "base"}
+    greedy = [dict(r, seed=1) for r in records]  # greedy at seed 1: the same outputs
+    sampled = [dict(r, temperature=0.7, seed=seed, tokens=list(base[r["item_id"]]["tokens"]),
+                    margins=list(base[r["item_id"]]["margins"])) for r in records for seed in (0, 1)]
+    summary, cand = run(config, suites, records + greedy + sampled)
+    level = summary["candidates"]["base~aa"]["floor"]
+    assert not level["valid"] and level["diverged"] == 32 and level["n"] == 80, level
+    assert "diverged on 32 of 80 prompts (0.4 > aa_floor_max 0.25)" in level["problems"][0]
+    g = identity_gate(cand, config.gates)
+    assert g["status"] == "fail" and g["detail"].startswith("inconclusive: the A/A run base~aa is not a valid floor")

@@ -351,3 +351,13 @@ def test_four_discordant_losses_are_not_worse_before_the_exact_sign_test():
     assert d.passed and d.results[0].detail.startswith("inconclusive")
     d = decide(lossy(f=quality(n=5, losses=5, base_pass=5)), Gates(inconclusive="warn"))
     assert not d.passed and d.results[0].detail.startswith("worse")
+
+
+def test_a_check_without_a_p_value_says_what_would_decide():
+    """Too few tokens for the PIT test at all (5, with drafts rejected): inconclusive, and with the
+    size that would decide, not only the note that a test needs 10 tokens."""
+    few = pit(None, n=5) | {"note": "5 token(s): too few for a test (at least 10)", "tokens_needed": 200}
+    d = decide(rej({"all": few}), Gates())
+    r = next(r for r in d.results if r.name == "exactness PIT all")
+    assert not d.passed and r.status == "fail" and r.detail.startswith("inconclusive: no p-value")
+    assert "about 200 tokens like these would detect a TV of 0.1" in r.detail

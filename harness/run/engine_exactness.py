@@ -25,8 +25,9 @@ deviates more than its control (harness/verdict/engine_exactness.py).
 
 Also measured here, from the same records: the seed check (the baseline's samples at two seeds
 must differ where the reference says identical draws are unlikely; its A/A run at the same seed
-should reproduce them), and the baseline's mean entropy per temperature (the yardstick for "does
-the candidate's acceptance move with temperature").
+should reproduce them; each candidate's samples at two seeds must differ too), and the baseline's
+mean entropy per temperature (the yardstick for "does the candidate's acceptance move with
+temperature").
 """
 from __future__ import annotations
 
@@ -226,7 +227,10 @@ def features(ref: Reference, named: dict[str, Seqs], progress: bool = False) -> 
             r, req = named[n].rows[i]
             key = (tuple(r["tokens"]), req.temperature, req.top_k, req.top_p)
             if key not in done:
-                done[key] = _features_of(ref.shape(raw, req), r["tokens"])
+                try:
+                    done[key] = _features_of(ref.shape(raw, req), r["tokens"])
+                except ValueError as e:  # a reference that gives no distribution here: name where
+                    raise ValueError(f"{n} {r['suite']}/{r['item_id']} seed {r['seed']}: {e}") from e
             per[n][i] = done[key]
     out = {}
     for name, seqs in named.items():
@@ -352,6 +356,10 @@ def _level(config, ref: Reference, rows_of, base_name: str, aa_name: str | None,
                     "drafted": "not reported by the engine (no per-position draft marks): every sampled token "
                                "is tested"},
             "seeds": {**seeds, "of": base_name, "aa": aa_name},
+            # The candidate's own seed: a sampler that repeats one draw per prompt whatever the seed
+            # still gives each single token from the target's distribution, so the PIT, which pools
+            # draws as independent, cannot see it; only its samples at different seeds can.
+            "candidate_seeds": {**seed_check(ref, mine, None), "of": name},
             # Same seed, same tokens as the baseline: an engine whose speculation consumes its random
             # stream as plain sampling would (not required; exact in distribution is what is tested).
             "identical_to_baseline": {"records": len(same), "identical": int(sum(same))},

@@ -175,6 +175,27 @@ def boundary_band(noise: float, temperature: float) -> float:
     return math.exp(noise / temperature)
 
 
+LOGPROB_SLACK = 1e-3  # an engine's float32 softmax: its top-k probabilities may sum past 1 by rounding
+
+
+def check_top_logprobs(top: dict[int, float]) -> None:
+    """Raise ValueError where an engine's top-k logprobs are no log-probabilities: NaN, above 0,
+    or summing past probability 1. Read as they are, a NaN token drops out of the nucleus (and a
+    draw of it reads as a token of probability 0) and a sum past 1 hides the unseen mass, so the
+    reference would decide positions it cannot; -inf (probability 0) is a log-probability."""
+    bad = [(t, x) for t, x in top.items() if math.isnan(x) or x > LOGPROB_SLACK]
+    if bad:
+        t, x = bad[0]
+        raise ValueError(f"the engine's top logprobs are not log-probabilities: token {t} has {x!r} "
+                         f"({len(bad)} of {len(top)} such)")
+    total = sum(math.exp(x) for x in top.values())
+    if total <= 0.0:
+        raise ValueError(f"the engine's top-{len(top)} logprobs are all -inf: no token has probability")
+    if total > 1.0 + LOGPROB_SLACK:
+        raise ValueError(f"the engine's top-{len(top)} logprobs sum to probability {total:.4g} > 1: not the "
+                         f"log-softmax of its logits")
+
+
 def shaped_from_top_logprobs(top: dict[int, float], request, vocab: int, band: float = 1.0) -> torch.Tensor | None:
     """The distribution `request` samples from, (vocab,) float64, from only the top-k raw logprobs
     {token: log-softmax of its logit} an engine returns; None when they cannot decide it.
@@ -190,6 +211,7 @@ def shaped_from_top_logprobs(top: dict[int, float], request, vocab: int, band: f
     never on the token sampled there, so leaving the others out keeps the test valid."""
     if not top or not request.temperature > 0:
         return None
+    check_top_logprobs(top)
     ids = sorted(top, key=lambda t: (-top[t], t))
     lp = [top[t] for t in ids]
     inv_t = 1.0 / float(request.temperature)

@@ -7,10 +7,13 @@
 - `exactness PIT all`: every token the candidate sampled, at the positions the reference decides.
   A token of probability 0 there, or p below the level, fails; a pass says the distortion (TV)
   it could have detected at that size. A fit too small to detect any distortion (no TV up to 0.5
-  with 80% power) is inconclusive, never a pass.
+  with 80% power) is inconclusive, never a pass; so is one where the engine counted its drafts
+  and proposed none, or rejected none (its verifier's correction never ran).
 - `seed`: a baseline whose samples at different seeds agree where an honoured seed would almost
   never reproduce them ignores the seed: its draws are not independent, so no test on them can be
   read (fail). One whose A/A run at the same seed does not reproduce it is named (warn).
+- `candidate seed`: the same for each candidate's own samples (fail): an engine whose speculative
+  path ignores the seed gives, token by token, draws the PIT accepts.
 - `temperature`: a candidate whose acceptance does not move with temperature while the
   baseline's entropy does (a drafter that ignores temperature) is reported (warn), not gated.
 """
@@ -64,8 +67,9 @@ def gates(cand: dict, gates_cfg) -> list[GateResult]:
                               f"p={control['pvalue']:.3g} vs {level:.3g}; {_coverage(control)}; {_detect(control)}"))
     drafted = f"{mine.get('proposed', 0)} draft tokens proposed, {mine.get('rejected', 0)} rejected"
     if mine.get("pvalue") is None:
+        more = needed(mine) or "more sampled tokens (seeds, items) would decide"
         out.append(GateResult("exactness PIT all", undecided, f"inconclusive: no p-value: "
-                              f"{mine.get('note') or 'too few tokens'}; {_coverage(mine)}"))
+                              f"{mine.get('note') or 'too few tokens'}; {_coverage(mine)}; {more}"))
     elif _failed(mine, level):
         what = f"{_evidence(mine, level)}; {_coverage(mine)}; {drafted}"
         a, b = mine.get("deviation"), (control or {}).get("deviation")
@@ -88,6 +92,13 @@ def gates(cand: dict, gates_cfg) -> list[GateResult]:
         out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but the "
                               f"engine proposed no draft token in the {mine['drafting_counted']} record(s) that count "
                               f"them: speculation never ran, so nothing tested its verifier; {_coverage(mine)}"))
+    elif mine.get("drafting_counted") and not mine.get("rejected"):
+        # Every draft accepted: the verifier's correction after a rejection, where a wrong residual
+        # would show, never ran (the in-process rejection check calls the same case inconclusive).
+        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but the "
+                              f"engine rejected none of the {mine['proposed']} draft token(s) it proposed in the "
+                              f"{mine['drafting_counted']} record(s) that count them: a wrong correction after a "
+                              f"rejection could not show; {_coverage(mine)}"))
     elif not mine.get("detectable_tv"):
         # A test that could not have failed does not pass: more sampled tokens (seeds, items) decide.
         more = needed(mine) or "more sampled tokens would decide"
@@ -98,6 +109,7 @@ def gates(cand: dict, gates_cfg) -> list[GateResult]:
         out.append(GateResult("exactness PIT all", "pass", f"fits {ref}: p={mine['pvalue']:.3g} vs {level:.3g}; "
                               f"{_coverage(mine)}; {_detect(mine)}; {drafted}"))
     out += seed_gates(ex.get("seeds") or {})
+    out += candidate_seed_gates(ex.get("candidate_seeds") or {})
     out += temperature_gates(cand, ex)
     return out
 
@@ -120,6 +132,22 @@ def seed_gates(seeds: dict) -> list[GateResult]:
                               f"its A/A run {seeds.get('aa', '')} agrees on {seeds['same_seed_identical']} of "
                               f"{seeds['same_seed_pairs']} sampled records"))
     return out
+
+
+def candidate_seed_gates(seeds: dict) -> list[GateResult]:
+    """A candidate whose samples at different seeds are all identical where an honoured seed would
+    almost never reproduce them: it repeats one draw per prompt, which the PIT (each token on its
+    own) cannot see."""
+    if seeds.get("pairs") and not seeds.get("ignored") and seeds["identical"] == seeds["pairs"]:
+        return [GateResult("candidate seed", "warn", f"the candidate's seed could not be checked: its samples at "
+                           f"different seeds are identical on all {seeds['pairs']} pair(s), but an honoured seed "
+                           f"would give that with probability {seeds['chance']:.2g} (outputs too predictable to tell)")]
+    if not seeds.get("ignored"):
+        return []
+    return [GateResult("candidate seed", "fail", f"the candidate {seeds.get('of', '')} ignores the request's seed: "
+                       f"its samples at different seeds are identical on all {seeds['pairs']} pair(s), which an "
+                       f"honoured seed would give with probability {seeds['chance']:.2g}; it repeats one draw per "
+                       f"prompt whatever the seed, which a token-by-token fit cannot see")]
 
 
 def temperature_gates(cand: dict, ex: dict) -> list[GateResult]:

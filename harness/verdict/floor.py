@@ -21,7 +21,7 @@ The floor is measured in the units a divergence is judged in, logit margins, not
   then inconclusive, the A/A run named as the cause; one that is token-identical needs none.
 With an A/A run that never moves (concurrency 1, a batch-invariant engine) the noise is zero and
 this is today's strict identity: any divergence above the near-tie epsilon fails.
-The noise is measured on greedy pairs (a flip under sampling bounds no margin).
+The noise and the rate are measured on greedy pairs (a flip under sampling bounds no margin).
 """
 from __future__ import annotations
 
@@ -88,7 +88,9 @@ def level_floor(aa_name: str, aa: dict, eps: float, gates) -> dict:
     missing = sum(p["missing_margins"] for p in parts)
     shifts = [p["max_shift"] for p in parts] + [f["shift"] for f in flips if f["shift"] is not None]
     scale = max(shifts, default=0.0)
-    idents = [i for s in aa["suites"].values() for i in (s.get("identity") or {}).values()]
+    # The rate on the pairs the noise is measured on (greedy): sampled pairs that reproduce at the
+    # same seed would dilute a greedy rate above aa_floor_max, and they are not prompts of this floor.
+    idents = [s["identity"]["T=0"] for s in aa["suites"].values() if "T=0" in (s.get("identity") or {})]
     n = sum(i["n"] for i in idents)
     diverged = sum(i["n"] - i["identical"] for i in idents)
     problems = []
@@ -224,6 +226,9 @@ def gate_detail(ident: dict) -> tuple[str, str] | None:
     head = (f"{f['within_noise']} divergence(s) within the A/A noise {f['noise']:.3g} ({_noise_s(f)}), "
             f"{ident['near_ties']} near-tie(s), over {f['n']} prompts")
     if f["candidate_only"] + f["floor_only"] == 0:
+        if f["within_noise"]:  # each on a prompt the A/A run also left: no discordant prompt to test
+            return "pass", (f"within the floor: {head}; each on a prompt where the A/A run also diverged above the "
+                            f"near-tie epsilon {f['eps']:g} (no discordant prompt)")
         return "pass", f"within the floor: {head}; no divergence above the near-tie epsilon {f['eps']:g} on either side"
     detail = (f"{head}: {f['candidate_only']} candidate-only, {f['floor_only']} A/A-only; share of the candidate's "
               f">= {f['share_lower_bound']:.3f} (one-sided {1 - f['alpha']:.0%} exact bound; more than the floor "

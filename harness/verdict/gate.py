@@ -311,7 +311,9 @@ def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
             # exercised the verifier.
             missing = c.get("rejected") or c.get("errors") or c.get("shortfall")
             status = _inconclusive(gates) if missing or not exercised else "warn"
-            out.append(GateResult(name, status, f"inconclusive: no p-value: {c.get('note', 'too few samples')}; {counts}"))
+            more = f"; {needed(c)}" if needed(c) else ""
+            out.append(GateResult(name, status, f"inconclusive: no p-value: {c.get('note', 'too few samples')}; "
+                                  f"{counts}{more}"))
             continue
         detect = c.get("detectable_tv")
         detect_s = (f"; could detect a top-two distortion of TV >= {detect:.3f} with 80% power" if detect
