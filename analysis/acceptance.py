@@ -235,6 +235,27 @@ def _tested_per_record(stats_list, per_round, k: int) -> tuple[np.ndarray, str]:
     return out, method
 
 
+def _draft_length(stats_list, per_round) -> int:
+    """K: the largest of the proposals per round, the positions in acceptance_by_position and stats.k."""
+    return max([int(r[1].max()) for r in per_round if r is not None and r[1].size]
+               + [len(s.get("acceptance_by_position") or []) for s in stats_list]
+               + [int(s.get("k") or 0) for s in stats_list])
+
+
+def drafts_tested(record: Mapping[str, Any]) -> float | None:
+    """The draft tokens the verifier tested in one record: alpha's denominator, by
+    acceptance_summary's own rule, so that accepted over it, summed over records, is its alpha.
+    None where the record holds no per-round or per-position counts (accepted / proposed is then
+    all that is known, and that is not alpha); ValueError on impossible counters."""
+    s = _stats(record)
+    per_round = [per_round_counts(s)]
+    k = _draft_length([s], per_round)
+    if int(s["proposed"]) == 0 or k <= 0:
+        return None
+    tested, method = _tested_per_record([s], per_round, k)
+    return None if method == "accepted/proposed" or np.isnan(tested[0]) else float(tested[0])
+
+
 def _ratio_ci(num: np.ndarray, den: np.ndarray, level: float, n_resamples: int, rng) -> tuple[float, float]:
     """Percentile bootstrap interval of sum(num) / sum(den), resampling rows (pass per-prompt
     sums: the rows must be independent)."""
@@ -287,9 +308,7 @@ def acceptance_summary(
     stats_list = [_stats(p.candidate) for p in pairs]
     per_round = [per_round_counts(s) for s in stats_list]
     if k is None:
-        k = max([int(r[1].max()) for r in per_round if r is not None and r[1].size]
-                + [len(s.get("acceptance_by_position") or []) for s in stats_list]
-                + [int(s.get("k") or 0) for s in stats_list])
+        k = _draft_length(stats_list, per_round)
     if k <= 0:
         raise ValueError("cannot tell the draft length K: pass k= or record proposed_per_round")
 

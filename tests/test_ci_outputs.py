@@ -203,3 +203,181 @@ def test_a_run_that_stops_before_its_verdict_leaves_no_green_ci_files(tmp_path, 
     root = ET.fromstring(junit.read_text())
     assert root.get("errors") == "1" and root.find(".//error").get("type") == "no-verdict"
     assert md.read_text().startswith("## decodegate regress: NO VERDICT")
+
+
+# ------------------------------------------------------------------ regress's last step on constructed records
+
+SPEC_CANDIDATE = ('[[candidates]]\nname = "spec"\ndecoder = "speculative"\n'
+                  'options = { draft = "prompt-lookup", verify = "coupled" }\n')
+
+
+def finished_run(tmp_path, records_of, candidates: str = SPEC_CANDIDATE, baseline: str = 'decoder = "standard"',
+                 head: str = "", n: int = 4, **meta):
+    """A run folder as `regress` leaves it, from records as the runner writes them, without a model:
+    harness.commands.regress.finish (summary, report, figures, CI files; no tracking). `records_of(suite)`
+    gives the records; `meta`, run.json's fields to set (created, fingerprints, ...). Returns (exit code,
+    run folder)."""
+    import argparse
+    import json
+    from harness.commands.regress import finish
+    from harness.config import load_config
+    from suites.format import item_from_row, make_suite
+    ids = [f"i{k}" for k in range(n)]
+    suite = make_suite(name="f", version="1", description="test", source="<test>", smoke_ids=ids,
+                       items=[item_from_row({"id": i, "prompt": f"q {i}", "references": ["x"]}, {"grader": "contains"})
+                              for i in ids])
+    cfg = tmp_path / "regress.toml"
+    cfg.write_text(f'target = "tiny-llama"\n{head}\n[baseline]\nname = "base"\n{baseline}\n{candidates}\n'
+                   f'[suites.f]\nmargin = 0.2\n[profiles.smoke]\nsubset = "smoke"\nsuites = ["f"]\n'
+                   f'temperatures = [0.0]\nseeds = [0]\n')
+    records = records_of(suite)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    meta = {"run_uid": "r" * 32, "fingerprint": "x", "config": str(cfg), "profile": "smoke",
+            "created": "2026-01-01T00:00:00Z", "code_version": "dev", **meta}
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = argparse.Namespace(junit_xml=str(tmp_path / "j.xml"), summary_md=str(tmp_path / "s.md"), no_tracking=True,
+                              tracking_uri=None)
+    return finish(load_config(cfg, "smoke"), run_dir, meta, records, [suite], {}, args), run_dir
+
+
+def _row(candidate: str, suite, item_id: str, decoder: str = "standard", **kw) -> dict:
+    from analysis.calibration.synthetic import make_record
+    return make_record(candidate=candidate, decoder=decoder, suite=suite.name, suite_hash=suite.hash, item_id=item_id,
+                       passed=True, **kw)
+
+
+def test_a_row_without_a_wall_time_still_gets_its_report_and_ci_files(tmp_path, capsys):
+    """A candidate row whose wall time is null (a record writer turns a NaN into null): the analysis
+    fails its latency and speedup gates by name, but the figures then divided None by a token
+    count and ended the run with a TypeError: no report.txt, no JUnit, no MLflow (red-team finding)."""
+    def records(suite):
+        rows = [_row("base", suite, i.id) for i in suite.items]
+        for i in suite.items:
+            row = _row("spec", suite, i.id, "speculative")
+            row["timing"] = {**row["timing"], "wall_s": None}
+            rows.append(row)
+        return rows
+    code, run_dir = finished_run(tmp_path, records)
+    assert code == 1
+    assert (run_dir / "report.txt").read_text().rstrip().endswith("verdict: FAIL")
+    root = ET.parse(tmp_path / "j.xml").getroot()
+    failed = {c.get("name") for c in root.iter("testcase") if c.find("failure") is not None}
+    assert {"analysis latency", "analysis speedup"} <= failed
+    assert (tmp_path / "s.md").read_text().startswith("## decodegate regress: FAIL")
+
+
+def test_summary_json_is_strict_json_when_an_a_a_comparison_had_no_pairs(tmp_path):
+    """An engine candidate whose every generation errored: its identity block has no pairs, and the
+    A/A comparison's difference bound over them was NaN, written into summary.json as a bare `NaN`
+    that JSON.parse (MLflow's artifact viewer, any JavaScript or strict reader) rejects."""
+    import json
+    engine = '[engines.plain]\nlaunch = ["llama-server", "--port", "{port}"]\nmodel = "tiny-llama"\n'
+    cand = '[[candidates]]\nname = "eng"\ndecoder = "llama.cpp"\nkind = "exact"\noptions = { engine = "plain" }\n'
+
+    def records(suite):
+        rows = [_row(name, suite, i.id, "llama.cpp") for i in suite.items for name in ("base", "base~aa")]
+        for i in suite.items:
+            rows.append({**_row("eng", suite, i.id, "llama.cpp"), "error": "HTTP 500", "tokens": [], "text": "",
+                         "margins": [], "stats": {}, "timing": {}, "passed": False, "score": 0.0})
+        return rows
+    code, run_dir = finished_run(tmp_path, records, cand, 'decoder = "llama.cpp"\noptions = { engine = "plain" }',
+                                 head=engine)
+    assert code == 1
+
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+    summary = json.loads((run_dir / "summary.json").read_text(), parse_constant=refuse)
+    floor = summary["candidates"]["eng"]["suites"]["f"]["identity"]["T=0"]["floor"]
+    assert floor["n"] == 0 and floor["difference_lower_bound"] is None
+    assert summary["candidates"]["eng"]["verdict"] == "fail"
+
+
+def test_history_alpha_and_tau_are_the_reports(tmp_path):
+    """`history` (the `category.ALL.alpha` / `.tau` metrics) showed accepted / proposed averaged over
+    records as "α" (0.42 here), while report.txt and the run's `alpha` metric gave the summary's α,
+    accepted over the drafts the verifier tested (0.72): two numbers for one run under one name
+    (red-team finding)."""
+    import json
+    from analysis.calibration.synthetic import speculative_stats
+    rounds = {"i0": [4, 0, 2], "i1": [1, 1], "i2": [4, 4, 3, 0], "i3": [0, 2]}
+
+    def records(suite):
+        rows = [_row("base", suite, i.id, tokens=tuple(range(12))) for i in suite.items]
+        for i in suite.items:
+            st = speculative_stats(rounds[i.id], k=4)
+            n = sum(rounds[i.id]) + len(rounds[i.id])  # each round emits its accepted drafts and one more
+            rows.append(_row("spec", suite, i.id, "speculative", stats=st, tokens=tuple(range(n))))
+        return rows
+    code, run_dir = finished_run(tmp_path, records)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    acc = summary["candidates"]["spec"]["acceptance"]
+    recs = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
+    rows = review.pair_rows(recs, summary, "spec", log_text=False)
+    m = review.category_metrics(rows)["ALL"]
+    assert acc["alpha"] != pytest.approx(acc["acceptance_rate"], abs=0.05)  # the two quantities differ here
+    assert m["alpha"] == pytest.approx(acc["alpha"]) and m["tau"] == pytest.approx(acc["tau"])
+    assert summary["candidates"]["spec"]["metrics"]["alpha"] == pytest.approx(m["alpha"])
+    assert rows[0]["acceptance_rate"] == pytest.approx(6 / 12) and rows[0]["alpha"] == pytest.approx(6 / 8)
+
+
+def test_a_run_synced_from_another_folder_still_has_its_prompts(tmp_path, monkeypatch):
+    """run.json kept `--config` as typed (`my.toml`): `sync` run from another folder could not find
+    it, fell back to the copy in the run folder, whose relative suite path then pointed inside the
+    run folder, and every prompt went to MLflow as null (red-team finding)."""
+    import argparse
+    import json
+    from harness.commands.regress import open_run_dir
+    from harness.config import load_config
+    from harness.run import runner
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "mine.jsonl").write_text(
+        json.dumps({"suite": "mine", "version": "1", "description": "t", "smoke": ["a"],
+                    "defaults": {"grader": "contains", "max_new_tokens": 4, "stop": []}}) + "\n"
+        + json.dumps({"id": "a", "prompt": "Tell me about cats", "references": ["cat"]}) + "\n")
+    (project / "my.toml").write_text(f'target = "tiny-llama"\n{SPEC_CANDIDATE}[suites.mine]\npath = "data/mine.jsonl"\n'
+                                     '[profiles.smoke]\nsubset = "smoke"\nsuites = ["mine"]\n'
+                                     'temperatures = [0.0]\nseeds = [0]\n')
+    monkeypatch.chdir(project)
+    config = load_config("my.toml", "smoke")
+    suites = runner.load_suites(config)
+    args = argparse.Namespace(config="my.toml", profile="smoke", run_dir="runs/r1")
+    run_dir, meta = open_run_dir(args, config, suites)
+    summary = {"profile": "smoke", "suites": {s.name: {"hash": s.hash} for s in suites}}
+    monkeypatch.chdir(tmp_path)   # `decodegate sync project/runs/r1` from elsewhere
+    assert review.prompts(project / run_dir, summary) == {("mine", "a"): "Tell me about cats"}
+
+
+def test_history_alpha_without_round_counts_is_the_reports_fallback(tmp_path):
+    """An engine that reports only drafted and accepted totals: the report's α falls back to
+    accepted / proposed (its method says so), and history's must be that same number, not none."""
+    import json
+
+    def records(suite):
+        rows = [_row("base", suite, i.id) for i in suite.items]
+        rows += [_row("spec", suite, i.id, "speculative", stats={"proposed": 8, "accepted": a, "k": 4,
+                                                                  "target_forwards": 3})
+                 for i, a in zip(suite.items, (2, 5, 8, 1))]
+        return rows
+    code, run_dir = finished_run(tmp_path, records)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    acc = summary["candidates"]["spec"]["acceptance"]
+    assert acc["alpha_method"] == "accepted/proposed" and acc["alpha"] == pytest.approx(16 / 32)
+    recs = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
+    rows = review.pair_rows(recs, summary, "spec", log_text=False)
+    assert review.category_metrics(rows)["ALL"]["alpha"] == pytest.approx(acc["alpha"])
+    assert "alpha" not in rows[0] and rows[0]["acceptance_rate"] == pytest.approx(2 / 8)
+
+
+def test_history_identity_is_the_greedy_pairs_as_in_the_report():
+    """A sampled pair of an exact-in-distribution decoder may differ by design; history's identity
+    rate pooled it with the greedy pairs and read 0.5 where the report said 1 of 1 identical."""
+    recs = _records()
+    sampled = [dict(r, item_id="a", temperature=0.7, seed=1) for r in recs if r["item_id"] == "a"]
+    sampled[1] = dict(sampled[1], tokens=[1, 7, 3], text="one seven three")
+    rows = review.pair_rows([r for r in recs if r["item_id"] == "a"] + sampled, {"baseline": "baseline",
+                            "candidates": {"cand": {}}}, "cand", {})
+    assert sorted(r["identical"] for r in rows) == [False, True]
+    assert review.category_metrics(rows)["ALL"]["identity"] == 1.0

@@ -227,3 +227,18 @@ def test_an_exact_candidate_with_only_speed_to_show_fails_coverage(tmp_path):
     assert gates["speed"].status == "pass"  # the only gate that applied
     assert not passed and gates["coverage"].status == "fail"
     assert "no identity, exactness or quality gate" in gates["coverage"].detail
+
+
+def test_identity_not_measured_is_no_metric_not_zero_divergences(tmp_path):
+    """Every pair errored: the identity rate was left out of the MLflow metrics, but
+    `<suite>.real_divergences.T=0` went in as 0, a clean number for a candidate that produced
+    nothing (red-team finding)."""
+    config = _config(tmp_path, SPEC, "[suites.f]\nmargin = 0.2", '["f"]')
+    suite = _suite("f", ["a", "b"])
+    records = [make_record(suite="f", suite_hash=suite.hash, item_id=i, passed=True) for i in ("a", "b")]
+    records += [dict(_errored("spec", "speculative", suite, i), kind="exact") for i in ("a", "b")]
+    cand = summarize(config, records, [suite])["candidates"]["spec"]
+    assert cand["suites"]["f"]["identity"]["T=0"]["n"] == 0
+    assert not [k for k in cand["metrics"] if ".identity." in k or ".real_divergences." in k]
+    gates, passed = _gates({"candidates": {"spec": cand}}, "spec", config)
+    assert not passed and gates["identity f T=0"].status == "fail"

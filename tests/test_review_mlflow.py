@@ -445,3 +445,118 @@ def test_an_upload_cut_during_assessments_is_repaired_by_the_next_sync(tmp_path,
         assert views.log_traces(client, exp, run, recs, rows, {}, True, True, time.time_ns()) == 0   # complete
     traces = client.search_traces(locations=[exp], run_id=run, max_results=100)
     assert len(traces) == 6 and all(t.info.assessments for t in traces)
+
+
+def _folder(tmp_path):
+    """A finished run folder with two candidates (an exact one that diverged once, a lossy one),
+    from constructed records (test_ci_outputs.finished_run: regress's last step, no model)."""
+    from analysis.calibration.synthetic import speculative_stats
+    from test_ci_outputs import SPEC_CANDIDATE, _row, finished_run
+    lossy = ('[[candidates]]\nname = "ee"\ndecoder = "early-exit"\nkind = "lossy"\n'
+             'options = { threshold = 0.5 }\n')
+
+    def rows(suite):
+        out = [_row("base", suite, i.id) for i in suite.items]
+        out += [_row("spec", suite, i.id, "speculative", stats=speculative_stats([2, 1, 3], k=4),
+                     tokens=(1, 2, 9, 9) if i.id == "i0" else (1, 2, 3, 4)) for i in suite.items]
+        out += [_row("ee", suite, i.id, "early-exit", tokens=(1, 2, 5, 6),
+                     stats={"exit_layers": [1, 2, 2, 2], "num_layers": 2, "lm_head_evals": 6}) for i in suite.items]
+        return out
+    return finished_run(tmp_path, rows, SPEC_CANDIDATE + lossy)[1]
+
+
+def test_sync_into_an_experiment_in_mlflows_trash_is_one_clear_line(tmp_path, capsys):
+    """Someone deleted the experiment in the UI: `sync` died with exit 3 and MLflow's traceback ("must
+    be in the 'active' state"), and `history` said there were no runs (red-team finding)."""
+    from mlflow import MlflowClient
+    run_dir, uri = _folder(tmp_path), f"sqlite:///{tmp_path}/mlflow.db"
+    assert main(["sync", str(run_dir), "--tracking-uri", uri]) == 0
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("decodegate-regress")
+    client.delete_experiment(exp.experiment_id)
+    capsys.readouterr()
+    assert main(["sync", str(run_dir), "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err
+    assert "is deleted" in err and f"mlflow experiments restore -x {exp.experiment_id}" in err
+    assert "Traceback" not in err
+    assert main(["history", "--tracking-uri", uri, "--figure", "none"]) == 2
+    assert "is deleted" in capsys.readouterr().err
+    client.restore_experiment(exp.experiment_id)
+    assert main(["sync", str(run_dir), "--tracking-uri", uri]) == 0
+    assert len(client.search_runs([exp.experiment_id])) == 3  # restored: the same runs, none added
+
+
+def test_an_upload_cut_part_way_then_synced_twice_logs_each_metric_once(tmp_path, monkeypatch):
+    """The server went away during the second candidate's views: the parent stayed RUNNING, and each
+    sync after it logged the parent's and that candidate's metrics again, a second point in every
+    metric's history (a chart of two runs where there was one)."""
+    from mlflow import MlflowClient
+    from harness.run import tracking, tracking_views as views
+    run_dir, uri = _folder(tmp_path), f"sqlite:///{tmp_path}/mlflow.db"
+    log_candidate, calls = views.log_candidate, []
+
+    def dies_on_the_second(*a, **kw):
+        calls.append(a)
+        if len(calls) == 2:
+            raise ConnectionError("tracking server went away")
+        return log_candidate(*a, **kw)
+    monkeypatch.setattr(views, "log_candidate", dies_on_the_second)
+    with pytest.raises(ConnectionError):
+        tracking.log_run(run_dir, uri)
+    monkeypatch.setattr(views, "log_candidate", log_candidate)
+    for _ in range(2):
+        assert main(["sync", str(run_dir), "--tracking-uri", uri]) == 0
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("decodegate-regress").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["ee", "regress smoke tiny-llama", "spec"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    twice = {(r.info.run_name, k) for r in runs for k in r.data.metrics
+             if len(client.get_metric_history(r.info.run_id, k)) != 1}
+    assert not twice
+    assert {r.info.run_name: r.data.tags["decodegate.verdict"] for r in runs} == {
+        "ee": "fail", "spec": "fail", "regress smoke tiny-llama": "fail"}
+
+
+def test_a_run_synced_days_later_keeps_its_place_in_history(tmp_path, capsys):
+    """Monday's run was made while the server was down and synced on Wednesday, after Tuesday's run
+    was logged. Its MLflow runs started at the upload: `history` listed Monday's run as the newest,
+    dated Wednesday, and marked Tuesday's (the real newest, on the new target) as "another target"
+    (red-team finding)."""
+    import calendar
+    from analysis.calibration.synthetic import speculative_stats
+    from test_ci_outputs import _row, finished_run
+
+    def rows(suite):
+        return [_row("base", suite, i.id) for i in suite.items] + [
+            _row("spec", suite, i.id, "speculative", stats=speculative_stats([2, 1, 3], k=4)) for i in suite.items]
+    folders = {}
+    for day, created in (("monday", "2026-11-30T09:00:00Z"), ("tuesday", "2026-12-01T09:00:00Z")):
+        (tmp_path / day).mkdir()
+        fp = {"target_fingerprint": f"{day}-target"}
+        folders[day] = finished_run(tmp_path / day, rows, run_uid=day.ljust(32, "0"), created=created,
+                                    fingerprints={"spec": fp, "base": fp})[1]
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert main(["sync", str(folders["tuesday"]), "--tracking-uri", uri]) == 0
+    assert main(["sync", str(folders["monday"]), "--tracking-uri", uri]) == 0   # the late upload
+    capsys.readouterr()
+    assert main(["history", "--tracking-uri", uri, "--figure", "none", "--category", "ALL", "--json"]) == 0
+    rows_ = json.loads(capsys.readouterr().out)
+    assert [r["target_fingerprint"] for r in rows_] == ["tuesday-target", "monday-target"]
+    assert [r["other_target"] for r in rows_] == [False, True]
+    assert rows_[1]["start_time"] == calendar.timegm((2026, 11, 30, 9, 0, 0)) * 1000
+
+
+def test_history_whose_filters_match_nothing_says_so_not_that_nothing_was_logged(tmp_path, capsys):
+    """`--category all` (the pseudo-category is ALL) or a misspelt candidate printed "no regress runs
+    in experiment ...", though the runs were there (red-team finding)."""
+    run_dir, uri = _folder(tmp_path), f"sqlite:///{tmp_path}/mlflow.db"
+    assert main(["sync", str(run_dir), "--tracking-uri", uri]) == 0
+    capsys.readouterr()
+    assert main(["history", "--tracking-uri", uri, "--figure", "none", "--category", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "no regress runs" not in out
+    assert "nothing matches --category all" in out and "candidates there: ee, spec" in out and "ALL" in out
+    assert main(["history", "--tracking-uri", uri, "--figure", "none", "--candidate", "spce"]) == 0
+    assert "nothing matches --candidate spce" in capsys.readouterr().out
+    assert main(["history", "--tracking-uri", uri, "--figure", "none", "--candidate", "spec", "--json"]) == 0
+    assert {r["candidate"] for r in json.loads(capsys.readouterr().out)} == {"spec"}

@@ -90,13 +90,29 @@ def _context(base: str, cand: str) -> str:
             if i < max(len(base), len(cand)) else "")
 
 
+def _acceptance(rec: dict) -> dict:
+    from analysis.acceptance import drafts_tested
+    st = rec["stats"]
+    try:
+        tested = drafts_tested(rec)
+    except ValueError:  # impossible counters: the summary's acceptance step fails on them, no number here
+        return {}
+    out = {"acceptance_rate": st["accepted"] / st["proposed"], "drafts_accepted": st["accepted"],
+           "drafts_proposed": st["proposed"]}
+    if tested:
+        out.update(alpha=st["accepted"] / tested, drafts_tested=tested)
+    return out
+
+
 def _speed_stats(rec: dict) -> dict:
+    """The record's acceptance numbers. `alpha` is the summary's quantity (accepted over the drafts
+    the verifier tested: analysis.acceptance), not accepted / proposed (`acceptance_rate`, about
+    half of it at K = 4); the counts are kept so that a category pools them as the summary does."""
     st = rec.get("stats") or {}
-    out = {}
-    if st.get("proposed"):
-        out["alpha"] = st["accepted"] / st["proposed"]
+    out = _acceptance(rec) if st.get("proposed") else {}
     if st.get("target_forwards") and rec.get("tokens"):
         out["tau"] = len(rec["tokens"]) / st["target_forwards"]
+        out["target_forwards"] = st["target_forwards"]
     if st.get("exit_layers"):
         out["mean_exit_layers"] = sum(st["exit_layers"]) / len(st["exit_layers"])
     return out
@@ -186,7 +202,7 @@ def row_key(row: dict) -> tuple:
 
 
 def category_metrics(rows: list[dict]) -> dict:
-    """Per category (and ALL): identity rate, speedup (ratio of total wall time over pairs whose baseline was
+    """Per category (and ALL): identity rate at T=0, speedup (ratio of total wall time over pairs whose baseline was
     timed in this run) and mean α / τ / exit layers; the trend `decodegate history` draws."""
     by_cat: dict = {ALL: list(rows)} if rows else {}
     for r in rows:
@@ -195,16 +211,27 @@ def category_metrics(rows: list[dict]) -> dict:
     out = {}
     for cat, rs in by_cat.items():
         m = {"n": len(rs)}
-        judged = [r for r in rs if r["identical"] is not None]
+        # Greedy pairs only, as the report's identity: a sampled pair of an exact-in-distribution
+        # decoder (rejection verification) may differ by design, and counted here it read as a loss.
+        judged = [r for r in rs if r["identical"] is not None and r["temperature"] == 0]
         if judged:
             m["identity"] = sum(bool(r["identical"]) for r in judged) / len(judged)
         timed = [r for r in rs if not r["baseline_reused"] and r.get("baseline_wall_s") and r.get("candidate_wall_s")]
         if timed:
             m["speedup"] = sum(r["baseline_wall_s"] for r in timed) / sum(r["candidate_wall_s"] for r in timed)
-        for k in ("alpha", "tau", "mean_exit_layers"):
-            vals = [r[k] for r in rs if r.get(k) is not None]
-            if vals:
-                m[k] = sum(vals) / len(vals)
+        # Ratios of sums, as the summary's alpha and tau are: the report and `history` agree.
+        drafted = [r for r in rs if r.get("drafts_proposed")]
+        tested = [r for r in drafted if r.get("drafts_tested")]
+        if tested:
+            m["alpha"] = sum(r["drafts_accepted"] for r in tested) / sum(r["drafts_tested"] for r in tested)
+        elif drafted:  # no record with per-round or per-position counts: the summary's fallback too
+            m["alpha"] = sum(r["drafts_accepted"] for r in drafted) / sum(r["drafts_proposed"] for r in drafted)
+        forwards = [r for r in rs if r.get("target_forwards") and r.get("candidate_tokens")]
+        if forwards:
+            m["tau"] = sum(r["candidate_tokens"] for r in forwards) / sum(r["target_forwards"] for r in forwards)
+        exits = [r["mean_exit_layers"] for r in rs if r.get("mean_exit_layers") is not None]
+        if exits:
+            m["mean_exit_layers"] = sum(exits) / len(exits)
         out[cat] = m
     return out
 

@@ -32,8 +32,24 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
-def _experiment_id(client) -> str:
-    exp = client.get_experiment_by_name(EXPERIMENT)
+class ExperimentDeleted(TrackingUnavailable):
+    """The experiment is in MLflow's trash: no run can be created in it, and a new one of the same
+    name cannot be made until it is restored or purged. The user's call, not ours."""
+
+
+def active_experiment(client, name: str, uri: str):
+    """The experiment called `name`, None if there is none; ExperimentDeleted if it is deleted."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None and exp.lifecycle_stage == "deleted":
+        raise ExperimentDeleted(
+            f"experiment {name!r} (id {exp.experiment_id}) at {uri} is deleted: restore it "
+            f"(`mlflow experiments restore -x {exp.experiment_id}`) or remove it for good (`mlflow gc "
+            f"--experiment-ids {exp.experiment_id}`)")
+    return exp
+
+
+def _experiment_id(client, uri: str) -> str:
+    exp = active_experiment(client, EXPERIMENT, uri)
     return exp.experiment_id if exp else client.create_experiment(EXPERIMENT)
 
 
@@ -57,11 +73,15 @@ def _metric_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in name)[:250]
 
 
-def _log(client, run_id: str, params: dict, metrics: dict, tags: dict) -> None:
+def _log(client, run_id: str, params: dict, metrics: dict, tags: dict, logged: dict | None = None) -> None:
+    """`logged`: the metrics the run already holds (an upload cut part way, now synced again): those
+    with the same value are not logged twice (each would add a second point to the metric's history)."""
     from mlflow.entities import Metric, Param, RunTag
     import time
     now = int(time.time() * 1000)
-    ms = [Metric(_metric_name(k), v, now, 0) for k, v in metrics.items()]
+    logged = logged or {}
+    ms = [Metric(_metric_name(k), float(v), now, 0) for k, v in metrics.items()
+          if logged.get(_metric_name(k)) != float(v)]
     ps = [Param(_metric_name(k), str(v)[:6000]) for k, v in params.items()]
     ts = [RunTag(_metric_name(k), str(v)[:5000]) for k, v in tags.items()]
     # MLflow caps one batch at 1000 metrics, 100 params and 100 tags.
@@ -87,7 +107,7 @@ def log_run(run_dir: Path, uri: str | None = None) -> dict:
     from harness.run.records import read_summary
     summary = read_summary(run_dir)
     client = _client(uri)
-    exp_id = _experiment_id(client)
+    exp_id = _experiment_id(client, uri)
     views.label_experiment(client, exp_id)
     uid = summary["run_uid"]
     log_text = summary.get("log_text", True)
@@ -96,17 +116,21 @@ def log_run(run_dir: Path, uri: str | None = None) -> dict:
     prompt_text = review.prompts(run_dir, summary) if log_text else {}
     rows = {name: review.pair_rows(records, summary, name, prompt_text, log_text) for name in summary["candidates"]}
     t0 = views.start_ns(summary)
+    # Runs start when the regress run did, not when they were uploaded: a folder synced days later
+    # must not become the newest run (`history`'s order and the fingerprint it compares with).
+    started = t0 // 1_000_000
     parent = _existing(client, exp_id, uid)
     ids = {}
     with views.tracing_to(uri):
         if parent is None or parent.info.status != "FINISHED":
             parent_id = parent.info.run_id if parent else client.create_run(
-                exp_id, run_name=f"regress {summary['profile']} {summary['target']}",
+                exp_id, run_name=f"regress {summary['profile']} {summary['target']}", start_time=started,
                 tags={"decodegate.run_uid": uid}).info.run_id
             _log(client, parent_id, params=summary_params(summary),
                  metrics={"verdict_pass": summary["verdict"] == "pass"},
                  tags={"decodegate.verdict": summary["verdict"], "optimization": "baseline",
-                       **{f"label.{k}": v for k, v in summary.get("labels", {}).items()}})
+                       **{f"label.{k}": v for k, v in summary.get("labels", {}).items()}},
+                 logged=parent.data.metrics if parent else None)
             report_md = run_dir / "report.md"
             client.set_tag(parent_id, views.NOTE, views.note(
                 report_md.read_text() if report_md.exists() else f"verdict: **{summary['verdict'].upper()}**"))
@@ -136,7 +160,8 @@ def log_run(run_dir: Path, uri: str | None = None) -> dict:
                 ids[name] = child.info.run_id
                 continue
             run_id = child.info.run_id if child else client.create_run(
-                exp_id, run_name=name, tags={"decodegate.run_uid": cuid, "mlflow.parentRunId": parent_id}).info.run_id
+                exp_id, run_name=name, start_time=started,
+                tags={"decodegate.run_uid": cuid, "mlflow.parentRunId": parent_id}).info.run_id
             metrics: dict = {}
             _flat("", cand.get("metrics", {}), metrics)
             metrics["verdict_pass"] = float(cand["verdict"] == "pass")
@@ -144,7 +169,8 @@ def log_run(run_dir: Path, uri: str | None = None) -> dict:
             tags = {**candidate_tags(cand, summary), "decodegate.candidate": name}
             _log(client, run_id, params={"decoder": cand["decoder"], "kind": cand["kind"], "target": cand["target"],
                                          **{f"option.{k}": v for k, v in cand.get("options", {}).items()}},
-                 metrics=metrics, tags={**tags, **fingerprint_tags(summary, name)})
+                 metrics=metrics, tags={**tags, **fingerprint_tags(summary, name)},
+                 logged=child.data.metrics if child else None)
             figures = run_dir / "figures" / name
             if figures.is_dir():
                 client.log_artifacts(run_id, str(figures), artifact_path="figures")
@@ -222,7 +248,7 @@ def _new_run(uri: str | None, experiment: str, name: str):
     uri = resolve_uri(uri)
     check_health(uri)
     client = _client(uri)
-    exp = client.get_experiment_by_name(experiment)
+    exp = active_experiment(client, experiment, uri)
     exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
     return client, client.create_run(exp_id, run_name=name).info.run_id
 

@@ -15,11 +15,11 @@ QUANTITIES = ("alpha", "tau", "speedup", "identity", "mean_exit_layers", "n")
 
 def history(uri: str | None, experiment: str, last: int = 10, candidates: tuple[str, ...] = ()) -> list[dict]:
     """Per regress run (the last `last` parents), candidate and category: the quantities above."""
-    from harness.run.tracking import _client
+    from harness.run.tracking import _client, active_experiment
     uri = resolve_uri(uri)
     check_health(uri)
     client = _client(uri)
-    exp = client.get_experiment_by_name(experiment)
+    exp = active_experiment(client, experiment, uri)  # a deleted one is named, not "no runs"
     if exp is None:
         return []
     parents = client.search_runs([exp.experiment_id], filter_string="tags.`optimization` = 'baseline'",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 
@@ -23,7 +24,10 @@ def resolve_uri(uri: str | None) -> str:
 
 
 def check_health(uri: str, timeout: float = 3.0) -> None:
-    """Raise TrackingUnavailable unless a remote server answers /health within `timeout`."""
+    """Raise TrackingUnavailable unless a remote server answers /health within `timeout`, or a
+    `sqlite:///PATH` store is a file SQLite could open."""
+    if uri.startswith("sqlite:///"):
+        _check_sqlite(uri)
     if not uri.startswith(("http://", "https://")):
         return
     try:
@@ -32,3 +36,17 @@ def check_health(uri: str, timeout: float = 3.0) -> None:
                 raise TrackingUnavailable(f"{uri} answered {r.status} on /health")
     except (urllib.error.URLError, OSError) as e:
         raise TrackingUnavailable(f"tracking server {uri} is not reachable ({getattr(e, 'reason', e)})") from e
+
+
+def _check_sqlite(uri: str) -> None:
+    # A folder or a file of another kind: MLflow retries it for about two minutes and then fails
+    # with a database traceback; said here in one line instead. A missing file is a new store.
+    path = Path(uri[len("sqlite:///"):])
+    if path.is_dir():
+        raise TrackingUnavailable(f"tracking URI {uri}: {path} is a folder, not an SQLite file (e.g. "
+                                  f"sqlite:///{path / 'mlflow.db'})")
+    if path.is_file():
+        with open(path, "rb") as f:
+            head = f.read(16)
+        if head and head != b"SQLite format 3\x00":
+            raise TrackingUnavailable(f"tracking URI {uri}: {path} is not an SQLite database")

@@ -242,6 +242,14 @@ def per_prompt_csv(records: list[dict], path: Path) -> None:
                         r.get("error", "")])
 
 
+def _per_token(rows: list[dict]) -> list[float]:
+    """Seconds per token of the rows with a measured wall time. A row without one (null: the
+    analysis already fails it as a gate) must not end the run before its report and CI files."""
+    import math
+    walls = [((r.get("timing") or {}).get("wall_s"), len(r["tokens"])) for r in rows]
+    return [w / n for w, n in walls if isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)]
+
+
 def _ns(d: dict):
     """A summary dict with attribute access, as the figure functions read analysis results."""
     from types import SimpleNamespace
@@ -259,8 +267,7 @@ def figures(summary: dict, records: list[dict], run_dir: Path) -> list[Path]:
         folder = run_dir / "figures" / name
         folder.mkdir(parents=True, exist_ok=True)
         rows = [r for r in by_cand.get(name, []) if r.get("tokens")]
-        per_token = {n: [r["timing"]["wall_s"] / len(r["tokens"]) for r in rs if "wall_s" in r["timing"]] for n, rs in
-                     ((summary["baseline"], base), (name, rows))}
+        per_token = {n: _per_token(rs) for n, rs in ((summary["baseline"], base), (name, rows))}
         jobs = [("latency_cdf.png", lambda p, s=per_token: fig.latency_cdfs(s, p, xlabel="seconds per token",
                                                                            title=f"{name}: latency per token"))]
         if not any(per_token.values()):

@@ -339,6 +339,8 @@ def headline_metrics(cand: dict) -> dict:
         m["exit_theoretical_speedup"] = cand["exits"]["theoretical_speedup"]
     for suite, s in cand["suites"].items():
         for t, ident in s.get("identity", {}).items():
+            if not ident.get("n"):  # every pair errored: identity was not measured, which is not 0 divergences
+                continue
             m[f"{suite}.identity.{t}"] = ident["rate"]
             m[f"{suite}.real_divergences.{t}"] = ident["real_divergences"]
         if "quality" in s:
