@@ -34,6 +34,22 @@ def is_input_error(exc: BaseException) -> bool:
     return isinstance(exc, ValueError) and type(exc).__module__.split(".")[0] in OUR_PACKAGES
 
 
+# Said under every subcommand's --help (a CI script is written from there, not from the top-level help).
+EXIT_CODES = ("exit codes: 0 {ok}, 2 a usage or input error (one line naming it), 3 an internal error (a bug: "
+              "the traceback is printed)")
+GATE_EXIT_CODES = EXIT_CODES.format(ok="every gate passed, 1 a gate failed")
+
+
+def _exit_codes(parser: argparse.ArgumentParser, name: str) -> None:
+    """Give `parser` and the subcommands under it the exit codes as their epilog."""
+    if parser.epilog is None:
+        parser.epilog = GATE_EXIT_CODES if name == "regress" else EXIT_CODES.format(ok="done")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                _exit_codes(sub, sub_name)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="decodegate",
@@ -50,12 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # not built yet
             raise
         if name == "suites" and hasattr(mod, "register"):
-            mod.register(sub)
+            _exit_codes(mod.register(sub), name)
             continue
         p = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip(),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
+        if name != "lm-eval":  # its --help is lm-eval's own
+            _exit_codes(p, name)
     return parser
 
 

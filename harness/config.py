@@ -6,6 +6,7 @@ so that a typo fails in a second with the key named, not after an hour of genera
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -184,8 +185,14 @@ def _engine(name: str, table: dict, where: str):
         raise ConfigError(f"{where}: launch must be a command: a string or a list of strings")
     if launch is not None and not any("{port}" in a for a in launch):
         raise ConfigError(f"{where}: launch must contain {{port}} (decodegate picks a free port)")
+    for key in ("base_url", "model", "api_key_env"):
+        _typed(table, key, str, where, "a string")
+    env = _table(table, "env", where)
+    if not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in env.values()):
+        raise ConfigError(f"{where}: env must be a table of NAME = \"value\" strings, got {env!r}")
     for key in ("health_timeout_s", "request_timeout_s"):
-        if key in table and (not isinstance(table[key], (int, float)) or table[key] <= 0):
+        if key in table and (isinstance(table[key], bool) or not isinstance(table[key], (int, float))
+                             or table[key] <= 0):
             raise ConfigError(f"{where}: {key} must be a positive number of seconds")
     for key, low in (("retries", 0), ("concurrency", 1)):
         if key in table and (not isinstance(table[key], int) or isinstance(table[key], bool) or table[key] < low):
@@ -241,8 +248,31 @@ def _take(table: dict, allowed: set, where: str) -> dict:
 
 
 def _typed(table: dict, key: str, types, where: str, what: str):
-    if key in table and not isinstance(table[key], types):
+    types = types if isinstance(types, tuple) else (types,)
+    # bool is an int to Python: `min_speedup = true` must not pass as the number 1.
+    if key in table and (not isinstance(table[key], types) or (isinstance(table[key], bool) and bool not in types)):
         raise ConfigError(f"{where}: {key!r} must be {what}, got {table[key]!r}")
+
+
+def _table(table: dict, key: str, where: str) -> dict:
+    """table[key] as a table ({} when absent): a list or a number where a table goes is named here,
+    not met later as an AttributeError deep in the loader."""
+    value = table.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: {key} must be a table ([{key}] or {key} = {{ ... }}), got {value!r}")
+    return value
+
+
+def _names(table: dict, key: str, where: str) -> None:
+    """A list of names (suites of a profile): strings, none repeated."""
+    names = table.get(key)
+    if names is None:
+        return
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise ConfigError(f"{where}: {key} must be a list of names (strings), got {names!r}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"{where}: {key} names {', '.join(repeated)} more than once")
 
 
 # A decoder's or an engine's name becomes a folder (figures/NAME, engines' logs), an MLflow run name
@@ -291,6 +321,31 @@ def _decoder(table: dict, where: str, default_kind: str) -> DecoderSpec:
                        acceptance_tolerance=table.get("acceptance_tolerance"))
 
 
+# In-process decoders: every option is a named parameter of the class, the rest refused
+# (decoders.common.reject_options). Engines and a team's own classes check their own.
+IN_PROCESS = ("standard", "speculative", "early-exit", "hf", "hf-assisted")
+
+
+def _check_option_names(spec: DecoderSpec, where: str) -> None:
+    """A misspelt option named with the closest valid one, before any model loads (the decoder
+    itself refuses it too, but only once the models are loaded, and without the hint)."""
+    if spec.decoder not in IN_PROCESS:
+        return
+    import inspect
+    from decoders import get_decoder_class
+    params = inspect.signature(get_decoder_class(spec.decoder).__init__).parameters.values()
+    allowed = {p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD or p.kind is p.KEYWORD_ONLY} - {
+        "self", "target"}
+    if "draft" in allowed:
+        allowed.add("draft_device")  # taken by harness.build, which places a draft model
+    unknown = sorted(set(spec.options) - allowed)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{where}: {spec.name!r} (decoder {spec.decoder!r}): takes no option(s) "
+                          f"{', '.join(unknown)}{hint}; its options: {', '.join(sorted(allowed))}")
+
+
 def _number(table: dict, key: str, low: float, high: float, where: str, what: str) -> None:
     v = table.get(key)
     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not low < v < high):
@@ -329,12 +384,18 @@ def _check_seeds(prof: Profile, where: str) -> None:
 
 def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config {path} is a folder; give the TOML file, e.g. {path / 'regress.toml'}")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))  # TOML is UTF-8, whatever the locale says
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    except UnicodeDecodeError as e:
+        line = e.object[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: not UTF-8 (byte 0x{e.object[e.start]:02x} on line {line}); TOML files are "
+                          f"UTF-8") from None
     _take(raw, {"target", "device", "chat", "top_p", "baseline", "candidates", "suites", "profiles",
                 "gates", "labels", "engines", "log_text", "trace_limit"}, str(path))
     _typed(raw, "log_text", bool, str(path), "true or false")
@@ -344,17 +405,28 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
                           f"got {raw['trace_limit']!r}")
     if "target" not in raw:
         raise ConfigError(f"{path}: missing key 'target'")
+    if not isinstance(raw["target"], str) or not raw["target"].strip():
+        raise ConfigError(f"{path}: target must be a model name (an alias, a folder, a .gguf file or a Hugging Face "
+                          f"id), got {raw['target']!r}")
+    # chat = "false" is a true string: it would apply the chat template it names off.
+    _typed(raw, "chat", bool, str(path), "true or false (default: the model's chat template when it has one)")
+    for key in ("suites", "profiles", "gates", "labels", "engines"):
+        _table(raw, key, str(path))
     baseline = _decoder(raw.get("baseline", {"decoder": "standard", "name": "baseline"}), f"{path} [baseline]", "exact")
     candidates = tuple(_decoder(c, f"{path} [[candidates]] #{i + 1}", "exact")
                        for i, c in enumerate(raw.get("candidates", [])))
     if not candidates:
         raise ConfigError(f"{path}: no [[candidates]] to compare with the baseline")
+    for spec in (baseline, *candidates):
+        _check_option_names(spec, str(path))
     names = [baseline.name] + [c.name for c in candidates]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
         raise ConfigError(f"{path}: decoder names must be unique; repeated: {', '.join(sorted(dupes))}")
     suites = {}
     for name, table in raw.get("suites", {}).items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path} [suites.{name}]: must be a table (margin, path, ...), got {table!r}")
         _take(table, {"margin", "path", "include_path", "limit", "max_gen_toks", "discordance", "allow_code"},
               f"{path} [suites.{name}]")
         if not isinstance(table.get("allow_code", False), bool):
@@ -372,29 +444,43 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
             file = str(path.parent / file)
         if include is not None and not Path(include).is_absolute():
             include = str(path.parent / include)
-        if (include or table.get("limit") or table.get("max_gen_toks")) and not name.startswith("lmeval:"):
+        if (include or table.get("limit") is not None or table.get("max_gen_toks") is not None) \
+                and not name.startswith("lmeval:"):
             raise ConfigError(f"{path} [suites.{name}]: include_path/limit/max_gen_toks apply to lmeval:<task> suites only")
+        for key in ("limit", "max_gen_toks"):  # lm-eval suites run last: a bad value would surface hours in
+            v = table.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ConfigError(f"{path} [suites.{name}]: {key} must be an integer >= 1, got {v!r}")
         suites[name] = SuiteSpec(name, table.get("margin"), file, include, table.get("limit"), table.get("max_gen_toks"),
                                  table.get("discordance"), allow_code=table.get("allow_code", False))
     profiles = raw.get("profiles", {})
     if profile not in profiles:
         raise ConfigError(f"{path}: unknown profile {profile!r}; defined: {', '.join(sorted(profiles)) or 'none'}")
+    if not isinstance(profiles[profile], dict):
+        raise ConfigError(f"{path} [profiles.{profile}]: must be a table (subset, suites, ...), "
+                          f"got {profiles[profile]!r}")
     p = _take(profiles[profile], {"subset", "suites", "temperatures", "sample_suites", "seeds", "max_new_tokens",
                                   "exactness_prompts", "exactness_samples", "exactness_reference", "concurrency", "looks",
                                   "speed_items", "candidates", *LOAD_KEYS}, f"{path} [profiles.{profile}]")
+    where = f"{path} [profiles.{profile}]"
+    for key in ("suites", "sample_suites"):
+        _names(p, key, where)
     suite_names = tuple(p.get("suites", list(suites)))
     for s in suite_names:
         suites.setdefault(s, SuiteSpec(s))
-    where = f"{path} [profiles.{profile}]"
     as_logged = p.get("temperatures") == AS_LOGGED
     if as_logged:
         p = {k: v for k, v in p.items() if k != "temperatures"} | {"temperatures": []}
     for key in ("suites", "temperatures", "sample_suites", "seeds"):
         _typed(p, key, list, where, "a list" + (' (or "as-logged")' if key == "temperatures" else ""))
+    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in p.get("temperatures", [])):
+        raise ConfigError(f"{where}: temperatures must be numbers (0 is greedy), got {p['temperatures']!r}")
     temps = tuple(float(t) for t in p.get("temperatures", [0.0]))
     for t in temps:  # the requests' own rule (decoders.base), said here before any model loads
         if temperature_problem(t):
             raise ConfigError(f"{where}: temperatures: {temperature_problem(t)}")
+        if math.isinf(t):  # TOML has inf: uniform sampling, which tests nothing of the target
+            raise ConfigError(f"{where}: temperatures: temperature must be finite, got {t}")
     if len(set(temps)) != len(temps) or len(set(p.get("seeds", [0]))) != len(p.get("seeds", [0])):
         raise ConfigError(f"{where}: temperatures and seeds must not repeat")
     if not p.get("seeds", [0]) or not all(isinstance(x, int) and not isinstance(x, bool) for x in p.get("seeds", [0])):
@@ -405,7 +491,8 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     unknown = set(p.get("sample_suites", [])) - set(p.get("suites", list(suites)))
     if unknown:
         raise ConfigError(f"{where}: sample_suites {sorted(unknown)} are not in this profile's suites")
-    if p.get("max_new_tokens") is not None and (not isinstance(p["max_new_tokens"], int) or p["max_new_tokens"] < 1):
+    if p.get("max_new_tokens") is not None and (not isinstance(p["max_new_tokens"], int)
+                                                 or isinstance(p["max_new_tokens"], bool) or p["max_new_tokens"] < 1):
         raise ConfigError(f"{where}: max_new_tokens must be a positive integer")
     levels = p.get("concurrency", [])
     if isinstance(levels, int) and not isinstance(levels, bool):
@@ -413,7 +500,7 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     if not isinstance(levels, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in levels) \
             or len(set(levels)) != len(levels):
         raise ConfigError(f"{where}: concurrency must be a list of distinct integers >= 1, e.g. [1, 4, 16]")
-    for key, low in (("looks", 1), ("speed_items", 0)):
+    for key, low in (("looks", 1), ("speed_items", 0), ("exactness_prompts", 0), ("exactness_samples", 1)):
         v = p.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
             raise ConfigError(f"{where}: {key} must be an integer >= {low}, got {v!r}")
@@ -440,7 +527,7 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     gates = _gates(raw.get("gates", {}), f"{path} [gates]")
     _check_seeds(prof, where)
     top_p = raw.get("top_p", 1.0)
-    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         raise ConfigError(f"{path}: top_p must be in (0, 1], got {top_p!r}")
     for c in candidates:
         for s_name in c.suites or ():
@@ -458,6 +545,12 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"{path}: {spec.name!r} names engine {name!r}{hint}, which no [engines.NAME] "
                               f"table defines (defined: {', '.join(sorted(engines)) or 'none'})")
+    aa, own = baseline.options.get("aa_engine"), baseline.options.get("engine")
+    if aa is not None and engines[aa].model and engines[own].model and engines[aa].model != engines[own].model:
+        # The A/A run is the baseline's noise floor: on another model it measures that model's
+        # disagreement, and excuses a candidate's divergences up to it.
+        raise ConfigError(f"{path} [baseline]: aa_engine {aa!r} serves model {engines[aa].model!r}, the baseline's "
+                          f"engine {own!r} serves {engines[own].model!r}: the A/A run must run the baseline's model")
     ref = prof.exactness_reference
     if not isinstance(ref, str) or not (ref == "target" or ref.startswith("engine:")):
         raise ConfigError(f'{where}: exactness_reference must be "target" or "engine:NAME", got {ref!r}')
@@ -475,6 +568,10 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     for label in [*raw.get("labels", {}), *(k for c in candidates for k in c.labels)]:
         if not all(ch.isalnum() or ch in "_-./ " for ch in label):
             raise ConfigError(f"{path}: label name {label!r} may hold only letters, digits and _ - . / space")
+    if not suite_names:  # a run of no prompts gates nothing: refused now, not a FAIL after the models load;
+        # last, so that a value's own error (top_p, a gate) is named first
+        raise ConfigError(f"{where}: suites is empty; name at least one suite (shipped: factual, code, refusal, "
+                          f"longform, humaneval; or a [suites.NAME] table with a path)")
     return RegressConfig(path=str(path), target=raw["target"], device=raw.get("device"), chat=raw.get("chat"),
                          top_p=float(raw.get("top_p", 1.0)), baseline=baseline, candidates=candidates,
                          suites=suites, profile=prof, gates=gates, labels=dict(raw.get("labels", {})),

@@ -228,8 +228,11 @@ def _from_pretrained(source, device, dtype, name, prepare: bool = True, **kw) ->
         tok = AutoTokenizer.from_pretrained(source, **kw)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kw)
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelError(f"cannot load model {name!r}: {first}") from e
+        # One line, but whole: transformers' messages run over lines, and the first alone can stop
+        # mid-sentence ("from one of:").
+        text = " ".join(str(e).split()) or type(e).__name__
+        text = text if len(text) <= 400 else text[:400] + " ..."
+        raise ModelError(f"cannot load model {name!r}: {text}") from e
     model.to(device).eval()
     if prepare:
         layout.prepare(model)  # a CPU, fp32 Llama-style model: weights laid out for decoding
@@ -267,6 +270,9 @@ def load_model(spec: str, device: str | torch.device | None = None, dtype: torch
             raise ModelError(f"GGUF file not found: {path}")
         return _from_pretrained(path.parent, device, dtype, spec, gguf_file=path.name)
     if path.is_dir():
+        if not (path / "config.json").is_file():  # transformers' own error here stops mid-sentence
+            raise ModelError(f"model folder {spec!r} has no config.json: give a folder saved by save_pretrained "
+                             f"(config.json, the weights, the tokenizer files), a .gguf file or an alias")
         return _from_pretrained(path, device, dtype, spec)
     if "/" not in spec or spec.startswith((".", "/", "~")):
         close = difflib.get_close_matches(spec, ALIASES, n=1)

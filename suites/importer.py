@@ -112,17 +112,40 @@ def _parse_chat(raw: str, file: str, line: int) -> dict:
             "metadata": metadata, "dropped": dropped, "line": line}
 
 
+def _json_array(line: str) -> bool:
+    """A line that opens a JSON array: `[` alone (pretty-printed) or an array on one line. A
+    prompt such as `[INST] ...` is no JSON and stays a prompt."""
+    if line.strip() == "[":
+        return True
+    if not line.lstrip().startswith("["):
+        return False
+    try:
+        return isinstance(json.loads(line), list)
+    except json.JSONDecodeError:
+        return False
+
+
 def parse_log(path: Path, fmt: str = "auto") -> tuple[list[dict], str]:
     """Requests of the log (each with its source line), and the format it was read as."""
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")  # -sig: a BOM (Windows tools write one) is not content
-    except (OSError, UnicodeDecodeError) as e:
+        data = path.read_bytes()
+    except OSError as e:
         _fail(f"cannot read the request log: {e}", file)
+    try:
+        text = data.decode("utf-8-sig")  # -sig: a BOM (Windows tools write one) is not content
+    except UnicodeDecodeError as e:  # the line, not a byte offset into a log of millions of bytes
+        line = data[:e.start].count(b"\n") + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        _fail(f"not UTF-8: byte 0x{data[e.start]:02x} at column {column} (re-encode the log as UTF-8, "
+              f"e.g. iconv -f latin1 -t utf-8)", file, line)
     # "\n" only: splitlines() also splits on U+2028, U+2029 and U+0085, which JSON allows raw inside strings.
     lines = [ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n")]
     if fmt == "auto":
         first = next((ln for ln in lines if ln.strip()), "")
+        if _json_array(first):  # read as prompts, the JSON text itself would become the suite's prompts
+            _fail("the log is a JSON array; give one request object per line (JSONL), e.g. jq -c '.[]', or "
+                  "--format prompts to import each line as a prompt", file, lines.index(first) + 1)
         fmt = "chat" if first.lstrip().startswith("{") else "prompts"
     out = []
     for lineno, raw in enumerate(lines, start=1):
@@ -332,8 +355,14 @@ def import_log(path: str | Path, *, out: str | Path | None = None, name: str | N
     for i, row in enumerate(rows[1:]):  # fail on the log's line, not on the suite's
         item_from_row(row, rows[0]["defaults"], file=file, line=kept[i]["line"])
     out = Path(out) if out else Path(f"{name}.jsonl")
+    if out.is_dir():
+        _fail(f"--out {out} is a folder; give the suite file's path, e.g. {out / (name + '.jsonl')}", file)
     if out.exists():
-        old = load_file(out)
+        try:
+            old = load_file(out)
+        except SuiteError as e:  # another file at --out: said as such, and never overwritten
+            raise SuiteError(f"--out {out} exists and is not a suite file ({e}); give another --out, or remove it "
+                             f"first") from None
         from suites.format import make_suite
         new = make_suite(name=name, version=version, description="", source=str(out), smoke_ids=rows[0]["smoke"],
                          items=[item_from_row(r, rows[0]["defaults"]) for r in rows[1:]])

@@ -112,6 +112,20 @@ def test_a_tracking_server_that_is_down_before_the_run_is_one_line(tmp_path, cap
     _one_line_error(capsys, "not reachable")
 
 
+def test_a_sqlite_store_that_cannot_be_one_costs_regress_seconds_not_its_results(tmp_path, capsys):
+    """A tracking URI naming a folder: MLflow retried it for about two minutes and then failed
+    with a database traceback; the run now warns in seconds, keeps its folder and its verdict."""
+    import time
+    cfg = _setup(tmp_path)
+    (tmp_path / "store").mkdir()
+    t0 = time.monotonic()
+    assert main(["regress", "--config", str(cfg), "--run-dir", str(tmp_path / "r"), "--no-progress",
+                 "--tracking-uri", f"sqlite:///{tmp_path / 'store'}"]) == 0
+    assert time.monotonic() - t0 < 60
+    _one_line_error(capsys, "is a folder, not an SQLite file", "decodegate sync")
+    assert (tmp_path / "r" / "summary.json").exists() and not list((tmp_path / "store").iterdir())
+
+
 def test_a_corrupt_run_folder_is_named_not_a_crash(tmp_path, capsys):
     cfg = _setup(tmp_path)
     run_dir = tmp_path / "run"
@@ -134,3 +148,111 @@ def test_a_corrupt_run_folder_is_named_not_a_crash(tmp_path, capsys):
         assert main(["estimate-acceptance", "--target", "tiny-llama", "--draft", "prompt-lookup", "--suite",
                      str(tmp_path / "s.jsonl"), "--baseline-run", str(fake)]) == 2
         _one_line_error(capsys, needle)
+
+
+SMOKE = '[profiles.smoke]\nsubset = "smoke"\nsuites = ["s"]\ntemperatures = [0.0]\nseeds = [0]\n'
+ENGINE = '\n[engines.e]\nbase_url = "http://127.0.0.1:9"\n'
+
+
+@pytest.mark.parametrize("old, new, needle", [
+    # a value of the wrong shape where a table goes (before: AttributeError or TypeError, exit 3)
+    ('target = "tiny-llama"\n', 'target = "tiny-llama"\ngates = 1\n', "gates must be a table"),
+    ('target = "tiny-llama"\n', 'target = "tiny-llama"\nlabels = "team"\n', "labels must be a table"),
+    ('target = "tiny-llama"\n', 'target = "tiny-llama"\nengines = []\n', "engines must be a table"),
+    ("[suites.s]\nmargin = 0.5\n", "[suites]\ns = 1\n[suites.u]\nmargin = 0.5\n", "[suites.s]: must be a table"),
+    (SMOKE, "[profiles]\nsmoke = 3\n", "[profiles.smoke]: must be a table"),
+    (SMOKE, SMOKE + ENGINE + 'env = "A=1"\n', "env must be a table"),
+    # a value of the wrong type inside a list or for a key (before: ValueError from float()/int(), exit 3)
+    ('suites = ["s"]', 'suites = ["s", 5]', "suites must be a list of names"),
+    ("temperatures = [0.0]", 'temperatures = ["hot"]', "temperatures must be numbers"),
+    ("seeds = [0]\n", 'seeds = [0]\nexactness_prompts = "x"\n', "exactness_prompts must be an integer >= 0"),
+    # accepted before, and run (plan-only: exit 0) or met only when the model loads (target = 5: exit 3)
+    ('target = "tiny-llama"', "target = 5", "target must be a model name"),
+    ('target = "tiny-llama"\n', 'target = "tiny-llama"\nchat = "false"\n', "'chat' must be true or false"),
+    ('target = "tiny-llama"\n', 'target = "tiny-llama"\ntop_p = true\n', "top_p must be in (0, 1]"),
+    ('suites = ["s"]', "suites = []", "suites is empty"),
+    ('suites = ["s"]', 'suites = ["s", "s"]', "suites names s more than once"),
+    ("temperatures = [0.0]", "temperatures = [0.0, inf]", "temperature must be finite, got inf"),
+    ("seeds = [0]\n", "seeds = [0]\nexactness_prompts = -3\n", "exactness_prompts must be an integer >= 0"),
+    ("seeds = [0]\n", "seeds = [0]\nexactness_samples = 0\n", "exactness_samples must be an integer >= 1"),
+    ("seeds = [0]\n", "seeds = [0]\nexactness_samples = 2.5\n", "exactness_samples must be an integer >= 1"),
+    ("seeds = [0]\n", "seeds = [0]\nmax_new_tokens = true\n", "max_new_tokens must be a positive integer"),
+    (SMOKE, SMOKE + ENGINE.replace('"http://127.0.0.1:9"', "5"), "'base_url' must be a string"),
+])
+def test_a_config_value_of_the_wrong_shape_or_type_is_named(tmp_path, capsys, old, new, needle):
+    cfg = _setup(tmp_path)
+    text = cfg.read_text()
+    assert old in text
+    cfg.write_text(text.replace(old, new, 1))
+    assert main(["regress", "--config", str(cfg), "--plan-only", "--no-tracking"]) == 2
+    _one_line_error(capsys, needle)
+
+
+def test_a_model_folder_without_a_config_is_named(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    assert main(["generate", "--target", str(tmp_path / "model"), "--prompt", "hi"]) == 2
+    # before: transformers' first line only, "Couldn't instantiate the backend tokenizer from one of:"
+    _one_line_error(capsys, "has no config.json")
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert main(["generate", "--target", str(tmp_path / "model"), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not err.rstrip().endswith(":"), err  # the message is whole, not cut
+
+
+def test_a_config_that_is_a_folder_or_not_utf8_is_named(tmp_path, capsys):
+    args = ["--plan-only", "--no-tracking"]
+    assert main(["regress", "--config", str(tmp_path), *args]) == 2
+    _one_line_error(capsys, "is a folder")  # before: "config file not found" for a folder that exists
+    cfg = _setup(tmp_path)
+    cfg.write_bytes(cfg.read_bytes().replace(b'name = "spec"', b'name = "sp\xe9c"'))  # a latin-1 editor
+    assert main(["regress", "--config", str(cfg), *args]) == 2  # before: UnicodeDecodeError, exit 3
+    _one_line_error(capsys, "not UTF-8 (byte 0xe9 on line")
+
+
+@pytest.mark.parametrize("body", ["{oops", "{}", "[1]"])
+def test_a_run_folder_whose_run_json_is_broken_is_named_and_kept(tmp_path, capsys, body):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(body)
+    assert regress(_setup(tmp_path), run_dir) == 2  # before: JSONDecodeError / KeyError / TypeError, exit 3
+    _one_line_error(capsys, f"{run_dir / 'run.json'} is not a decodegate run record", "use a new --run-dir")
+    assert [p.name for p in run_dir.iterdir()] == ["run.json"] and (run_dir / "run.json").read_text() == body
+
+
+def test_every_subcommand_help_states_its_exit_codes(capsys):
+    from harness.cli import COMMANDS
+    for argv in [[name] for name in COMMANDS if name != "lm-eval"] + [["suites", s] for s in ("list", "show", "import")]:
+        with pytest.raises(SystemExit) as e:
+            main([*argv, "--help"])
+        assert e.value.code == 0
+        out = " ".join(capsys.readouterr().out.split())
+        # before: only the top-level --help said them; `generate --help` and most others did not
+        assert "2 a usage or input error" in out and "3 an internal error" in out, argv
+        assert ("1 a gate failed" in out) == (argv == ["regress"]), argv
+
+
+@pytest.mark.parametrize("setting", ['limit = "x"', "limit = -2", "limit = 1.5", "max_gen_toks = 0"])
+def test_an_lmeval_suite_limit_or_budget_is_checked_before_the_run(tmp_path, capsys, setting):
+    """lm-eval suites run after every other suite: a bad value was met there, not on load."""
+    cfg = _setup(tmp_path)
+    local = Path(__file__).parent / "data" / "lmeval"
+    text = cfg.read_text().replace('suites = ["s"]', 'suites = ["s", "lmeval:decodegate_tiny_gen"]')
+    cfg.write_text(text + f'\n[suites."lmeval:decodegate_tiny_gen"]\ninclude_path = "{local}"\n{setting}\n')
+    assert main(["regress", "--config", str(cfg), "--plan-only", "--no-tracking"]) == 2  # before: exit 0
+    _one_line_error(capsys, f"{setting.split()[0]} must be an integer >= 1")
+
+
+def test_a_misspelt_decoder_option_is_named_with_the_closest_before_models_load(tmp_path, capsys):
+    cfg = _setup(tmp_path, options='{ draft = "prompt-lookup", kk = 3 }')
+    assert main(["regress", "--config", str(cfg), "--plan-only", "--no-tracking"]) == 2  # before: exit 0
+    _one_line_error(capsys, "'spec' (decoder 'speculative'): takes no option(s) kk (did you mean 'k'?)")
+    cfg.write_text(cfg.read_text().replace("[baseline]\n", "[baseline]\noptions = { treshold = 0.9 }\n", 1)
+                   .replace('decoder = "standard"', 'decoder = "early-exit"', 1))
+    assert main(["regress", "--config", str(cfg), "--plan-only", "--no-tracking"]) == 2
+    _one_line_error(capsys, "takes no option(s) treshold (did you mean 'threshold'?)")
+    # A value only the built decoder can judge is still found after the run folder is made, and the
+    # folder still takes the corrected config.
+    run_dir = tmp_path / "run"
+    assert regress(_setup(tmp_path, options='{ draft = "prompt-lookup", k = 0 }'), run_dir) == 2
+    _one_line_error(capsys, "k must be an integer >= 1, got 0")
+    assert regress(_setup(tmp_path), run_dir) == 0

@@ -90,6 +90,20 @@ def test_estimate_temperature_must_be_a_finite_number(tmp_path, capsys, value):
     _err(capsys, "--temperature", "finite number >= 0")
 
 
+def test_estimate_checks_seed_and_k_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import harness.build
+    suite = _suite(tmp_path / "s.jsonl")
+
+    def must_not_load(*a, **k):
+        raise AssertionError("the model loaded before the flags were checked")
+    monkeypatch.setattr(harness.build, "get_model", must_not_load)
+    args = ["estimate-acceptance", "--target", "tiny-llama", "--draft", "prompt-lookup", "--suite", str(suite)]
+    assert main([*args, "--seed", "-1"]) == 2  # before: numpy's ValueError after every forward, exit 3
+    _err(capsys, "--seed must be an integer >= 0, got -1")
+    assert main([*args, "--k", "0"]) == 2  # before: said after the baseline outputs were generated
+    _err(capsys, "--k must be >= 1, got 0")
+
+
 # ------------------------------------------------------------------------------------------- bench
 
 BENCH = ["bench", "--target", "tiny-llama", "--draft", "prompt-lookup", "--thresholds", "", "--no-hf",
@@ -106,6 +120,21 @@ def test_bench_checks_out_before_the_run(tmp_path, capsys, monkeypatch, bad):
     (tmp_path / "folder").mkdir()
     assert main([*BENCH, "--out", str(tmp_path / bad)]) == 2  # before: the bench ran (here: exit 3)
     _err(capsys, f"cannot write {tmp_path / bad}")
+
+
+@pytest.mark.parametrize("flag, value, needle", [("--temperatures", "nan", "temperature must be >= 0, got nan"),
+                                                 ("--temperatures", "0,inf", "temperature must be finite"),
+                                                 ("--temperatures", "-1", "temperature must be >= 0"),
+                                                 ("--max-new-tokens", "0", "--max-new-tokens must be >= 1")])
+def test_bench_checks_temperatures_and_budget_before_the_run(capsys, monkeypatch, flag, value, needle):
+    import harness.commands.bench as bench
+
+    def must_not_run(args):
+        raise AssertionError("the bench ran before its flags were checked")
+    monkeypatch.setattr(bench, "run_bench", must_not_run)
+    args = [a for a in BENCH if a not in ("--temperatures", "0", "--max-new-tokens", "4")]
+    assert main([*args, f"{flag}={value}"]) == 2  # before: the bench loaded the models and warmed up first
+    _err(capsys, needle)
 
 
 def test_bench_prints_the_results_when_out_fails_after_the_run(tmp_path, capsys, monkeypatch):
@@ -176,6 +205,42 @@ def test_import_budget_stop_and_settings_it_cannot_replay(tmp_path, capsys):
     assert len(load_suite(tmp_path / "two.jsonl").items) == 2
 
 
+@pytest.mark.parametrize("body", ['[{"messages": [{"role": "user", "content": "hi"}]}]\n',
+                                  '[\n  {"messages": [{"role": "user", "content": "hi"}]}\n]\n'])
+def test_import_refuses_a_json_array_instead_of_reading_it_as_prompts(tmp_path, capsys, body):
+    log = tmp_path / "log.json"
+    log.write_text(body)
+    out = tmp_path / "out.jsonl"
+    assert main(["suites", "import", str(log), "--out", str(out)]) == 2  # before: the JSON text became prompts
+    _err(capsys, f"{log}:1: the log is a JSON array", "--format prompts")
+    assert not out.exists()
+    prompts = tmp_path / "inst.txt"  # a prompt that opens with a bracket is still a prompt
+    prompts.write_text("[INST] tell me a joke\nsecond prompt\n")
+    assert main(["suites", "import", str(prompts), "--out", str(out)]) == 0
+    assert [it.prompt for it in load_suite(out).items] == ["[INST] tell me a joke", "second prompt"]
+
+
+def test_import_names_the_line_that_is_not_utf8(tmp_path, capsys):
+    log = tmp_path / "latin1.jsonl"
+    good = json.dumps(_req("fine")).encode() + b"\n"
+    log.write_bytes(good * 3 + b'{"messages": [{"role": "user", "content": "caf\xe9"}]}\n')
+    assert main(["suites", "import", str(log), "--out", str(tmp_path / "o.jsonl")]) == 2
+    _err(capsys, f"{log}:4: not UTF-8: byte 0xe9 at column 47")  # before: "in position 196", no line
+
+
+def test_import_out_that_is_a_folder_or_another_file_is_named_and_kept(tmp_path, capsys):
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps(_req("hello")) + "\n")
+    (tmp_path / "folder").mkdir()
+    assert main(["suites", "import", str(log), "--out", str(tmp_path / "folder")]) == 2
+    _err(capsys, "is a folder")  # before: "cannot read suite file: [Errno 21] Is a directory"
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text("my notes, not a suite\n")
+    assert main(["suites", "import", str(log), "--out", str(notes)]) == 2
+    _err(capsys, f"--out {notes} exists and is not a suite file")  # before: "notes.jsonl:1: invalid JSON"
+    assert notes.read_text() == "my notes, not a suite\n"
+
+
 @pytest.mark.parametrize("flag, value", [("--name", "Bad Name"), ("--version", " "), ("--max-new-tokens", "0")])
 def test_import_flags_are_named_not_a_temporary_file(tmp_path, capsys, flag, value):
     log = tmp_path / "log.jsonl"
@@ -199,6 +264,31 @@ def test_sync_names_a_candidate_without_its_verdict(regress_run, tmp_path, capsy
     assert main(["sync", str(run_dir), "--tracking-uri", f"sqlite:///{db}"]) == 2  # before: KeyError, exit 3
     _err(capsys, "candidate 'spec' has no verdict")
     assert not db.exists()  # refused before any upload began (before: a parent run half uploaded)
+
+
+def test_sync_and_history_name_a_sqlite_store_that_cannot_be_one(regress_run, tmp_path, capsys):
+    import time
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "notes.db").write_text("not a database\n")
+    for store in ("folder", "notes.db"):
+        uri = f"sqlite:///{tmp_path / store}"
+        t0 = time.monotonic()
+        assert main(["sync", str(regress_run), "--tracking-uri", uri]) == 2
+        assert main(["history", "--tracking-uri", uri, "--figure", "none"]) == 2
+        # before: MLflow retried for about two minutes, then an OperationalError traceback, exit 3
+        assert time.monotonic() - t0 < 60
+        err = _err(capsys, f"tracking URI {uri}")
+        assert ("is a folder" if store == "folder" else "is not an SQLite database") in err
+    assert (tmp_path / "notes.db").read_text() == "not a database\n"
+
+
+def test_frontier_suites_are_checked_before_the_run_folder(tmp_path, capsys):
+    for suites in ("", " , ", "factual,factual"):
+        run_dir = tmp_path / "frontier"
+        assert main(["exit-frontier", "--target", "tiny-llama", f"--suites={suites}", "--run-dir", str(run_dir),
+                     "--no-tracking", "--no-progress"]) == 2
+        err = _err(capsys, "--suites must name one or more suites, each once")
+        assert "frontier.toml" not in err and not run_dir.exists()
 
 
 @pytest.mark.parametrize("margin", ["nan", "0", "1.5", "-0.1"])

@@ -172,3 +172,22 @@ def test_regress_with_an_aa_run_on_another_quantization_does_not_pass_it(tmp_pat
     [g] = [g for g in cand["gates"] if g["name"].startswith("identity")]
     assert g["status"] == "fail" and g["detail"].startswith("inconclusive: the A/A run base~aa"), g
     assert code == 1
+
+
+def test_an_aa_engine_serving_another_model_is_refused(tmp_path):
+    """`aa_engine` sends the A/A run to another server, to see what changes the engine's numerics;
+    one declared to serve another model measures that model's disagreement, not this engine's
+    noise, and a wide enough one excuses a candidate's divergences. It loaded without a word."""
+    from pathlib import Path
+
+    from harness.config import ConfigError, load_config
+    text = (Path(__file__).parent / "data" / "engine-unstable.toml").read_text()
+    unstable = '[engines.llama-unstable]     # the same model with other threads and micro-batches: other numerics\n'
+    assert unstable in text
+    cfg = tmp_path / "other-model.toml"
+    cfg.write_text(text.replace(unstable, unstable.replace("\n", "\nmodel = \"smollm2-360m\"\n", 1), 1)
+                   .replace('-np", "4", "-b", "8", "-ub", "8", "--metrics", "--spec-type", "none"]\nmodel = "smollm2-135m"\n',
+                            '-np", "4", "-b", "8", "-ub", "8", "--metrics", "--spec-type", "none"]\n', 1))
+    with pytest.raises(ConfigError, match=r"aa_engine.*'llama-unstable'.*'smollm2-360m'.*'llama'.*'smollm2-135m'"):
+        load_config(cfg, "smoke")
+    assert load_config(Path(__file__).parent / "data" / "engine-unstable.toml", "smoke")  # the same model: fine

@@ -273,7 +273,7 @@ def test_shipped_profiles_sample_two_seeds():
 def test_speculative_verifier_default_is_made_explicit(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text("target = 'tiny-llama'\n[[candidates]]\ndecoder = 'speculative'\noptions = {draft = 'prompt-lookup'}\n"
-                   "[profiles.smoke]\n")
+                   "[profiles.smoke]\nsuites = ['factual']\n")
     assert load_config(cfg).candidates[0].options["verify"] == "rejection"
 
 

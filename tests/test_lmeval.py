@@ -346,6 +346,22 @@ def test_cli_bad_input_exits_2(local_tasks_only, capsys):
     assert "unknown model arg 'kk'; did you mean 'k'?" in capsys.readouterr().err
 
 
+def test_cli_task_data_that_cannot_be_fetched_exits_2(local_tasks_only, tmp_path, monkeypatch, capsys):
+    """A task whose dataset is neither cached nor reachable (gsm8k offline, as the README's example
+    runs on a fresh machine): before, datasets' ConnectionError was an internal error, exit 3."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    (tmp_path / "missing.yaml").write_text((LOCAL / "tiny_gen.yaml").read_text().replace(
+        "task: decodegate_tiny_gen", "task: decodegate_missing_data").replace(
+        "custom_dataset: !function _local.load\ndataset_kwargs:\n  data_files:\n    test: tiny_gen.jsonl\n",
+        "dataset_path: decodegate-tests/no-such-dataset\n"))
+    rc = main(["lm-eval", "--model_args", "target=tiny-llama", "--include_path", str(tmp_path),
+               "--tasks", "decodegate_missing_data", "--limit", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2, err[-1500:]
+    # (not "Traceback": lm-eval's log handler, bound to an earlier test's captured stream, prints one)
+    assert "internal error" not in err and "a task's data could not be loaded" in err and "no-such-dataset" in err
+
+
 # ----------------------------------------------------------------------------- bad input
 
 def test_unknown_task_is_a_clear_error(tiny_llama, local_tasks_only):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -428,11 +429,18 @@ def run(args) -> int:
     from harness.verdict.report import check_ci_paths
     check_ci_paths(args.out)  # a folder, a missing parent, no permission: now, not after the measurements
     try:
-        [float(x) for x in args.temperatures.split(",") if x]
+        temps = [float(x) for x in args.temperatures.split(",") if x]
         [float(x) for x in args.thresholds.split(",") if x.strip() and not x.strip().startswith("calibrated:")]
     except ValueError:
         raise DecoderError("--temperatures and --thresholds take comma-separated numbers "
                            "(--thresholds also calibrated:DIR)") from None
+    # Said before the models load and the warm-up runs, not by the first request.
+    from decoders.base import temperature_problem
+    for t in temps:
+        if not math.isfinite(t) or temperature_problem(t):
+            raise DecoderError(f"--temperatures: {temperature_problem(t) or f'temperature must be finite, got {t}'}")
+    if args.max_new_tokens < 1:
+        raise DecoderError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.draft is None:
         if args.target == "smollm2-135m":
             args.draft = DEFAULT_DRAFTS

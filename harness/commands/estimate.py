@@ -364,6 +364,11 @@ def run(args) -> int:
     items = suite.select(args.subset)
     if args.max_new_tokens is not None and args.max_new_tokens < 2:
         raise ConfigError("--max-new-tokens must be >= 2 (the first token is never drafted)")
+    # Said before the model loads and the baseline generates: estimate() meets them only after that.
+    if args.k < 1:
+        raise ConfigError(f"--k must be >= 1, got {args.k}")
+    if args.seed < 0:  # the bootstrap's numpy SeedSequence takes none below 0
+        raise ConfigError(f"--seed must be an integer >= 0, got {args.seed}")
     target = get_model(args.target, args.device)
     t = time.perf_counter()
     outputs = baseline_outputs(target, items, run_dir=args.baseline_run, suite_name=suite.name,

@@ -81,6 +81,19 @@ def figure(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def nothing_shown(found: list[dict], args) -> str:
+    """Why the table is empty: no runs at all, or runs that the filters left out (a misspelt
+    candidate or category must not read as "nothing was logged")."""
+    from harness.run import tracking
+    where = f"experiment {tracking.EXPERIMENT!r} at {tracking.resolve_uri(args.tracking_uri)}"
+    if not found:
+        return f"no regress runs in {where}"
+    asked = [f"--candidate {c}" for c in args.candidate] + [f"--category {c}" for c in args.category]
+    names = lambda key: ", ".join(sorted({r[key] for r in found}))  # noqa: E731
+    return (f"nothing matches {' '.join(asked)} in the last {args.last} regress run(s) of {where}; "
+            f"candidates there: {names('candidate')}; categories: {names('category')}")
+
+
 def run(args) -> int:
     from harness.run import tracking
     from harness.run.tracking_history import history
@@ -88,17 +101,18 @@ def run(args) -> int:
         from harness.config import ConfigError
         raise ConfigError(f"--last must be >= 1, got {args.last}")
     try:
-        rows = history(args.tracking_uri, tracking.EXPERIMENT, args.last, tuple(args.candidate))
+        found = history(args.tracking_uri, tracking.EXPERIMENT, args.last)
     except tracking.TrackingUnavailable as e:
         print(f"decodegate: error: {e}", file=sys.stderr)
         return 2
-    if args.category:
-        rows = [r for r in rows if r["category"] in args.category]
+    rows = [r for r in found if (not args.candidate or r["candidate"] in args.candidate)
+            and (not args.category or r["category"] in args.category)]
     if args.json:
         print(json.dumps(rows, indent=2))
+    elif rows:
+        print(table(rows))
     else:
-        print(table(rows) if rows else f"no regress runs in experiment {tracking.EXPERIMENT!r} at "
-                                       f"{tracking.resolve_uri(args.tracking_uri)}")
+        print(nothing_shown(found, args))
     if rows and args.figure != "none":
         figure(rows, args.figure)
         print(f"decodegate: figure in {args.figure}", file=sys.stderr)

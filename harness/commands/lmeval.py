@@ -9,7 +9,7 @@ given (and no --config). Example (needs the internet for gsm8k's data):
         --tasks gsm8k --limit 50
 
 `decodegate lm-eval --help` shows lm-eval's help. Bad input (an unknown task, model arg or
-model) exits 2 with one line.
+model, task data that is neither cached nor reachable) exits 2 with one line.
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ LMEVAL_SUBCOMMANDS = ("run", "ls", "validate")
 # lm-eval's own input validation lives here; a ValueError/KeyError raised from these is bad input.
 _INPUT_LAYERS = ("/lm_eval/_cli/", "/lm_eval/config/", "/lm_eval/api/registry.py",
                  "/lm_eval/tasks/manager.py")
+# Where a task's data is fetched: a ConnectionError raised there is missing data, not a bug.
+_DATA_LAYERS = ("/datasets/load.py",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,11 +69,20 @@ def run(args) -> int:
             raise
         message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         raise LmEvalError(f"lm-eval: {message}") from e
+    except ConnectionError as e:  # `datasets` could not fetch a task's data (offline, no cached copy)
+        if not _from_layer(e, _DATA_LAYERS):
+            raise
+        raise LmEvalError(f"lm-eval: a task's data could not be loaded ({e}): it must be in the Hugging Face "
+                          f"datasets cache or reachable over the network") from e
     finally:
         sys.argv = saved
     return 0
 
 
 def _from_input_layer(exc: BaseException) -> bool:
+    return _from_layer(exc, _INPUT_LAYERS)
+
+
+def _from_layer(exc: BaseException, layers: tuple[str, ...]) -> bool:
     frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and any(part in frames[-1].filename.replace("\\", "/") for part in _INPUT_LAYERS)
+    return bool(frames) and any(part in frames[-1].filename.replace("\\", "/") for part in layers)

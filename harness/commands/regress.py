@@ -78,7 +78,17 @@ def open_run_dir(args, config, suites) -> tuple[Path, dict]:
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{args.profile}")
     meta_path = run_dir / "run.json"
     if meta_path.exists():
-        meta = json.loads(meta_path.read_text())
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (ValueError, OSError) as e:
+            meta = None
+            why = str(e)
+        else:
+            why = "no fingerprint or run_uid"
+        if not isinstance(meta, dict) or not isinstance(meta.get("fingerprint"), str) \
+                or not isinstance(meta.get("run_uid"), str):
+            # Resuming needs the folder's own record; nothing in the folder is touched.
+            raise ConfigError(f"{meta_path} is not a decodegate run record ({why}); use a new --run-dir")
         if meta["fingerprint"] != fp:
             raise ConfigError(f"{run_dir} was made from another config, profile or suite version; "
                               f"use a new --run-dir")
@@ -89,7 +99,10 @@ def open_run_dir(args, config, suites) -> tuple[Path, dict]:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a part of the path is a file, or not writable
         raise ConfigError(f"cannot create the run folder {run_dir}: {e.strerror or e}") from None
-    meta = {"run_uid": uuid.uuid4().hex, "fingerprint": fp, "config": str(args.config), "profile": args.profile,
+    # The config's absolute path: `sync` run from another folder finds it, and the suite files
+    # beside it, to put the prompts in MLflow's tables and traces (harness.run.review.prompts).
+    meta = {"run_uid": uuid.uuid4().hex, "fingerprint": fp, "config": str(Path(args.config).resolve()),
+            "profile": args.profile,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "code_version": code_version()}
     meta_path.write_text(json.dumps(meta, indent=2))
     (run_dir / "config.toml").write_bytes(Path(args.config).read_bytes())
@@ -272,7 +285,10 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
             figure(summary["sweep"], run_dir / "figures" / "sweep.png")
         except Exception as e:  # noqa: BLE001 - a figure is never worth a run
             print(f"decodegate: warning: sweep figure not drawn ({e})", file=sys.stderr)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    # Strict JSON: a NaN left by a step that had nothing to measure (an A/A comparison over no
+    # pairs) is null, not a `NaN` token that JavaScript readers and MLflow's viewer reject.
+    from harness.verdict.plain import plain
+    (run_dir / "summary.json").write_text(json.dumps(plain(summary), indent=2, allow_nan=False))
     report.per_prompt_csv(records, run_dir / "per_prompt.csv")
     report.figures(summary, records, run_dir)
     text = report.table(summary)

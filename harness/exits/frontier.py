@@ -225,6 +225,8 @@ def run(args) -> int:
         raise ConfigError(f"--margin must be a drop in pass rate in (0, 1], got {args.margin}")
     pts = points(args)
     suites = [s.strip() for s in args.suites.split(",") if s.strip()]
+    if not suites or len(set(suites)) != len(suites):  # the generated config would be refused, naming itself
+        raise ConfigError(f"--suites must name one or more suites, each once, e.g. factual,code; got {args.suites!r}")
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-frontier")
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "frontier.toml"
