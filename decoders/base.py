@@ -41,6 +41,8 @@ def temperature_problem(temperature) -> str | None:
     """Why `temperature` is not a usable temperature, or None."""
     if not temperature >= 0:
         return f"temperature must be >= 0, got {temperature}"
+    if temperature == float("inf"):  # sampling from a uniform distribution tests nothing of the model
+        return f"temperature must be finite, got {temperature}"
     if 0 < temperature < MIN_TEMPERATURE:
         return (f"temperature {temperature:g} is too small to sample with (logits / T overflow): use "
                 f"0 for greedy decoding, or a temperature >= {MIN_TEMPERATURE:g}")

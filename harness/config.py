@@ -6,7 +6,6 @@ so that a typo fails in a second with the key named, not after an hour of genera
 from __future__ import annotations
 
 import difflib
-import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -479,8 +478,6 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     for t in temps:  # the requests' own rule (decoders.base), said here before any model loads
         if temperature_problem(t):
             raise ConfigError(f"{where}: temperatures: {temperature_problem(t)}")
-        if math.isinf(t):  # TOML has inf: uniform sampling, which tests nothing of the target
-            raise ConfigError(f"{where}: temperatures: temperature must be finite, got {t}")
     if len(set(temps)) != len(temps) or len(set(p.get("seeds", [0]))) != len(p.get("seeds", [0])):
         raise ConfigError(f"{where}: temperatures and seeds must not repeat")
     if not p.get("seeds", [0]) or not all(isinstance(x, int) and not isinstance(x, bool) for x in p.get("seeds", [0])):

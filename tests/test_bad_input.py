@@ -256,3 +256,15 @@ def test_a_misspelt_decoder_option_is_named_with_the_closest_before_models_load(
     assert regress(_setup(tmp_path, options='{ draft = "prompt-lookup", k = 0 }'), run_dir) == 2
     _one_line_error(capsys, "k must be an integer >= 1, got 0")
     assert regress(_setup(tmp_path), run_dir) == 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--temperature", "inf"], "temperature must be finite, got inf"),
+    (["--stop", ""], "--stop must not be empty"),
+])
+def test_generate_refuses_an_infinite_temperature_and_an_empty_stop_string(capsys, argv, needle):
+    """T = inf samples uniformly, testing nothing of the model; "" is found in every text. Both
+    generated before (exit 0), unlike the same values in a config or a suite file."""
+    assert main(["generate", "--target", "tiny-llama", "--prompt", "Tell me about cats", "--max-new-tokens", "3",
+                 *argv]) == 2
+    _one_line_error(capsys, needle)

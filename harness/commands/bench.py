@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 
@@ -437,8 +436,8 @@ def run(args) -> int:
     # Said before the models load and the warm-up runs, not by the first request.
     from decoders.base import temperature_problem
     for t in temps:
-        if not math.isfinite(t) or temperature_problem(t):
-            raise DecoderError(f"--temperatures: {temperature_problem(t) or f'temperature must be finite, got {t}'}")
+        if temperature_problem(t):
+            raise DecoderError(f"--temperatures: {temperature_problem(t)}")
     if args.max_new_tokens < 1:
         raise DecoderError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.draft is None:

@@ -94,6 +94,8 @@ def run(args) -> int:
     if not args.prompt.strip():
         raise DecoderError("prompt is empty")
     # Validate the request before loading anything heavy.
+    if any(not s for s in args.stop):  # "" is in every text: suite files refuse it too
+        raise DecoderError("--stop must not be empty")
     probe = GenerationRequest((0,), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p)
     del probe
