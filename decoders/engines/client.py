@@ -72,7 +72,7 @@ def _status(e: Exception) -> int | None:
     return None
 
 
-def _malformed(e: Exception) -> bool:
+def malformed(e: Exception) -> bool:
     """A response that could not be read (bad JSON, fields missing, an error event in a 200
     stream that the openai client raises as a bare APIError): that item's error, named."""
     import json
@@ -251,7 +251,7 @@ class EngineDecoder(Decoder):
             except Exception as e:  # noqa: BLE001 - sorted into transient / refused / malformed below
                 status = _status(e)
                 if status is None and not _transient(e):
-                    if _malformed(e):
+                    if malformed(e):
                         raise EngineRequestError(f"engine {self.server.spec.name!r} sent a malformed or error "
                                                  f"response: {type(e).__name__}: {str(e)[:300]}") from None
                     raise

@@ -38,7 +38,7 @@ import httpx
 import numpy as np
 
 from decoders.base import DecoderError
-from decoders.engines.client import _malformed
+from decoders.engines.client import malformed
 from decoders.engines.telemetry import spec_counters, spec_delta
 from harness.run.records import LOAD, LOAD_LEVELS as LEVELS, RecordWriter, read_records
 from harness.run.runner import WorkItem, make_request, work_items
@@ -139,7 +139,7 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
         except refused as e:
             row.update(error=_error_text(e), n_tokens=0, stats={}, done_s=time.perf_counter() - t0)
         except Exception as e:  # noqa: BLE001 - an answer that could not be read is that request's error
-            if not _malformed(e):
+            if not malformed(e):
                 raise
             # As the closed-loop client counts it (decoders.engines.client._one): bad JSON in one
             # stream had ended the whole load phase, the level being played lost with it.
