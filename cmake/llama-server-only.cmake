@@ -62,3 +62,16 @@ function(_decodegate_slim)
 endfunction()
 
 cmake_language(DEFER DIRECTORY "${CMAKE_SOURCE_DIR}" CALL _decodegate_slim)
+
+# Portable to the machine it runs on: ggml's AMX kernels are left out. With GGML_NATIVE the CPU
+# backend compiles with -march=native, which on an Intel Xeon with AMX defines __AMX_INT8__ and
+# builds ggml-cpu/amx/. In this llama.cpp (b11434) those kernels run `tilezero` on worker threads
+# that never asked the kernel for AMX tile state, and the server dies with SIGILL at its first
+# forward (upstream llama.cpp pull request 26954, "request XFD XTILEDATA permission per thread
+# before AMX instructions", open). Drop these flags once a llama.cpp with that fix is pinned.
+# Explicit -mno-* flags win over -march=native whatever their order (GCC and Clang), so AVX-512,
+# VNNI and the rest of the native ISA stay. tests/test_native_builds.py checks both claims.
+set(DECODEGATE_NO_AMX_FLAGS -mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64|i[3-6]86" AND NOT MSVC)
+  add_compile_options(${DECODEGATE_NO_AMX_FLAGS})
+endif()

@@ -65,6 +65,21 @@ def tiny_model(request):
 
 
 @pytest.fixture(scope="session")
+def llama_server():
+    """The llama-server binary, proven once per test process: started on the embedded model for
+    four tokens (harness.selfcheck). Every test that runs a real llama.cpp asks for this fixture,
+    so a build that cannot run here (SIGILL on a CPU it was not built for, a crash, a hang) fails
+    each of them with this one message instead of a cascade of unrelated asserts. No skip: the
+    engine tests run on every machine CI uses."""
+    from harness.selfcheck import cached_llama_server_proof
+    problem = cached_llama_server_proof()
+    if problem:
+        pytest.fail(f"llama.cpp cannot run on this machine: {problem}", pytrace=False)
+    from harness.run.engines import llama_tool
+    return llama_tool("llama-server")
+
+
+@pytest.fixture(scope="session")
 def smollm2():
     from harness.models import load_model
     return load_model("smollm2-135m")
@@ -92,7 +107,17 @@ LONG_FIRST = (
 )
 
 
+# What makes a test `full` (left out of `make check`): a real engine server, a real-model run of
+# smollm2-135m, or the sandbox's escape catalogue. Tests say so with @pytest.mark.full; these
+# fixtures and the older `slow` mark say it for them.
+FULL_FIXTURES = ("llama_server", "smollm2")
+
+
 def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("slow") or any(f in getattr(item, "fixturenames", ()) for f in FULL_FIXTURES):
+            item.add_marker(pytest.mark.full)
+
     def rank(item):
         name = item.path.name
         return LONG_FIRST.index(name) if name in LONG_FIRST else len(LONG_FIRST)

@@ -15,6 +15,9 @@ from decoders.engines.server import EngineServer, EngineSpec
 from harness.cli import main
 from test_engines import PROMPTS, engine_config, launch_args, write_suite
 
+# Every test here runs a real llama.cpp: proven once by conftest's fixture, or failed with its message.
+pytestmark = pytest.mark.usefixtures("llama_server")
+
 
 def regress(cfg: Path, run_dir: Path, store: Path) -> dict:
     code = main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-tracking", "--no-progress",

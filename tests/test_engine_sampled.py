@@ -38,7 +38,7 @@ from tests.test_engines import launch_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("llama_server")]
 
 
 def _config(tmp_path: Path, reference: str = "target", top_p: float = 0.8, baseline_extra: str = "",

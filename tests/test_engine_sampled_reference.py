@@ -8,7 +8,7 @@ import pytest
 
 from tests.test_engine_sampled import _gate, _run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("llama_server")]
 
 
 def test_the_engines_own_logprobs_as_the_reference(tmp_path):

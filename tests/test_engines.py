@@ -30,14 +30,20 @@ from decoders.engines.server import EngineDown, EngineError, EngineServer, Engin
 from harness.cli import main
 from harness.run.engines import gguf, llama_tool
 
+# Every test here runs a real llama.cpp: proven once by conftest's fixture, or failed with its message.
+pytestmark = pytest.mark.usefixtures("llama_server")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _server_or_fail() -> str:
-    try:
-        return llama_tool("llama-server")
-    except EngineError as e:  # `make test` builds it; a bare pytest run must say what is missing
-        pytest.fail(f"{e}", pytrace=False)
+    """The proven llama-server (the same cached proof as conftest's `llama_server` fixture): a build
+    that cannot run here fails every caller with that one message."""
+    from harness.selfcheck import cached_llama_server_proof
+    problem = cached_llama_server_proof()
+    if problem:
+        pytest.fail(f"llama.cpp cannot run on this machine: {problem}", pytrace=False)
+    return llama_tool("llama-server")
 
 
 def launch_args(*extra: str) -> list[str]:

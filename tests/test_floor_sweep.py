@@ -59,6 +59,7 @@ def test_zero_floor_is_strict_identity():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("llama_server")
 def test_sweep_through_regress_on_llama_cpp(tmp_path):
     from harness.cli import main
     from test_engines import engine_config, launch_args, write_suite

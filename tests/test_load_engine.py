@@ -28,6 +28,9 @@ import pytest
 
 from harness.run.records import read_records
 
+# Every test here runs a real llama.cpp: proven once by conftest's fixture, or failed with its message.
+pytestmark = pytest.mark.usefixtures("llama_server")
+
 
 def _pid_serving(port: str) -> int | None:
     """The pid of the llama-server listening on `port` (from /proc, by its exact command line)."""

@@ -265,7 +265,7 @@ class EngineDecoder(Decoder):
             # error for this item, not an engine that stopped answering.
             raise EngineRequestError(f"engine {self.server.spec.name!r} refused the request {self.retries + 1} "
                                      f"time(s): HTTP {_status(last)}: {_detail(last)}")
-        state = ("its process exited" if not self.server.alive()
+        state = (self.server.exit_state() or "its process exited" if not self.server.alive()
                  else f"{type(last).__name__}: {last}" if last else "no answer")
         log = f"; log {self.server.log_path}:\n{self.server.log_tail()}" if self.server.log_path else ""
         raise EngineDown(f"engine {self.server.spec.name!r} at {self.server.base_url} stopped answering "

@@ -48,6 +48,29 @@ class EngineSpec:
     reuse_baseline: bool = False                # base_url: its rows may come from the baseline store
 
 
+# What a signal that ended an engine usually means, for the one line a user reads.
+_SIGNAL_CAUSE = {
+    "SIGILL": "built for a CPU feature this machine cannot run: rebuild it on this machine",
+    "SIGSEGV": "a crash in the engine's native code",
+    "SIGBUS": "a crash in the engine's native code (a bad memory mapping)",
+    "SIGABRT": "the engine aborted (an assertion or an uncaught exception; see its log)",
+    "SIGKILL": "killed from outside, most often by the kernel's out-of-memory killer (see `dmesg`)",
+}
+
+
+def exit_cause(returncode: int) -> str:
+    """How a process ended, in words: "exited with code 3", or "died from SIGILL (built for a CPU
+    feature this machine cannot run ...)". Popen gives a signal as a negative return code."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        return f"died from signal {-returncode}"
+    cause = _SIGNAL_CAUSE.get(name)
+    return f"died from {name}" + (f" ({cause})" if cause else "")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -152,6 +175,12 @@ class EngineServer:
     def alive(self) -> bool:
         return self.proc is None or self.proc.poll() is None
 
+    def exit_state(self) -> str:
+        """"its process died from SIGSEGV (...)" once a launched engine has ended, else ""."""
+        if self.proc is None or self.proc.poll() is None:
+            return ""
+        return f"its process {exit_cause(self.proc.returncode)}"
+
     def log_tail(self, lines: int = 15) -> str:
         if not self.log_path or not self.log_path.exists():
             return ""
@@ -162,9 +191,8 @@ class EngineServer:
         last, answered = "no answer", False
         while True:
             if self.proc is not None and self.proc.poll() is not None:
-                raise EngineError(f"engine {self.spec.name!r}: launch command exited with code "
-                                  f"{self.proc.returncode} before it became healthy; log "
-                                  f"{self.log_path}:\n{self.log_tail()}")
+                raise EngineError(f"engine {self.spec.name!r}: {self.command[0]} {exit_cause(self.proc.returncode)} "
+                                  f"before it became healthy; log {self.log_path}:\n{self.log_tail()}")
             try:
                 r = self.http.get(self.base_url + "/health", timeout=5.0, headers=self.headers())
                 if r.status_code == 200:

@@ -71,6 +71,13 @@ def fingerprint(config_path: str, profile: str, suites) -> str:
     return h.hexdigest()[:16]
 
 
+def forget_if_nothing_ran(run_dir: Path) -> None:
+    """Remove the run record of a folder where no generation finished (keep everything else)."""
+    if not read_records(run_dir):
+        for name in ("run.json", "config.toml"):
+            (run_dir / name).unlink(missing_ok=True)
+
+
 def open_run_dir(args, config, suites) -> tuple[Path, dict]:
     """Create or resume a run folder; refuse to resume one made from another config or suites."""
     from harness.config import ConfigError
@@ -144,15 +151,14 @@ def run(args) -> int:
     print(f"decodegate: run folder {run_dir}", file=sys.stderr)
     from decoders.engines.server import EngineDown
     from harness.run.engines import started
-    with started(config, run_dir) as servers:
+    # An engine that cannot start (a launch that dies with SIGILL, a wrong model) or a decoder that
+    # cannot be built: nothing ran, so the folder must not hold this config's fingerprint and
+    # refuse the corrected one, nor look like a run (engine logs stay, to be read).
+    with started(config, run_dir, on_failed_start=lambda: forget_if_nothing_ran(run_dir)) as servers:
         try:
             lineup = runner.Lineup(config, servers)
         except ValueError:
-            # A decoder option or model the config names cannot be built: nothing ran, so the folder
-            # must not hold this config's fingerprint and refuse the corrected one (engine logs stay).
-            if not read_records(run_dir):
-                for name in ("run.json", "config.toml"):
-                    (run_dir / name).unlink(missing_ok=True)
+            forget_if_nothing_ran(run_dir)
             raise
         meta = check_fingerprints(run_dir, meta, lineup)
         from harness.run.reuse import Reuse

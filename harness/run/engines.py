@@ -117,9 +117,10 @@ def _add_package_version(server: EngineServer) -> None:
 
 
 @contextlib.contextmanager
-def started(config, run_dir: Path):
+def started(config, run_dir: Path, on_failed_start=None):
     """Start (or health-check) each engine the run uses; always stop the ones started, on an
-    exception, on Ctrl-C and on SIGTERM too. Yields {name: EngineServer}."""
+    exception, on Ctrl-C and on SIGTERM too. Yields {name: EngineServer}. `on_failed_start()` is
+    called when an engine cannot start (before the error goes on): the caller's clean-up."""
     servers: dict[str, EngineServer] = {}
     previous = signal.getsignal(signal.SIGTERM)
 
@@ -134,7 +135,12 @@ def started(config, run_dir: Path):
                 spec = EngineSpec(**{**spec.__dict__, "launch": resolve_launch(list(spec.launch))})
             server = EngineServer(spec, log_dir=run_dir)
             servers[name] = server  # registered first: a launch that fails half-way is stopped too
-            server.start()
+            try:
+                server.start()
+            except EngineError:
+                if on_failed_start is not None:
+                    on_failed_start()
+                raise
             _add_package_version(server)
             print(f"decodegate: engine {name}: {server.info.get('engine', '')} {server.info.get('version', '')} "
                   f"at {server.base_url}" + (f" (log {server.log_path})" if server.log_path else ""), flush=True)

@@ -130,7 +130,7 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
                "cap_wait_s": sent - due, "sent_s": sent - t0}
         try:
             if not decoder.server.alive():
-                raise DecoderError(f"engine {decoder.server.spec.name!r}: its process exited")
+                raise DecoderError(f"engine {decoder.server.spec.name!r}: {decoder.server.exit_state() or 'its process exited'}")
             result = await decoder._stream_once(http, request)
             t = result.timing
             row.update(ttft_s=t.ttft_s, e2e_s=t.wall_s, token_times_s=list(t.token_times_s),
