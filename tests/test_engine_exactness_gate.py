@@ -151,3 +151,40 @@ def test_an_engine_that_rejected_no_draft_has_not_shown_its_corrections():
     r = next(r for r in gates(_cand(accepted_all, _res(0.5)), G) if r.name == "exactness PIT all")
     assert r.status == "fail" and r.detail.startswith("inconclusive") and "rejected none of the 120" in r.detail
     assert _status(gates(_cand(accepted_all, _res(0.5)), Gates(inconclusive="warn")), "exactness PIT all") == "warn"
+
+
+def test_a_deaf_candidate_is_caught_by_the_baseline_control_where_the_reference_cannot_decide():
+    """Measured on a Zen 3 EPYC: 16 identical 40-token pairs from a deaf llama.cpp candidate, but the
+    reference decided so few positions that its chance stayed at 0.073; the baseline engine's own
+    pairs at those seeds differed on 16 of 16. The control decides, in the gate's own words."""
+    from harness.run.engine_exactness import SEED_LEVEL, _against_control
+    deaf = {"pairs": 16, "identical": 16, "chance": 0.073, "ignored": False, "of": "deaf", "control_of": "base",
+            **_against_control(16, 16, {"pairs": 16, "identical": 0})}
+    assert deaf["control_p"] < 1e-8
+    deaf["ignored"] = deaf["control_p"] < SEED_LEVEL
+    cand = _cand(_res(0.4), _res(0.5))
+    cand["exactness"]["candidate_seeds"] = deaf
+    r = next(r for r in gates(cand, G) if r.name == "candidate seed")
+    assert r.status == "fail" and "identical on 0 of 16" in r.detail and "Fisher" in r.detail
+    # A baseline as predictable as the candidate leaves it unchecked (a warning, never a fail).
+    flat = _against_control(16, 16, {"pairs": 16, "identical": 16})
+    assert flat["control_p"] == 1.0
+
+
+def test_the_baseline_control_does_not_cry_wolf_on_an_honest_candidate():
+    """An honest candidate repeats itself across seeds as often as the baseline does: with any rate
+    of identical pairs, the rule (all pairs identical and the control's p below SEED_LEVEL) fires at
+    most at SEED_LEVEL, here over 4,000 simulated runs of 4 to 16 pairs each."""
+    import numpy as np
+    from harness.run.engine_exactness import SEED_LEVEL, _against_control
+    rng = np.random.default_rng(5)
+    fired = runs = 0
+    for rate in (0.05, 0.3, 0.6, 0.9, 0.99):
+        for pairs in (4, 16):
+            mine = rng.binomial(pairs, rate, size=400)
+            ctrl = rng.binomial(pairs, rate, size=400)
+            for m, c in zip(mine, ctrl):
+                runs += 1
+                if m == pairs:
+                    fired += _against_control(pairs, int(m), {"pairs": pairs, "identical": int(c)})["control_p"] < SEED_LEVEL
+    assert runs == 4000 and fired <= 2  # expected at most 4 at SEED_LEVEL 1e-3; the exact test is conservative

@@ -144,10 +144,13 @@ def candidate_seed_gates(seeds: dict) -> list[GateResult]:
                            f"would give that with probability {seeds['chance']:.2g} (outputs too predictable to tell)")]
     if not seeds.get("ignored"):
         return []
+    why = f"which an honoured seed would give with probability {seeds['chance']:.2g}"
+    if seeds.get("control_p") is not None and (seeds["chance"] is None or seeds["control_p"] < seeds["chance"]):
+        why = (f"where the baseline engine {seeds.get('control_of', '')}'s own samples were identical on "
+               f"{seeds['control_identical']} of {seeds['control_pairs']} (Fisher's exact p = {seeds['control_p']:.2g})")
     return [GateResult("candidate seed", "fail", f"the candidate {seeds.get('of', '')} ignores the request's seed: "
-                       f"its samples at different seeds are identical on all {seeds['pairs']} pair(s), which an "
-                       f"honoured seed would give with probability {seeds['chance']:.2g}; it repeats one draw per "
-                       f"prompt whatever the seed, which a token-by-token fit cannot see")]
+                       f"its samples at different seeds are identical on all {seeds['pairs']} pair(s), {why}; it "
+                       f"repeats one draw per prompt whatever the seed, which a token-by-token fit cannot see")]
 
 
 def temperature_gates(cand: dict, ex: dict) -> list[GateResult]:
