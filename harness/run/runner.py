@@ -6,34 +6,26 @@ reads what is there and skips it (resume); the analysis then sees the same rows.
 
 Decoders run interleaved per work item (baseline, cand-1, cand-2, baseline, ...) so that machine
 noise and thermal drift hit all of them alike: latency comparisons stay paired.
+
+`run` reads as its stages: plan the work (harness.run.work), read what the folder holds (Ledger),
+the baseline's store side (harness.run.store_take), then block by block the baseline and each
+candidate generating (with --fail-fast's check on exact candidates), the looks after each stage,
+and the records.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from decoders import GenerationRequest
 from decoders.base import DecoderError
 from harness.build import build_decoder, get_model
 from harness.config import DecoderSpec, RegressConfig
 from harness.run.records import RECORDS, RecordWriter, read_records, record_key  # noqa: F401 - re-exported
-from harness.run.reuse import stored_result
-
-
-
-@dataclass(frozen=True)
-class WorkItem:
-    suite: object
-    item: object
-    temperature: float
-    seed: int
-
-    def key(self, candidate: str) -> tuple:
-        return (candidate, self.suite.name, self.item.id, self.seed, self.temperature)
+from harness.run.store_take import StoreTake
+from harness.run.work import (WorkItem, expand, make_request, make_row, runs_on,  # noqa: F401 - re-exported
+                              staged_work, work_items)
 
 
 def load_suites(config: RegressConfig) -> list:
@@ -49,23 +41,6 @@ def load_suites(config: RegressConfig) -> list:
                               f"but the config calls it {name!r}")
         out.append(suite)
     return out
-
-
-def expand(config: RegressConfig, suite, item) -> list[WorkItem]:
-    """One item's generations: each temperature the profile runs on its suite, each seed."""
-    prof = config.profile
-    out = []
-    for t in (logged(item, "temperature") if prof.as_logged else prof.temperatures):
-        if t > 0 and suite.name not in prof.sample_suites:
-            continue
-        # Greedy does not depend on the seed: one seed is enough.
-        for seed in (prof.seeds[:1] if t == 0 else prof.seeds):
-            out.append(WorkItem(suite, item, t, seed))
-    return out
-
-
-def work_items(config: RegressConfig, suites: list) -> list[WorkItem]:
-    return [w for suite in suites for item in suite.select(config.profile.subset) for w in expand(config, suite, item)]
 
 
 class Lineup:
@@ -108,98 +83,8 @@ class Lineup:
         return max(int(getattr(d, "concurrency", 1)) for d in self.decoders.values())
 
 
-def runs_on(spec: DecoderSpec, suite: str) -> bool:
-    return spec.suites is None or suite in spec.suites
-
-
-# What an item's logged request used (`suites import`) where it logged nothing: the OpenAI API's defaults.
-AS_LOGGED_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
-
-
-def logged(item, key: str) -> tuple[float]:
-    """`temperatures = "as-logged"`: the item's own sampling setting `key`, as a 1-tuple."""
-    return (float((item.sampling or {}).get(key, AS_LOGGED_DEFAULTS[key])),)
-
-
-def make_request(config: RegressConfig, target, work: WorkItem) -> GenerationRequest:
-    item = work.item
-    prompt = item.messages or item.prompt
-    ids = target.encode(prompt, chat=config.chat)
-    budget = item.max_new_tokens
-    if config.profile.max_new_tokens:
-        budget = min(budget, config.profile.max_new_tokens)
-    messages = tuple(prompt) if isinstance(prompt, list) else ({"role": "user", "content": prompt},)
-    return GenerationRequest(tuple(ids), max_new_tokens=budget, temperature=work.temperature,
-                             top_p=(logged(item, "top_p")[0] if config.profile.as_logged else config.top_p)
-                             if work.temperature > 0 else 1.0,
-                             stop_token_ids=target.stop_token_ids(), stop_strings=tuple(item.stop),
-                             seed=work.seed, messages=messages)
-
-
-def make_row(spec: DecoderSpec, work: WorkItem, result, block: int | None = None) -> dict:
-    """One record: the generation (or the error that stopped it) and its grade."""
-    from suites.graders import grade
-    row = {"candidate": spec.name, "decoder": spec.decoder, "kind": spec.kind,
-           "suite": work.suite.name, "suite_version": work.suite.version, "suite_hash": work.suite.hash,
-           "item_id": work.item.id, "categories": list(work.item.categories),
-           "seed": work.seed, "temperature": work.temperature}
-    if block is not None:  # which requests were in flight together, and when this one ended
-        row.update(block=block, finished_at=time.time())
-    if isinstance(result, DecoderError):
-        # One bad item (e.g. a prompt longer than this model's context) is recorded, not fatal.
-        return {**row, "error": str(result), "tokens": [], "text": "", "score": 0.0, "passed": False,
-                "margins": [], "stats": {}, "timing": {}}
-    g = grade(work.item, result.text)
-    row.update(tokens=list(result.tokens), text=result.text, finish_reason=result.finish_reason,
-               score=g.score, passed=g.passed, grade_detail=g.detail,
-               margins=list(result.margins), stats=result.stats, timing=result.timing.as_dict())
-    if g.error:  # the grading machinery failed: this fail is no evidence (the quality gate says so)
-        row["grade_error"] = g.error
-    if result.stats.get("compare_on") == "text":
-        row["compare_on"] = "text"  # the engine gave text only: tokens are our re-tokenization
-    return row
-
-
-def run_one(spec: DecoderSpec, decoder, target, config: RegressConfig, work: WorkItem) -> dict:
-    try:
-        result = decoder.generate(make_request(config, target, work))
-    except DecoderError as e:
-        result = e
-    return make_row(spec, work, result)
-
-
 STOPS = "stops.jsonl"
-
-
-def staged_work(config: RegressConfig, suites: list, looks=None) -> list[list[WorkItem]]:
-    """The work in stages: one stage (config order) for the fixed design; with a look plan
-    (`looks.count` > 1), the items of each suite's k-th look in the plan's order, suites
-    interleaved so that every stage spans all of them."""
-    if looks is None or looks.count <= 1:
-        return [work_items(config, suites)]
-    from analysis.sequential import fractions, look_sizes
-    fracs = fractions(looks.count)
-    per_suite = []
-    for suite in suites:
-        order = looks.order(suite)
-        n, k = len(order), looks.count
-        # A suite smaller than the looks goes whole into the first stage (judged by the fixed design).
-        cuts = (0, *look_sizes(fracs, n)) if n >= k else (0, *([n] * k))
-        per_suite.append([[w for it in order[lo:hi] for w in expand(config, suite, it)]
-                          for lo, hi in zip(cuts, cuts[1:])])
-    stages = []
-    for k in range(looks.count):
-        lists = [p[k] for p in per_suite]
-        stages.append([w for group in _round_robin(lists) for w in group])
-    return stages
-
-
-def _round_robin(lists: list[list]) -> list[list]:
-    out, i = [], 0
-    while any(i < len(x) for x in lists):
-        out.append([x[i] for x in lists if i < len(x)])
-        i += 1
-    return out
+ENGINE_BATCHES = "engine_batches.jsonl"
 
 
 class Stops:
@@ -250,6 +135,43 @@ def _checks_identity(spec: DecoderSpec, row: dict) -> bool:
     return row["temperature"] == 0 or sampled_identity_applies(spec.decoder, spec.options)
 
 
+
+class Ledger:
+    """The run folder as this run reads and extends it: the generations already there (a
+    resumed run skips them), the baseline's rows by pair (--fail-fast compares with them), the
+    stops, and the writers. Every row goes through `write`."""
+
+    def __init__(self, run_dir: Path, lineup: Lineup):
+        self.rows = read_records(run_dir)
+        self.base_names = lineup.baseline_names
+        self.cands = [s for s in lineup.specs if s.name not in self.base_names]
+        self.done = {record_key(r) for r in self.rows}
+        self.base_rows = {record_key(r)[1:]: r for r in self.rows if r["candidate"] in self.base_names}
+        self.stops = Stops(run_dir)
+        self.writer = RecordWriter(run_dir)
+        self.batches = RecordWriter(run_dir, ENGINE_BATCHES)
+
+    def wanted(self, spec: DecoderSpec, w: WorkItem) -> bool:
+        if w.key(spec.name) in self.done or not runs_on(spec, w.suite.name):
+            return False
+        if spec.name in self.base_names:  # the baseline, wherever a candidate ran or will run
+            return any(runs_on(c, w.suite.name) and (w.key(c.name) in self.done
+                                                     or not self.stops.stopped(c.name, w.suite.name))
+                       for c in self.cands) or not self.cands
+        return not self.stops.stopped(spec.name, w.suite.name)
+
+    def write(self, spec: DecoderSpec, w: WorkItem, row: dict) -> None:
+        self.writer.write(row)
+        self.done.add(w.key(spec.name))
+        if spec.name in self.base_names:
+            self.base_rows[record_key(row)[1:]] = row
+
+    def close(self) -> None:
+        self.writer.close()
+        self.batches.close()
+        self.stops.close()
+
+
 def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, progress: bool = True,
         reuse=None, fail_fast: bool = False, looks=None) -> list[dict]:
     """Generate everything not yet in the run folder; return all rows.
@@ -260,203 +182,107 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
     still hits all decoders alike. Every record is written as it finishes.
 
     `reuse` (harness.run.reuse.Reuse): baseline rows found in the store are taken, not generated,
-    except the speed sample (harness.run.speed_sample: `profile.speed_items` items of the first
-    stage, stratified over suites and categories, seeded by the run), which is generated afresh
-    beside the candidates, so that speed is compared on one clock, and checked against the store.
-    The sample runs first, and no stored row is taken before all of it is checked: a sample row
-    that differs from its stored row turns reuse off for the run (`reuse.valid`). Within a stage
-    the items are ordered so that the baseline's store misses fill whole blocks: an engine
-    baseline then runs at the concurrency its candidates run at.
+    except the speed sample, generated afresh beside the candidates and checked against the store
+    (harness.run.store_take). Within a stage the items are ordered so that the baseline's store
+    misses fill whole blocks: an engine baseline then runs at the concurrency its candidates run at.
 
     `looks` (the regress command passes harness.verdict.looks.LookPlan): the stages, and after
     each the question "stop now?" (`looks.decisions(records, stops)`: stop rows of candidates whose
     quality is decided on a suite). None: the fixed design, one stage. With `fail_fast` an exact
     candidate stops at its first real divergence.
     """
-    from tqdm import tqdm
-    from harness.run import speed_sample
-    rows = read_records(run_dir)
-    done = {record_key(r) for r in rows}
-    base_names = lineup.baseline_names
-    base_rows = {record_key(r)[1:]: r for r in rows if r["candidate"] in base_names}
-    stops = Stops(run_dir)
-    stages = staged_work(config, suites, looks)
-    cands = [s for s in lineup.specs if s.name not in base_names]
-
-    def wanted(spec, w) -> bool:
-        if w.key(spec.name) in done or not runs_on(spec, w.suite.name):
-            return False
-        if spec.name in base_names:  # the baseline, wherever a candidate ran or will run
-            return any(runs_on(c, w.suite.name) and (w.key(c.name) in done or not stops.stopped(c.name, w.suite.name))
-                       for c in cands) or not cands
-        return not stops.stopped(spec.name, w.suite.name)
-
-    sample: set = set()
-    found: dict = {}  # (baseline, work key) -> (store key, key parts, stored row or None)
-
-    def stored(spec, w):
-        if (spec.name, w.key(spec.name)) not in found:
-            key, parts = reuse.key(spec, make_request(config, lineup.targets[spec.name], w))
-            found[spec.name, w.key(spec.name)] = (key, parts, reuse.lookup(spec, key))
-        return found[spec.name, w.key(spec.name)]
-
-    if reuse is not None:
-        # Drawn from the first stage: every run reaches it, whatever its looks decide later.
-        population = [w for w in stages[0] if not cands or any(runs_on(c, w.suite.name) for c in cands)]
-        sample = speed_sample.choose(population, config.profile.speed_items, reuse.seed)
-        # Before a resumed run's re-check, so that it re-checks this row too.
-        sample |= _one_stored_row_rechecked(sample, population, lineup, stored)
-        _recheck_resumed(run_dir, rows, reuse, lineup, stages[0], sample, found)
-
-    def ordered(pending: list) -> list:
-        """The sample first; then items by which baselines would take a stored row (none first),
-        so that the items each baseline generates sit together in whole blocks."""
-        if reuse is None:
-            return pending
-
-        def order(entry):
-            w, specs = entry
-            if speed_sample.key(w) in sample:
-                return (0, 0, ())
-            takes = tuple(stored(s, w)[2] is not None for s in specs if s.name in base_names)
-            return (1, sum(takes), takes)
-        return sorted(pending, key=order)  # stable: work order within each group
-
-    def take_stored(spec, items, requests):
-        """Write the stored rows of a baseline block (once the whole sample is checked and agreed);
-        return the items still to generate, their requests, and (key, parts, stored row or None)."""
-        fresh = []
-        for w, req in zip(items, requests):
-            key, parts, hit = stored(spec, w)
-            if hit is None or unchecked or not reuse.valid or speed_sample.key(w) in sample:
-                fresh.append((w, req, (key, parts, hit)))
-                continue
-            source = hit.get("source", {})
-            row = {**make_row(spec, w, stored_result(hit)), **lineup.fingerprints[spec.name],
-                   "reused": {"store": reuse.store.label, "key": key, **source, "stored": hit.get("stored")}}
-            writer.write(row)
-            done.add(w.key(spec.name))
-            base_rows[record_key(row)[1:]] = row
-            reuse.reused += 1
-            reuse.put(spec, key, parts, row, reused_from=source)
-            bar.update(1)
-        return [f[0] for f in fresh], [f[1] for f in fresh], [f[2] for f in fresh]
-
-    writer = RecordWriter(run_dir)
-    batches = RecordWriter(run_dir, ENGINE_BATCHES)
+    stages = staged_work(config, suites, looks)                                  # plan
+    ledger = Ledger(run_dir, lineup)                                             # what the folder holds
     try:
-        total = sum(runs_on(s, w.suite.name) for st in stages for w in st for s in lineup.specs)
-        bar = tqdm(total=total, initial=sum(1 for st in stages for w in st for s in lineup.specs
-                                           if w.key(s.name) in done),
-                   desc="generating", unit="gen", disable=not progress, dynamic_ncols=True)
-        size = lineup.block_size()
+        take = StoreTake(config, run_dir, lineup, reuse, stages[0], ledger.rows)  # the baseline's store side
+        bar = progress_bar(stages, lineup, ledger, progress)
         block_no = 0
         for stage in stages:
-            pending = [(w, [s for s in lineup.specs if wanted(s, w)]) for w in stage]
-            skipped = sum(runs_on(s, w.suite.name) and w.key(s.name) not in done for w in stage
-                          for s in lineup.specs) - sum(len(specs) for _, specs in pending)
-            bar.total -= skipped  # stopped candidates: their remaining items will not run
-            pending = ordered([(w, specs) for w, specs in pending if specs])
-            # Sample rows still to generate: until they are all checked, nothing is taken from the store.
-            unchecked = {w.key(s.name) for w, specs in pending for s in specs
-                         if s.name in base_names and speed_sample.key(w) in sample}
-            for start in range(0, len(pending), size):
-                block = pending[start:start + size]
-                for spec in lineup.specs:
-                    items = [w for w, specs in block if spec in specs and wanted(spec, w)]
-                    if not items:
-                        continue
-                    decoder, target = lineup.decoders[spec.name], lineup.targets[spec.name]
-                    requests = [make_request(config, target, w) for w in items]
-                    keys = [None] * len(items)
-                    if spec.name in base_names and reuse is not None:
-                        items, requests, keys = take_stored(spec, items, requests)
-                        if not items:
-                            continue
-                    w0 = items[0]
-                    bar.set_postfix_str(f"{spec.name} · {w0.suite.name}/{w0.item.id} · T={w0.temperature:g}"
-                                        + (f" (+{len(items) - 1})" if len(items) > 1 else ""), refresh=False)
-                    for i, result in decoder.generate_many(requests):
-                        w = items[i]
-                        row = {**make_row(spec, w, result, block=block_no), **lineup.fingerprints[spec.name]}
-                        if spec.name in base_names and speed_sample.key(w) in sample:
-                            row["speed_sample"] = True
-                        writer.write(row)
-                        done.add(w.key(spec.name))
-                        bar.update(1)
-                        if spec.name in base_names:
-                            base_rows[record_key(row)[1:]] = row
-                            if reuse is not None and keys[i] is not None:
-                                key, parts, hit = keys[i]
-                                if speed_sample.key(w) in sample:
-                                    reuse.compare(spec, hit, row, _label(w))
-                                unchecked.discard(w.key(spec.name))
-                                reuse.put(spec, key, parts, row)
-                        elif fail_fast and _checks_identity(spec, row) and not stops.stopped(spec.name, "*"):
-                            base = base_rows.get(record_key(row)[1:])
-                            why = base is not None and _real_divergence(config, target, base, row)
-                            if why:
-                                stops.add(candidate=spec.name, suite="*", reason="fail-fast", detail=why)
-                                print(f"decodegate: {spec.name}: stopped (--fail-fast): {why}", file=sys.stderr)
-                    batch = getattr(decoder, "last_batch", None)
-                    if batch and batch.get("proposed"):
-                        batches.write({"candidate": spec.name, **batch})
+            pending = take.order(pending_work(stage, lineup, ledger, bar))
+            for block in blocks(pending, lineup.block_size()):
+                for spec in lineup.specs:                                        # baseline, then candidates
+                    run_decoder(config, lineup, spec, block, block_no, ledger, take, bar, fail_fast)
                 block_no += 1
-            for st in (looks.decisions(read_records(run_dir), stops) if looks is not None else ()):
-                stops.add(**st)
-                print(f"decodegate: {st['candidate']}: {st['detail']}", file=sys.stderr)
+            look(looks, run_dir, ledger.stops)                                   # stop now?
         bar.close()
     finally:
-        writer.close()
-        batches.close()
-        stops.close()
-    return read_records(run_dir)
+        ledger.close()
+    return read_records(run_dir)                                                 # the records
 
 
-def _label(w: WorkItem) -> str:
-    return f"{w.suite.name}/{w.item.id} seed={w.seed} T={w.temperature:g}"
+def progress_bar(stages: list, lineup: Lineup, ledger: Ledger, progress: bool):
+    from tqdm import tqdm
+    total = sum(runs_on(s, w.suite.name) for st in stages for w in st for s in lineup.specs)
+    return tqdm(total=total, initial=sum(1 for st in stages for w in st for s in lineup.specs
+                                         if w.key(s.name) in ledger.done),
+                desc="generating", unit="gen", disable=not progress, dynamic_ncols=True)
 
 
-def _one_stored_row_rechecked(sample: set, population: list, lineup: Lineup, stored) -> set:
-    """The store's re-check compares sample rows with their stored rows. A sample without one
-    stored row (`speed_items = 0`, or every sampled item a store miss) re-checked nothing, and
-    every other stored row was taken unchecked: add the first item that has one (a set of one
-    key), so that no stored row is taken before at least one is reproduced."""
-    from harness.run import speed_sample
-    bases = [s for s in lineup.specs if s.name in lineup.baseline_names]
-    hit = lambda w: any(stored(s, w)[2] is not None for s in bases)  # noqa: E731
-    if any(hit(w) for w in population if speed_sample.key(w) in sample):
-        return set()
-    first = next((w for w in population if hit(w)), None)
-    return set() if first is None else {speed_sample.key(first)}
+def pending_work(stage: list, lineup: Lineup, ledger: Ledger, bar) -> list:
+    """The stage's work items, each with the decoders that still have to run it."""
+    pending = [(w, [s for s in lineup.specs if ledger.wanted(s, w)]) for w in stage]
+    skipped = sum(runs_on(s, w.suite.name) and w.key(s.name) not in ledger.done for w in stage
+                  for s in lineup.specs) - sum(len(specs) for _, specs in pending)
+    bar.total -= skipped  # stopped candidates: their remaining items will not run
+    return [(w, specs) for w, specs in pending if specs]
 
 
-def _recheck_resumed(run_dir: Path, rows: list[dict], reuse, lineup: Lineup, stage: list, sample: set,
-                     found: dict) -> None:
-    """A resumed run: the sample rows it already generated are checked against the store again
-    (the check lives in memory). Should they now differ while rows were already taken from the
-    store, those rows cannot be trusted, and the run stops naming the items."""
-    from harness.run.speed_sample import key as work_key
-    from harness.run.store import StoreError
-    by_key = {record_key(r): r for r in rows}
-    for w in stage:
-        if work_key(w) not in sample:
-            continue
-        for spec in (s for s in lineup.specs if s.name in lineup.baseline_names):
-            row = by_key.get(w.key(spec.name))
-            if row is None or row.get("reused"):
-                continue
-            target = lineup.targets[spec.name]
-            key, parts = reuse.key(spec, make_request(lineup.config, target, w))
-            hit = reuse.lookup(spec, key)
-            found[spec.name, w.key(spec.name)] = (key, parts, hit)
-            reuse.compare(spec, hit, row, _label(w))
-    if not reuse.valid and any(r.get("reused") for r in rows):
-        raise StoreError(f"{run_dir}: rows of this run were taken from the baseline store, but {reuse.refusal()}; "
-                         f"the rows already taken cannot be trusted: rerun with a new --run-dir")
+def blocks(pending: list, size: int) -> list:
+    return [pending[start:start + size] for start in range(0, len(pending), size)]
 
 
-ENGINE_BATCHES = "engine_batches.jsonl"
+def run_decoder(config: RegressConfig, lineup: Lineup, spec: DecoderSpec, block: list, block_no: int,
+                ledger: Ledger, take: StoreTake, bar, fail_fast: bool) -> None:
+    """One decoder's requests of a block, all in flight at once (an engine) or one by one: a
+    baseline first takes what the store supplies; each row is written as it finishes."""
+    items = [w for w, specs in block if spec in specs and ledger.wanted(spec, w)]
+    if not items:
+        return
+    decoder, target = lineup.decoders[spec.name], lineup.targets[spec.name]
+    requests = [make_request(config, target, w) for w in items]
+    found = [None] * len(items)
+    if take.takes_from(spec):
+        items, requests, found, taken = take.take(spec, items, requests)
+        for w, row in taken:
+            ledger.write(spec, w, row)
+            bar.update(1)
+        if not items:
+            return
+    w0 = items[0]
+    bar.set_postfix_str(f"{spec.name} · {w0.suite.name}/{w0.item.id} · T={w0.temperature:g}"
+                        + (f" (+{len(items) - 1})" if len(items) > 1 else ""), refresh=False)
+    for i, result in decoder.generate_many(requests):
+        w = items[i]
+        row = {**make_row(spec, w, result, block=block_no), **lineup.fingerprints[spec.name]}
+        if spec.name in ledger.base_names and take.in_sample(w):
+            row["speed_sample"] = True
+        ledger.write(spec, w, row)
+        bar.update(1)
+        if spec.name in ledger.base_names:
+            take.generated(spec, w, row, found[i])
+        elif fail_fast:
+            check_divergence(config, target, spec, row, ledger)
+    batch = getattr(decoder, "last_batch", None)
+    if batch and batch.get("proposed"):
+        ledger.batches.write({"candidate": spec.name, **batch})
+
+
+def check_divergence(config: RegressConfig, target, spec: DecoderSpec, row: dict, ledger: Ledger) -> None:
+    """--fail-fast: stop an exact candidate at its first real divergence from the baseline."""
+    if not _checks_identity(spec, row) or ledger.stops.stopped(spec.name, "*"):
+        return
+    base = ledger.base_rows.get(record_key(row)[1:])
+    why = base is not None and _real_divergence(config, target, base, row)
+    if why:
+        ledger.stops.add(candidate=spec.name, suite="*", reason="fail-fast", detail=why)
+        print(f"decodegate: {spec.name}: stopped (--fail-fast): {why}", file=sys.stderr)
+
+
+def look(looks, run_dir: Path, stops: Stops) -> None:
+    """After a stage of a sequential design: stop the candidates whose quality is decided."""
+    for st in (looks.decisions(read_records(run_dir), stops) if looks is not None else ()):
+        stops.add(**st)
+        print(f"decodegate: {st['candidate']}: {st['detail']}", file=sys.stderr)
 
 
 class LmEvalSuite:
