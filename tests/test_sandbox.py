@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from suites.sandbox import SandboxLimits, free_names, isolation_available, run_code
+from tests.sandbox_modes import REFUSE_UNSHARE
 
 FAST = SandboxLimits(timeout_s=5.0)
 
@@ -238,18 +239,8 @@ def test_timeout_kills_the_whole_process_group():
         pytest.fail(f"grandchild {grandchild} still alive after the timeout")
 
 
-NO_NAMESPACES = """
-import ctypes, json, os, sys
-# A kernel that refuses namespaces (an unprivileged container): unshare fails with EPERM.
-libc = ctypes.CDLL(None, use_errno=True)
-nr = {"x86_64": 272, "aarch64": 97}[os.uname().machine]
-prog = [(0x20, 0, 0, 0), (0x15, 0, 1, nr), (0x06, 0, 0, 0x00050001), (0x06, 0, 0, 0x7FFF0000)]
-class F(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-class P(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(F))]
-filters = (F * len(prog))(*[F(*i) for i in prog])
-assert libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(22, 2, ctypes.byref(P(len(prog), filters)), 0, 0) == 0
+NO_NAMESPACES = REFUSE_UNSHARE + """
+import json, sys
 from suites.sandbox import run_code
 secret = sys.argv[1]
 read = run_code(f"def leak():\\n    return open({secret!r}).read()\\n", "assert leak() == 'x'\\n")

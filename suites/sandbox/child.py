@@ -187,6 +187,11 @@ def build_root(view, sources, mountpoint, tmp_mb, isolation):
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the host
     root = mountpoint
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    # The private /tmp first: a view folder under /tmp (an interpreter there) is then bound
+    # read-only on top of it, rather than hidden by it (or in the way of its mount point).
+    os.makedirs(root + "/tmp")
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={tmp_mb}m,nr_inodes={max(1024, tmp_mb * 256)},mode=1777")
     for kind, path, extra in view:
         dest = root + path
         if kind == "symlink":
@@ -215,9 +220,6 @@ def build_root(view, sources, mountpoint, tmp_mb, isolation):
     except OSError as exc:  # e.g. a container whose /proc has masked parts
         isolation.append(f"no-proc ({_why(exc)})")
         proc = False
-    os.makedirs(root + "/tmp")
-    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-           f"size={tmp_mb}m,nr_inodes={max(1024, tmp_mb * 256)},mode=1777")
     os.mkdir(root + "/.old")
     _check(libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], os.fsencode(root),
                         os.fsencode(root + "/.old")), "pivot_root")
@@ -446,10 +448,20 @@ def confine(config, role, isolation):
         os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)
         libc.sethostname(b"sandbox", 7)
     else:  # the host's folder is shared: each process writes (and, under Landlock, reads) its own
+        # No view, so no mask: Landlock alone decides what is readable, and it reads only the
+        # narrow set (the standard library, lib-dynload, the system's libraries), never a
+        # package folder or data. Where that set is not tight, or Landlock is missing, refuse.
+        readable, loose = config["narrow"]
+        if loose:
+            raise OSError(1, f"refusing to grade: no filesystem view ({isolation[0]}) and the "
+                             f"Landlock read set is not tight: {loose}")
         tmpdir = os.path.join(tmpdir, role)
         os.mkdir(tmpdir, 0o700)
         os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)
     landlock(readable, [tmpdir], devices, isolation)
+    if sources is None and not isolation[-1].startswith("landlock ("):
+        raise OSError(1, f"refusing to grade: no filesystem view ({isolation[0]}) and no Landlock "
+                         f"({isolation[-1]}): the code could read every file of this user")
     drop_privileges(isolation)
     os.chdir(tmpdir)
     set_rlimits(config["limits"], own_uid, isolation)

