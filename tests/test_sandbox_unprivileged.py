@@ -94,9 +94,6 @@ os.execv(sys.argv[2], sys.argv[2:])
 EXPECTED_SKIPS = {
     "userns": {"test_sandbox.py::test_timeout_kills_the_whole_process_group"},  # root only
     "no-userns": {
-        # Threads: with neither a user namespace of its own (RLIMIT_NPROC would count the whole
-        # uid) nor a cgroup, only the address-space cap bounds them (through their stacks).
-        "test_sandbox_attacks.py::test_threads_are_capped",
         # The disk: without a mount namespace there is no capped tmpfs. The code writes into
         # its own folder of the host's /tmp, bounded per file (RLIMIT_FSIZE) and by the wall
         # clock only: a hole of this kind of machine, named in suites/sandbox/README.md.

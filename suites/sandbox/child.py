@@ -431,9 +431,27 @@ def _send(fd, nonce, **message):
     os.write(fd, (json.dumps(dict(message, nonce=nonce)) + "\n").encode())
 
 
+def in_pids_cgroup(name):
+    """Whether this process is in the run's own cgroup with a pids controller (`name`, made by
+    the host before we started; None where it has none). Asked before the cgroup namespace
+    hides the path."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if name and path.rstrip("/").endswith("/" + name) and (controllers == "" or "pids" in controllers.split(",")):
+            return True
+    return False
+
+
 def confine(config, role, isolation):
-    """Apply layers 1-6; returns the writable folder the code works in."""
+    """Apply layers 1-6; returns (the writable folder the code works in, whether its threads
+    are counted: by RLIMIT_NPROC in a uid of its own, or by the run's pids cgroup)."""
     view, tmpdir = config["view"], config["tmpdir"]
+    counted = in_pids_cgroup(config.get("pids_cgroup"))
     readable = [path for kind, path, _ in view if kind in ("dir", "file")]
     devices = [path for kind, path, _ in view if kind == "dev"]
     paths = [path for kind, path, _ in view if kind in ("dir", "file", "dev")]
@@ -465,7 +483,7 @@ def confine(config, role, isolation):
     drop_privileges(isolation)
     os.chdir(tmpdir)
     set_rlimits(config["limits"], own_uid, isolation)
-    return tmpdir
+    return tmpdir, counted or own_uid
 
 
 def _keep_only(fds):
@@ -483,13 +501,16 @@ def play(role, config, secret, channel, isolation):
     import sandbox_wire
     status_fd, nonce, tmpdir = config["fds"][role], config["nonce"], config["tmpdir"]
     if config["isolate"]:
-        tmpdir = confine(config, role, isolation)
+        tmpdir, counted = confine(config, role, isolation)
     else:
         os.chdir(tmpdir)
         set_rlimits(config["limits"], False, isolation)
     if config["isolate"]:
+        # Threads only where something counts them: otherwise (no uid of its own, no pids
+        # cgroup) nothing but the uid's whole RLIMIT_NPROC would, and seccomp refuses clone.
         view = any(layer.startswith("minimal-root") for layer in isolation)
-        isolation.append(sandbox_filter.install(libc, os.getpid(), config["seccomp_missing"], view))
+        isolation.append(sandbox_filter.install(libc, os.getpid(), config["seccomp_missing"], view,
+                                                threads=counted))
     if role == "candidate":
         violations = []
         if config["audit_hook"]:

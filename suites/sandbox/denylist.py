@@ -106,8 +106,9 @@ DENIED = ("fork", "vfork", "execve", "execveat", "socket", "socketpair", "tkill"
 OWN_PID_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "prlimit64")
 
 
-def program(pid: int, arch: str | None = None):
-    """The BPF program as (code, jt, jf, k) tuples, or None on an architecture not listed."""
+def program(pid: int, arch: str | None = None, threads: bool = True):
+    """The BPF program as (code, jt, jf, k) tuples, or None on an architecture not listed.
+    `threads`: clone is allowed for threads (else refused: nothing would count them)."""
     arch = arch or os.uname().machine
     if arch not in SYSCALLS:
         return None
@@ -124,7 +125,7 @@ def program(pid: int, arch: str | None = None):
     prog.append(("jeq", nr["prlimit64"], "prlimit", None))
     prog += [("jeq", nr[n], "self", None) for n in OWN_PID_ONLY if n != "prlimit64"]
     prog += [("ret", SECCOMP_RET_ALLOW),
-             ("label", "clone"), ("ld", ARG0), ("jset", CLONE_THREAD, "allow", "eperm"),
+             ("label", "clone"), ("ld", ARG0), ("jset", CLONE_THREAD if threads else 0, "allow", "eperm"),
              ("label", "fcntl"), ("ld", ARG1)]
     prog += [("jeq", cmd, "eperm", None) for cmd in FCNTL_DENIED]
     prog += [("ret", SECCOMP_RET_ALLOW),
@@ -163,10 +164,10 @@ def _assemble(prog, codes):
     return out
 
 
-def install(libc, pid: int, why: str) -> str:
+def install(libc, pid: int, why: str, threads: bool = True) -> str:
     """Install the filter on this thread and its future threads; the layer's name (with `why`
     the allow-list is not in force), or why not."""
-    prog = program(pid)
+    prog = program(pid, threads=threads)
     if prog is None:
         return f"no-seccomp (unsupported arch {os.uname().machine})"
 
@@ -182,4 +183,4 @@ def install(libc, pid: int, why: str) -> str:
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or \
             libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
         return f"no-seccomp ({os.strerror(ctypes.get_errno())})"
-    return f"seccomp (deny-list, hand-encoded BPF: {why})"
+    return f"seccomp (deny-list, hand-encoded BPF: {why}{'' if threads else '; no threads'})"

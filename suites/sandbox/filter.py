@@ -117,12 +117,15 @@ def allowed_names(view: bool = True) -> list:
             for name in names]
 
 
-def build(seccomp, pid: int, view: bool = True):
-    """The allow-list as a pyseccomp SyscallFilter (not loaded)."""
+def build(seccomp, pid: int, view: bool = True, threads: bool = True):
+    """The allow-list as a pyseccomp SyscallFilter (not loaded). `threads`: something counts the
+    process's threads (RLIMIT_NPROC in a uid of its own, a pids cgroup); without it clone is
+    refused, since no seccomp condition can count threads."""
     f = seccomp.SyscallFilter(seccomp.ERRNO(errno.EPERM))
     f.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
     actions = {"allow": seccomp.ALLOW, "enosys": seccomp.ERRNO(errno.ENOSYS)}
-    rules = [(name, "allow", None) for name in allowed_names(view)] + list(CONDITIONAL)
+    rules = [(name, "allow", None) for name in allowed_names(view)]
+    rules += [rule for rule in CONDITIONAL if threads or rule[0] != "clone"]
     for name, action, condition in rules:
         number = seccomp.resolve_syscall(seccomp.Arch.NATIVE, name)
         if number == -1:  # unknown to this libseccomp (a call newer than it): stays refused
@@ -148,15 +151,18 @@ def _version(seccomp) -> str:
     return f"{v.major}.{v.minor}.{v.micro}"
 
 
-def install(libc, pid: int, missing: str | None, view: bool) -> str:
+def install(libc, pid: int, missing: str | None, view: bool, threads: bool = True) -> str:
     """Install the allow-list on this thread and the threads it will start; the layer's name.
     `missing`: why pyseccomp could not be loaded (then the deny-list is installed instead);
-    `view`: the process is inside the filesystem view (its read-only mounts)."""
+    `view`: the process is inside the filesystem view (its read-only mounts); `threads`:
+    something counts its threads (else clone is refused)."""
     seccomp = sys.modules.get("pyseccomp")
+    deny = sys.modules["sandbox_denylist"]
     if seccomp is None:
-        return sys.modules["sandbox_denylist"].install(libc, pid, missing or "pyseccomp not loaded")
+        return deny.install(libc, pid, missing or "pyseccomp not loaded", threads=threads)
     try:
-        build(seccomp, pid, view).load()
+        build(seccomp, pid, view, threads).load()
     except OSError as exc:  # e.g. a kernel without the seccomp() call: the older interface remains
-        return sys.modules["sandbox_denylist"].install(libc, pid, f"libseccomp failed: {exc}")
-    return f"seccomp (allow-list, libseccomp {_version(seccomp)}{'' if view else ', no chmod or utime'})"
+        return deny.install(libc, pid, f"libseccomp failed: {exc}", threads=threads)
+    notes = ("" if view else ", no chmod or utime") + ("" if threads else ", no threads")
+    return f"seccomp (allow-list, libseccomp {_version(seccomp)}{notes})"

@@ -364,7 +364,7 @@ class _Cgroup:
                            "pids": [("pids.max", pids)]},
                     "v2": {"memory": [("memory.max", memory), ("memory.swap.max", "0")],
                            "pids": [("pids.max", pids)]}}
-        name = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+        name = self.name = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
         for version, controllers, parent in _cgroup_parents():
             path = os.path.join(parent, name)
             try:
@@ -442,7 +442,9 @@ class _Run:
                 self.pipes[name], child_ends[name] = os.pipe()
             child_ends["tests_in"], self.pipes["tests_in"] = os.pipe()  # we write, the tests read
             self.cgroup = _Cgroup(limits) if isolate else None
+            counts_pids = self.cgroup is not None and any("pids" in c for _, c, _ in self.cgroup.dirs)
             config = dict(config, tmpdir=self.tmpdir, fds=child_ends,
+                          pids_cgroup=self.cgroup.name if counts_pids else None,
                           outer_uid=(1 << 30) + secrets.randbelow(1 << 24))
             env = {"PATH": "/usr/bin:/bin", "HOME": self.tmpdir, "TMPDIR": self.tmpdir,
                    "LC_ALL": "C.UTF-8"}
