@@ -18,6 +18,7 @@ import glob
 import os
 import secrets
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -572,3 +573,52 @@ def test_humaneval_data_in_the_interpreters_site_packages_is_unreadable(kind, ba
         assert layers[0].startswith("no-namespaces") and any(l.startswith("landlock (") for l in layers), layers
     else:
         assert any(l.startswith("minimal-root") for l in layers), layers
+
+
+# --- processes left behind ------------------------------------------------------------------
+
+# Runs in a child interpreter that is a child subreaper, as a grader that is a container's PID
+# 1 is: every orphan of a sandbox run becomes its child. argv[1]: "namespaces" or
+# "no-namespaces". Prints the zombies among its children after 5 timeouts and 5 slow exits.
+ZOMBIES_RUN = "REFUSE_UNSHARE = " + repr(REFUSE_UNSHARE) + r"""
+import ctypes, json, os, sys
+if sys.argv[1] == "no-namespaces":
+    exec(REFUSE_UNSHARE)
+assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+from suites.sandbox import SandboxLimits, isolation_available, run_code
+
+def zombies():
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = open(f"/proc/{name}/stat", "rb").read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] == b"Z":
+            found.append(int(name))
+    return found
+
+slow_exit = ("import sys, time\nclass Slow:\n    def write(self, s):\n        return len(s)\n"
+             "    def flush(self):\n        time.sleep(5)\nsys.stdout = Slow()\n"
+             "def square(x):\n    return x * x\n")
+reasons = []
+for _ in range(5):
+    reasons.append(run_code("while True:\n    pass\n", "", limits=SandboxLimits(timeout_s=0.5)).reason)
+for _ in range(5):
+    reasons.append(run_code(slow_exit, "assert square(3) == 9\n", limits=SandboxLimits(timeout_s=4)).reason)
+print(json.dumps({"reasons": reasons, "zombies": zombies(), "layers": isolation_available()}))
+"""
+
+
+@pytest.mark.parametrize("kind", ["namespaces", "no-namespaces"])
+def test_no_process_is_left_behind_with_the_grader_as_subreaper(kind):
+    import json
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", ZOMBIES_RUN, kind], capture_output=True, text=True,
+                         timeout=300, cwd=repo)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"{kind}: zombies {got['zombies']} after {got['reasons']} ({got['layers'][0]})")
+    assert got["reasons"] == ["timeout"] * 5 + ["passed"] * 5, got
+    assert got["zombies"] == [], got
+    assert got["layers"][0].startswith("no-namespaces") == (kind == "no-namespaces"), got

@@ -500,6 +500,27 @@ class _Run:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def reap(self):
+        """Kill the whole tree and wait for it. The processes that die with the leader are
+        orphans; where they become ours (we are a subreaper, or a container's PID 1) nobody
+        else reaps them, so reap them here, before the leader: while it is unreaped its pid,
+        the session's id, cannot be reused."""
+        self.kill()
+        if _adopts_orphans():
+            deadline = time.monotonic() + 2.0
+            while True:
+                members = [(pid, ppid) for pid, ppid in _session(self.proc.pid) if pid != self.proc.pid]
+                for pid, ppid in members:
+                    if ppid == os.getpid():
+                        try:
+                            os.waitpid(pid, os.WNOHANG)
+                        except ChildProcessError:
+                            pass
+                if not members or time.monotonic() > deadline:
+                    break
+                time.sleep(0.002)
+        self.proc.wait()
+
     def text(self, name) -> str:
         return self.buffers[name].decode("utf-8", "replace")
 
@@ -517,8 +538,7 @@ class _Run:
     def close(self):
         if self.proc is not None:
             if self.proc.returncode is None:
-                self.kill()
-                self.proc.wait()
+                self.reap()
             for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
                 pipe.close()
         for fd in self.pipes.values():
@@ -531,6 +551,36 @@ class _Run:
         if self.cgroup:
             self.cgroup.remove()
         _remove_tree(self.tmpdir)
+
+
+PR_GET_CHILD_SUBREAPER = 37
+
+
+def _adopts_orphans() -> bool:
+    """Whether orphans of our descendants become our children: we are a child subreaper, or
+    the init of our PID namespace (a container's PID 1)."""
+    if os.getpid() == 1:
+        return True
+    import ctypes
+    flag = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    return flag.value != 0
+
+
+def _session(sid) -> list:
+    """[(pid, parent pid)] of the processes in session `sid`, read from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after the command's name
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if len(fields) > 3 and int(fields[3]) == sid:
+            found.append((int(name), int(fields[1])))
+    return found
 
 
 def _remove_tree(path):
@@ -599,7 +649,7 @@ def _collect(run, deadline) -> bool:
             pump(closed("candidate"), min(deadline, time.monotonic() + wait))
         run.kill()
         pump(lambda: not sel.get_map(), time.monotonic() + 1.0)  # what was still in the pipes
-        run.proc.wait()
+        run.reap()
         return timed_out
     finally:
         sel.close()
