@@ -7,8 +7,7 @@ Not imported by the harness: `suites.sandbox` passes this file's code to the san
 interpreter, which loads it as a module `sandbox_denylist` (standard library only). The tests
 import `SYSCALLS` for the numbers their ctypes attacks use.
 
-A deny list is weaker than the allow-list: any call nobody thought of is allowed (`sync`,
-`flock`, `personality`, `prctl(PR_SET_DUMPABLE)`... tests/test_sandbox_seccomp.py shows them).
+A deny list is weaker than the allow-list: any call nobody thought of is allowed (`flock`, `personality`, `prctl(PR_SET_DUMPABLE)`... tests/test_sandbox_seccomp.py shows them).
 Denied here:
 - creating processes (fork, vfork, clone without CLONE_THREAD, clone3 answers ENOSYS so that
   glibc falls back to clone for threads) and exec;
@@ -20,6 +19,8 @@ Denied here:
 - shared state outside the process: SysV IPC (shm*, sem*, msg*), POSIX message queues (mq_*),
   the kernel keyrings (add_key, request_key, keyctl), memfd_create/memfd_secret (memory no
   rlimit counts), mknod/mknodat;
+- flushing the host's disks: sync, syncfs, fsync, fdatasync, sync_file_range (msync with
+  MS_SYNC is refused by the allow-list only);
 - changing the confinement: mount and the new mount API, pivot_root, chroot, unshare, setns,
   bpf, perf_event_open, userfaultfd, open_by_handle_at, module and kexec loading, reboot,
   swap, acct, syslog, quotactl, Landlock (a new ruleset could only restrict further, but
@@ -67,6 +68,7 @@ SYSCALLS = {
         "name_to_handle_at": 303, "init_module": 175, "finit_module": 313,
         "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320, "reboot": 169,
         "swapon": 167, "swapoff": 168, "acct": 163, "syslog": 103, "quotactl": 179,
+        "sync": 162, "syncfs": 306, "fsync": 74, "fdatasync": 75, "sync_file_range": 277,
     })),
     "aarch64": (0xC00000B7, dict(_NEW, **{
         "clone": 220, "execve": 221, "execveat": 281, "socket": 198, "socketpair": 199,
@@ -83,7 +85,8 @@ SYSCALLS = {
         "userfaultfd": 282, "open_by_handle_at": 265, "name_to_handle_at": 264,
         "init_module": 105, "finit_module": 273, "delete_module": 106, "kexec_load": 104,
         "kexec_file_load": 294, "reboot": 142, "swapon": 224, "swapoff": 225, "acct": 89,
-        "syslog": 116, "quotactl": 60,
+        "syslog": 116, "quotactl": 60, "sync": 81, "syncfs": 267, "fsync": 82, "fdatasync": 83,
+        "sync_file_range": 84,
     })),
 }
 
@@ -100,7 +103,7 @@ DENIED = ("fork", "vfork", "execve", "execveat", "socket", "socketpair", "tkill"
           "open_by_handle_at", "name_to_handle_at", "init_module", "finit_module",
           "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff",
           "acct", "syslog", "quotactl", "landlock_create_ruleset", "landlock_add_rule",
-          "landlock_restrict_self")
+          "landlock_restrict_self", "sync", "syncfs", "fsync", "fdatasync", "sync_file_range")
 # Allowed only when their first argument (a pid or thread group id) is our own pid, or 0 for
 # prlimit64 (which means ourselves).
 OWN_PID_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "prlimit64")
