@@ -169,6 +169,33 @@ def test_a_secret_file_and_the_hosts_proc_are_unreadable(mode, tmp_path, layers)
         assert "FileNotFoundError" in g.detail or "PermissionError" in g.detail, g
 
 
+HOST_FACTS = ("/proc/sys/kernel/random/boot_id", "/proc/cmdline", "/proc/meminfo", "/proc/loadavg",
+              "/proc/stat", "/proc/diskstats", "/proc/uptime", "/proc/interrupts")
+
+
+def test_the_hosts_facts_in_proc_are_masked(mode, layers):
+    """A fresh /proc still shows the host: its boot id, kernel command line, memory, load, CPU
+    and disk activity. With a mount namespace they are masked (read as empty); without one,
+    Landlock does not let /proc be read at all."""
+    g = attack("sizes = []\n"
+               f"for path in {HOST_FACTS!r}:\n"
+               "    try:\n        sizes.append(len(open(path).read()))\n"
+               "    except OSError:\n        sizes.append(-1)\n"
+               "raise Exception(f'sizes {sizes}')\n")
+    sizes = [int(x) for x in g.detail.split("sizes [")[1].split("]")[0].split(", ")]
+    if mode == "control":
+        assert all(size > 0 for size in sizes), g
+    else:
+        assert all(size <= 0 for size in sizes), g
+        if any(l.startswith("minimal-root") for l in layers):  # /proc is there, masked
+            assert sizes == [-1] + [0] * (len(HOST_FACTS) - 1), g  # /proc/sys an empty folder
+
+
+def test_what_a_completion_prints_in_its_exception_is_cut(layers):
+    g = attack("raise Exception('x' * 5000)\n")
+    assert g.detail.count("x") <= 200 and "<solution> line" in g.detail, g
+
+
 def test_the_tests_are_never_readable():
     marker = "MARKER-" + secrets.token_hex(8)
     item = square_item(tests=SQUARE_TESTS + f"# {marker}\n")

@@ -220,6 +220,13 @@ def build_root(view, sources, mountpoint, tmp_mb, isolation):
     except OSError as exc:  # e.g. a container whose /proc has masked parts
         isolation.append(f"no-proc ({_why(exc)})")
         proc = False
+    if proc:
+        try:
+            _mask_proc(root)
+        except OSError as exc:  # rather no /proc than one that shows the host
+            _check(libc.umount2(os.fsencode(root + "/proc"), MNT_DETACH), "detach /proc")
+            isolation.append(f"no-proc (its host facts could not be masked: {_why(exc)})")
+            proc = False
     os.mkdir(root + "/.old")
     _check(libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], os.fsencode(root),
                         os.fsencode(root + "/.old")), "pivot_root")
@@ -229,6 +236,34 @@ def build_root(view, sources, mountpoint, tmp_mb, isolation):
     _mount_setattr("/", MOUNT_ATTR_RDONLY, recursive=False)  # the skeleton; /tmp stays writable
     isolation.append(f"minimal-root (tmp {tmp_mb} MiB)")
     return proc
+
+
+# Entries of a fresh /proc that still describe the host, not the namespaces: its boot id and
+# kernel settings (/proc/sys), command line, memory, load, CPU and disk activity, devices,
+# interrupts, locks, modules and symbols. Files are covered by /dev/null (read as empty),
+# folders by an empty read-only tmpfs. What stays: the process's own entries (/proc/self),
+# cpuinfo, version, and what its own namespaces show (net, sysvipc, mounts).
+PROC_HOST_FILES = ("cmdline", "meminfo", "loadavg", "stat", "uptime", "diskstats", "partitions",
+                   "swaps", "vmstat", "zoneinfo", "buddyinfo", "pagetypeinfo", "slabinfo",
+                   "interrupts", "softirqs", "schedstat", "sched_debug", "kallsyms", "modules",
+                   "iomem", "ioports", "timer_list", "vmallocinfo", "locks", "devices",
+                   "key-users", "keys", "crypto", "misc", "mtrr", "consoles", "cgroups",
+                   "kcore", "kmsg", "kpagecount", "kpageflags", "kpagecgroup", "latency_stats",
+                   "sysrq-trigger", "config.gz", "filesystems", "execdomains", "fb")
+PROC_HOST_DIRS = ("sys", "pressure", "fs", "bus", "driver", "irq", "tty", "acpi", "scsi",
+                  "dynamic_debug", "sysvipc")
+
+
+def _mask_proc(root):
+    for name in PROC_HOST_FILES:
+        path = f"{root}/proc/{name}"
+        if os.path.lexists(path) and not os.path.isdir(path):
+            _mount(f"{root}/dev/null", path, None, MS_BIND)
+            _mount_setattr(path, MOUNT_ATTR_RDONLY, recursive=False)
+    for name in PROC_HOST_DIRS:
+        path = f"{root}/proc/{name}"
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
 
 
 # --- 3. Landlock -----------------------------------------------------------------------------
