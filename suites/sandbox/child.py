@@ -25,11 +25,13 @@ Layers, in the order applied, each reported by name in `isolation` (or why it is
    the host's tree is detached: no home, no /tmp, no other run, no /proc of the host is visible.
 3. Landlock (where the kernel has it): reading only the view, writing only /tmp and the
    devices; no TCP; no signals and no abstract Unix sockets outside the process (ABI 6). Without
-   namespaces this is what keeps the host's files out of reach.
+   namespaces this is what keeps the host's files out of reach, reading only the host's narrow
+   set (no package folder, no data); without it, or where that set is not tight, we refuse.
 4. capabilities: all dropped (bounding set included); no_new_privs; not dumpable (no core
    files, and no other process of the same uid may read our memory or descriptors).
 5. rlimits: CPU seconds, address space, file size, open files, no core files, and (in a user
-   namespace, where it counts only our own uid) processes, which caps threads.
+   namespace, where it counts only our own uid) processes, which caps threads. Where neither
+   that nor the run's pids cgroup counts threads, the seccomp filter refuses clone.
 6. seccomp: an allow-list built with libseccomp (filter.py; pyseccomp, the host's copy, is loaded
    before confinement), or, where libseccomp is missing, the deny-list of denylist.py.
 7. for the candidate, an audit hook (PEP 578) that refuses, with a readable reason, writes

@@ -31,13 +31,15 @@ What stays possible inside: any computation within the CPU, memory, disk, thread
 reading the view (the interpreter, the system's shared libraries, kernel facts such as
 /proc/cpuinfo); writing /tmp; printing (capped). Where the kernel refuses namespaces (an
 unprivileged container), the filesystem view, the PID and network isolation are gone, and
-Landlock (if present) is what keeps the host's files out of reach (seccomp then refuses chmod and
-utime too, which Landlock does not cover); the disk is then capped per file and by the wall clock
-only; without Landlock either, the code can read and write what the user can. Without a user
-namespace RLIMIT_NPROC does not count
-threads (root is exempt); without a cgroup memory is bounded per process (RLIMIT_AS), by the tmpfs
-size and by the denial of memfd and shared memory. The verdict stays in the tests' process in
-every case.
+Landlock is what keeps the host's files out of reach: it reads only a narrow set (the standard
+library, lib-dynload, the system's libraries; `_narrow_readable`), and without Landlock, or where
+a package folder would be in that set, the run refuses to grade (a sandbox error). seccomp then
+refuses chmod and utime too, which Landlock does not cover; the disk is capped per file and by
+the wall clock only. Without a user namespace RLIMIT_NPROC does not count threads (root is
+exempt): the cgroup's pids.max does, and where neither exists seccomp refuses clone. Without a
+cgroup memory is bounded per process (RLIMIT_AS), by the tmpfs size and by the denial of memfd
+and shared memory. The whole tree is reaped, also where its orphans become ours (a subreaper,
+a container's PID 1). The verdict stays in the tests' process in every case.
 
 Reasons: "passed", "failed" (an assertion failed), "error" (any other exception, a syntax error,
 an early exit, a broken protocol), "timeout" (wall clock), "cpu" (RLIMIT_CPU), "memory"
