@@ -3,7 +3,17 @@ sandbox's test files (they run it in a child interpreter, as source).
 
 REFUSE_UNSHARE: a kernel that refuses namespaces (an unprivileged container): a seccomp filter
 on the whole process makes unshare fail with EPERM, so the sandbox gets no namespaces at all.
+`catalogue`: the parameters of a long list of attacks on one layer, all but a fast few marked
+`full` (make check keeps one attack per layer; make test runs them all).
 """
+
+import pytest
+
+
+def catalogue(names, fast):
+    """pytest params of `names` (sorted), each not in `fast` marked `full`."""
+    assert set(fast) <= set(names), set(fast) - set(names)
+    return [pytest.param(name, marks=() if name in fast else pytest.mark.full) for name in sorted(names)]
 
 REFUSE_UNSHARE = """
 import ctypes, os

@@ -32,6 +32,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 FILES = ["tests/test_sandbox_attacks.py", "tests/test_sandbox.py", "tests/test_sandbox_seccomp.py"]
 NOBODY = 65534
+# Each reruns three test files as another user (~1-3 min): the full tier (make test).
+pytestmark = pytest.mark.full
 
 
 
