@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from suites.sandbox import SandboxLimits, free_names, isolation_available, run_code
-from tests.sandbox_modes import REFUSE_UNSHARE
+from tests.sandbox_modes import REFUSE_UNSHARE, refusing
 
 FAST = SandboxLimits(timeout_s=5.0)
 
@@ -270,3 +270,31 @@ def test_where_the_kernel_refuses_namespaces_landlock_keeps_host_files_out(tmp_p
     assert any(x.startswith("seccomp (") for x in got["isolation"]), got
     assert "SECRET" not in got["read"] and "Permission denied" in got["read"], got
     assert got["passed"] == [True, False, True], got
+
+
+REFUSED = """
+import json, sys
+from suites.sandbox import parent, run_code
+if sys.argv[1] == "loose":  # a layout where a package folder would be in Landlock's read set
+    paths, _ = parent._narrow_readable()
+    parent._narrow_readable = lambda: (paths, "/site-packages would be readable (inside /)")
+r = run_code("def f():\\n    return 1\\n", "assert f() == 1\\n")
+print(json.dumps([r.passed, r.reason, r.detail]))
+"""
+
+
+@pytest.mark.parametrize("missing", ["loose", "landlock"])
+def test_without_namespaces_a_missing_or_loose_landlock_refuses_to_grade(missing):
+    """Without a view nothing masks the package folders: where Landlock's read set is not tight,
+    or Landlock is missing, the sandbox refuses, naming why, rather than run unmasked."""
+    import json
+    import subprocess
+    import sys
+    setup = refusing("unshare") if missing == "loose" else refusing("unshare", "landlock_create_ruleset")
+    out = subprocess.run([sys.executable, "-c", setup + REFUSED, missing], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    passed, reason, detail = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not passed and reason.startswith("sandbox error"), (reason, detail)
+    assert "refusing to grade: no filesystem view" in detail, detail
+    assert ("/site-packages would be readable" if missing == "loose" else "and no Landlock (no-landlock") in detail, detail
