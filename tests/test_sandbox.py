@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from suites.sandbox import SandboxLimits, free_names, isolation_available, run_code
+from tests.sandbox_modes import REFUSE_UNSHARE, refusing
 
 FAST = SandboxLimits(timeout_s=5.0)
 
@@ -238,18 +239,8 @@ def test_timeout_kills_the_whole_process_group():
         pytest.fail(f"grandchild {grandchild} still alive after the timeout")
 
 
-NO_NAMESPACES = """
-import ctypes, json, os, sys
-# A kernel that refuses namespaces (an unprivileged container): unshare fails with EPERM.
-libc = ctypes.CDLL(None, use_errno=True)
-nr = {"x86_64": 272, "aarch64": 97}[os.uname().machine]
-prog = [(0x20, 0, 0, 0), (0x15, 0, 1, nr), (0x06, 0, 0, 0x00050001), (0x06, 0, 0, 0x7FFF0000)]
-class F(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-class P(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(F))]
-filters = (F * len(prog))(*[F(*i) for i in prog])
-assert libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(22, 2, ctypes.byref(P(len(prog), filters)), 0, 0) == 0
+NO_NAMESPACES = REFUSE_UNSHARE + """
+import json, sys
 from suites.sandbox import run_code
 secret = sys.argv[1]
 read = run_code(f"def leak():\\n    return open({secret!r}).read()\\n", "assert leak() == 'x'\\n")
@@ -279,3 +270,31 @@ def test_where_the_kernel_refuses_namespaces_landlock_keeps_host_files_out(tmp_p
     assert any(x.startswith("seccomp (") for x in got["isolation"]), got
     assert "SECRET" not in got["read"] and "Permission denied" in got["read"], got
     assert got["passed"] == [True, False, True], got
+
+
+REFUSED = """
+import json, sys
+from suites.sandbox import parent, run_code
+if sys.argv[1] == "loose":  # a layout where a package folder would be in Landlock's read set
+    paths, _ = parent._narrow_readable()
+    parent._narrow_readable = lambda: (paths, "/site-packages would be readable (inside /)")
+r = run_code("def f():\\n    return 1\\n", "assert f() == 1\\n")
+print(json.dumps([r.passed, r.reason, r.detail]))
+"""
+
+
+@pytest.mark.parametrize("missing", ["loose", "landlock"])
+def test_without_namespaces_a_missing_or_loose_landlock_refuses_to_grade(missing):
+    """Without a view nothing masks the package folders: where Landlock's read set is not tight,
+    or Landlock is missing, the sandbox refuses, naming why, rather than run unmasked."""
+    import json
+    import subprocess
+    import sys
+    setup = refusing("unshare") if missing == "loose" else refusing("unshare", "landlock_create_ruleset")
+    out = subprocess.run([sys.executable, "-c", setup + REFUSED, missing], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    passed, reason, detail = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not passed and reason.startswith("sandbox error"), (reason, detail)
+    assert "refusing to grade: no filesystem view" in detail, detail
+    assert ("/site-packages would be readable" if missing == "loose" else "and no Landlock (no-landlock") in detail, detail

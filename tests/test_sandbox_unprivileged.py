@@ -32,6 +32,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 FILES = ["tests/test_sandbox_attacks.py", "tests/test_sandbox.py", "tests/test_sandbox_seccomp.py"]
 NOBODY = 65534
+# Each reruns three test files as another user (~1-3 min): the full tier (make test).
+pytestmark = pytest.mark.full
 
 
 
@@ -94,9 +96,6 @@ os.execv(sys.argv[2], sys.argv[2:])
 EXPECTED_SKIPS = {
     "userns": {"test_sandbox.py::test_timeout_kills_the_whole_process_group"},  # root only
     "no-userns": {
-        # Threads: with neither a user namespace of its own (RLIMIT_NPROC would count the whole
-        # uid) nor a cgroup, only the address-space cap bounds them (through their stacks).
-        "test_sandbox_attacks.py::test_threads_are_capped",
         # The disk: without a mount namespace there is no capped tmpfs. The code writes into
         # its own folder of the host's /tmp, bounded per file (RLIMIT_FSIZE) and by the wall
         # clock only: a hole of this kind of machine, named in suites/sandbox/README.md.

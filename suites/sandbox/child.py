@@ -25,11 +25,13 @@ Layers, in the order applied, each reported by name in `isolation` (or why it is
    the host's tree is detached: no home, no /tmp, no other run, no /proc of the host is visible.
 3. Landlock (where the kernel has it): reading only the view, writing only /tmp and the
    devices; no TCP; no signals and no abstract Unix sockets outside the process (ABI 6). Without
-   namespaces this is what keeps the host's files out of reach.
+   namespaces this is what keeps the host's files out of reach, reading only the host's narrow
+   set (no package folder, no data); without it, or where that set is not tight, we refuse.
 4. capabilities: all dropped (bounding set included); no_new_privs; not dumpable (no core
    files, and no other process of the same uid may read our memory or descriptors).
 5. rlimits: CPU seconds, address space, file size, open files, no core files, and (in a user
-   namespace, where it counts only our own uid) processes, which caps threads.
+   namespace, where it counts only our own uid) processes, which caps threads. Where neither
+   that nor the run's pids cgroup counts threads, the seccomp filter refuses clone.
 6. seccomp: an allow-list built with libseccomp (filter.py; pyseccomp, the host's copy, is loaded
    before confinement), or, where libseccomp is missing, the deny-list of denylist.py.
 7. for the candidate, an audit hook (PEP 578) that refuses, with a readable reason, writes
@@ -187,6 +189,11 @@ def build_root(view, sources, mountpoint, tmp_mb, isolation):
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the host
     root = mountpoint
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    # The private /tmp first: a view folder under /tmp (an interpreter there) is then bound
+    # read-only on top of it, rather than hidden by it (or in the way of its mount point).
+    os.makedirs(root + "/tmp")
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={tmp_mb}m,nr_inodes={max(1024, tmp_mb * 256)},mode=1777")
     for kind, path, extra in view:
         dest = root + path
         if kind == "symlink":
@@ -215,9 +222,13 @@ def build_root(view, sources, mountpoint, tmp_mb, isolation):
     except OSError as exc:  # e.g. a container whose /proc has masked parts
         isolation.append(f"no-proc ({_why(exc)})")
         proc = False
-    os.makedirs(root + "/tmp")
-    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-           f"size={tmp_mb}m,nr_inodes={max(1024, tmp_mb * 256)},mode=1777")
+    if proc:
+        try:
+            _mask_proc(root)
+        except OSError as exc:  # rather no /proc than one that shows the host
+            _check(libc.umount2(os.fsencode(root + "/proc"), MNT_DETACH), "detach /proc")
+            isolation.append(f"no-proc (its host facts could not be masked: {_why(exc)})")
+            proc = False
     os.mkdir(root + "/.old")
     _check(libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], os.fsencode(root),
                         os.fsencode(root + "/.old")), "pivot_root")
@@ -227,6 +238,34 @@ def build_root(view, sources, mountpoint, tmp_mb, isolation):
     _mount_setattr("/", MOUNT_ATTR_RDONLY, recursive=False)  # the skeleton; /tmp stays writable
     isolation.append(f"minimal-root (tmp {tmp_mb} MiB)")
     return proc
+
+
+# Entries of a fresh /proc that still describe the host, not the namespaces: its boot id and
+# kernel settings (/proc/sys), command line, memory, load, CPU and disk activity, devices,
+# interrupts, locks, modules and symbols. Files are covered by /dev/null (read as empty),
+# folders by an empty read-only tmpfs. What stays: the process's own entries (/proc/self),
+# cpuinfo, version, and what its own namespaces show (net, sysvipc, mounts).
+PROC_HOST_FILES = ("cmdline", "meminfo", "loadavg", "stat", "uptime", "diskstats", "partitions",
+                   "swaps", "vmstat", "zoneinfo", "buddyinfo", "pagetypeinfo", "slabinfo",
+                   "interrupts", "softirqs", "schedstat", "sched_debug", "kallsyms", "modules",
+                   "iomem", "ioports", "timer_list", "vmallocinfo", "locks", "devices",
+                   "key-users", "keys", "crypto", "misc", "mtrr", "consoles", "cgroups",
+                   "kcore", "kmsg", "kpagecount", "kpageflags", "kpagecgroup", "latency_stats",
+                   "sysrq-trigger", "config.gz", "filesystems", "execdomains", "fb")
+PROC_HOST_DIRS = ("sys", "pressure", "fs", "bus", "driver", "irq", "tty", "acpi", "scsi",
+                  "dynamic_debug", "sysvipc")
+
+
+def _mask_proc(root):
+    for name in PROC_HOST_FILES:
+        path = f"{root}/proc/{name}"
+        if os.path.lexists(path) and not os.path.isdir(path):
+            _mount(f"{root}/dev/null", path, None, MS_BIND)
+            _mount_setattr(path, MOUNT_ATTR_RDONLY, recursive=False)
+    for name in PROC_HOST_DIRS:
+        path = f"{root}/proc/{name}"
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
 
 
 # --- 3. Landlock -----------------------------------------------------------------------------
@@ -429,9 +468,27 @@ def _send(fd, nonce, **message):
     os.write(fd, (json.dumps(dict(message, nonce=nonce)) + "\n").encode())
 
 
+def in_pids_cgroup(name):
+    """Whether this process is in the run's own cgroup with a pids controller (`name`, made by
+    the host before we started; None where it has none). Asked before the cgroup namespace
+    hides the path."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if name and path.rstrip("/").endswith("/" + name) and (controllers == "" or "pids" in controllers.split(",")):
+            return True
+    return False
+
+
 def confine(config, role, isolation):
-    """Apply layers 1-6; returns the writable folder the code works in."""
+    """Apply layers 1-6; returns (the writable folder the code works in, whether its threads
+    are counted: by RLIMIT_NPROC in a uid of its own, or by the run's pids cgroup)."""
     view, tmpdir = config["view"], config["tmpdir"]
+    counted = in_pids_cgroup(config.get("pids_cgroup"))
     readable = [path for kind, path, _ in view if kind in ("dir", "file")]
     devices = [path for kind, path, _ in view if kind == "dev"]
     paths = [path for kind, path, _ in view if kind in ("dir", "file", "dev")]
@@ -446,14 +503,24 @@ def confine(config, role, isolation):
         os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)
         libc.sethostname(b"sandbox", 7)
     else:  # the host's folder is shared: each process writes (and, under Landlock, reads) its own
+        # No view, so no mask: Landlock alone decides what is readable, and it reads only the
+        # narrow set (the standard library, lib-dynload, the system's libraries), never a
+        # package folder or data. Where that set is not tight, or Landlock is missing, refuse.
+        readable, loose = config["narrow"]
+        if loose:
+            raise OSError(1, f"refusing to grade: no filesystem view ({isolation[0]}) and the "
+                             f"Landlock read set is not tight: {loose}")
         tmpdir = os.path.join(tmpdir, role)
         os.mkdir(tmpdir, 0o700)
         os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)
     landlock(readable, [tmpdir], devices, isolation)
+    if sources is None and not isolation[-1].startswith("landlock ("):
+        raise OSError(1, f"refusing to grade: no filesystem view ({isolation[0]}) and no Landlock "
+                         f"({isolation[-1]}): the code could read every file of this user")
     drop_privileges(isolation)
     os.chdir(tmpdir)
     set_rlimits(config["limits"], own_uid, isolation)
-    return tmpdir
+    return tmpdir, counted or own_uid
 
 
 def _keep_only(fds):
@@ -471,13 +538,16 @@ def play(role, config, secret, channel, isolation):
     import sandbox_wire
     status_fd, nonce, tmpdir = config["fds"][role], config["nonce"], config["tmpdir"]
     if config["isolate"]:
-        tmpdir = confine(config, role, isolation)
+        tmpdir, counted = confine(config, role, isolation)
     else:
         os.chdir(tmpdir)
         set_rlimits(config["limits"], False, isolation)
     if config["isolate"]:
+        # Threads only where something counts them: otherwise (no uid of its own, no pids
+        # cgroup) nothing but the uid's whole RLIMIT_NPROC would, and seccomp refuses clone.
         view = any(layer.startswith("minimal-root") for layer in isolation)
-        isolation.append(sandbox_filter.install(libc, os.getpid(), config["seccomp_missing"], view))
+        isolation.append(sandbox_filter.install(libc, os.getpid(), config["seccomp_missing"], view,
+                                                threads=counted))
     if role == "candidate":
         violations = []
         if config["audit_hook"]:

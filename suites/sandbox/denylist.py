@@ -7,8 +7,7 @@ Not imported by the harness: `suites.sandbox` passes this file's code to the san
 interpreter, which loads it as a module `sandbox_denylist` (standard library only). The tests
 import `SYSCALLS` for the numbers their ctypes attacks use.
 
-A deny list is weaker than the allow-list: any call nobody thought of is allowed (`sync`,
-`flock`, `personality`, `prctl(PR_SET_DUMPABLE)`... tests/test_sandbox_seccomp.py shows them).
+A deny list is weaker than the allow-list: any call nobody thought of is allowed (`flock`, `personality`, `prctl(PR_SET_DUMPABLE)`... tests/test_sandbox_seccomp.py shows them).
 Denied here:
 - creating processes (fork, vfork, clone without CLONE_THREAD, clone3 answers ENOSYS so that
   glibc falls back to clone for threads) and exec;
@@ -20,6 +19,8 @@ Denied here:
 - shared state outside the process: SysV IPC (shm*, sem*, msg*), POSIX message queues (mq_*),
   the kernel keyrings (add_key, request_key, keyctl), memfd_create/memfd_secret (memory no
   rlimit counts), mknod/mknodat;
+- flushing the host's disks: sync, syncfs, fsync, fdatasync, sync_file_range (msync with
+  MS_SYNC is refused by the allow-list only);
 - changing the confinement: mount and the new mount API, pivot_root, chroot, unshare, setns,
   bpf, perf_event_open, userfaultfd, open_by_handle_at, module and kexec loading, reboot,
   swap, acct, syslog, quotactl, Landlock (a new ruleset could only restrict further, but
@@ -67,6 +68,7 @@ SYSCALLS = {
         "name_to_handle_at": 303, "init_module": 175, "finit_module": 313,
         "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320, "reboot": 169,
         "swapon": 167, "swapoff": 168, "acct": 163, "syslog": 103, "quotactl": 179,
+        "sync": 162, "syncfs": 306, "fsync": 74, "fdatasync": 75, "sync_file_range": 277,
     })),
     "aarch64": (0xC00000B7, dict(_NEW, **{
         "clone": 220, "execve": 221, "execveat": 281, "socket": 198, "socketpair": 199,
@@ -83,7 +85,8 @@ SYSCALLS = {
         "userfaultfd": 282, "open_by_handle_at": 265, "name_to_handle_at": 264,
         "init_module": 105, "finit_module": 273, "delete_module": 106, "kexec_load": 104,
         "kexec_file_load": 294, "reboot": 142, "swapon": 224, "swapoff": 225, "acct": 89,
-        "syslog": 116, "quotactl": 60,
+        "syslog": 116, "quotactl": 60, "sync": 81, "syncfs": 267, "fsync": 82, "fdatasync": 83,
+        "sync_file_range": 84,
     })),
 }
 
@@ -100,14 +103,15 @@ DENIED = ("fork", "vfork", "execve", "execveat", "socket", "socketpair", "tkill"
           "open_by_handle_at", "name_to_handle_at", "init_module", "finit_module",
           "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff",
           "acct", "syslog", "quotactl", "landlock_create_ruleset", "landlock_add_rule",
-          "landlock_restrict_self")
+          "landlock_restrict_self", "sync", "syncfs", "fsync", "fdatasync", "sync_file_range")
 # Allowed only when their first argument (a pid or thread group id) is our own pid, or 0 for
 # prlimit64 (which means ourselves).
 OWN_PID_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "prlimit64")
 
 
-def program(pid: int, arch: str | None = None):
-    """The BPF program as (code, jt, jf, k) tuples, or None on an architecture not listed."""
+def program(pid: int, arch: str | None = None, threads: bool = True):
+    """The BPF program as (code, jt, jf, k) tuples, or None on an architecture not listed.
+    `threads`: clone is allowed for threads (else refused: nothing would count them)."""
     arch = arch or os.uname().machine
     if arch not in SYSCALLS:
         return None
@@ -124,7 +128,7 @@ def program(pid: int, arch: str | None = None):
     prog.append(("jeq", nr["prlimit64"], "prlimit", None))
     prog += [("jeq", nr[n], "self", None) for n in OWN_PID_ONLY if n != "prlimit64"]
     prog += [("ret", SECCOMP_RET_ALLOW),
-             ("label", "clone"), ("ld", ARG0), ("jset", CLONE_THREAD, "allow", "eperm"),
+             ("label", "clone"), ("ld", ARG0), ("jset", CLONE_THREAD if threads else 0, "allow", "eperm"),
              ("label", "fcntl"), ("ld", ARG1)]
     prog += [("jeq", cmd, "eperm", None) for cmd in FCNTL_DENIED]
     prog += [("ret", SECCOMP_RET_ALLOW),
@@ -163,10 +167,10 @@ def _assemble(prog, codes):
     return out
 
 
-def install(libc, pid: int, why: str) -> str:
+def install(libc, pid: int, why: str, threads: bool = True) -> str:
     """Install the filter on this thread and its future threads; the layer's name (with `why`
     the allow-list is not in force), or why not."""
-    prog = program(pid)
+    prog = program(pid, threads=threads)
     if prog is None:
         return f"no-seccomp (unsupported arch {os.uname().machine})"
 
@@ -182,4 +186,4 @@ def install(libc, pid: int, why: str) -> str:
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or \
             libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
         return f"no-seccomp ({os.strerror(ctypes.get_errno())})"
-    return f"seccomp (deny-list, hand-encoded BPF: {why})"
+    return f"seccomp (deny-list, hand-encoded BPF: {why}{'' if threads else '; no threads'})"

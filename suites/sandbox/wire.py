@@ -24,6 +24,7 @@ import os
 
 MAX_DEPTH = 100                 # nesting of one value
 MAX_MESSAGE = 16 << 20          # bytes in one message
+MESSAGE_CHARS = 200             # of an exception's line in a verdict (before where it was raised)
 _SCALARS = (type(None), bool, int, float, str)
 _CONTAINERS = {list: "l", tuple: "t", set: "s", frozenset: "f"}
 _BUILD = {"l": list, "t": tuple, "s": set, "f": frozenset}
@@ -109,7 +110,9 @@ def format_error(exc, limit=2000):
         import traceback
         for filename, source in _SOURCES.items():
             linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        # The exception's line, cut: a grade needs the type and the start of the message, and
+        # the rest would only carry what the code read (the host's facts) out in Grade.detail.
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:MESSAGE_CHARS]
         frames = traceback.extract_tb(exc.__traceback__)
         if frames and frames[-1].filename in ("<solution>", "<tests>", "<prefix>"):
             last = frames[-1]  # a bare "AssertionError" does not say which test failed
