@@ -6,7 +6,8 @@ What this module is: the statistics behind `decodegate watch`, as pure functions
 Counters. An engine's spec-decode counters (drafted tokens, accepted tokens) only grow while the
 process lives. Between two readings the difference is what was drafted meanwhile. A reading
 lower than the one before is a new process (an *epoch*): its values are counted from zero, so
-nothing drafted since the restart is lost. Lower values without a restart signature (a scrape
+nothing drafted since the restart is lost (the tokens drafted between the last scrape and the
+crash are never exported: a short --interval keeps them few). Lower values without a restart signature (a scrape
 that failed in between, a changed process start time, or every counter of the engine lower at
 once, as in a fresh process) are refused: something other than a restart moved them.
 
@@ -71,6 +72,9 @@ def counter_delta(before: Reading, after: Reading, *, failed_scrape_between: boo
                                          ("accepted", before.accepted, after.accepted),
                                          ("drafts", before.drafts, after.drafts))
                  if b is not None and a is not None and a < b]
+    if not went_down and _new_process(before, after, failed_scrape_between):
+        # A fresh process whose spec counters already passed the old ones: still a new epoch.
+        return Delta(after.drafted, after.accepted, after.drafts, True, "the engine restarted (start time or counters)")
     if went_down:
         why = _restart_signature(before, after, failed_scrape_between)
         if why is None:
@@ -89,6 +93,12 @@ def counter_delta(before: Reading, after: Reading, *, failed_scrape_between: boo
 
 def _pairs(before: Reading, after: Reading, names) -> str:
     return ", ".join(f"{n} {getattr(before, n):g} -> {getattr(after, n):g}" for n in names)
+
+
+def _new_process(before: Reading, after: Reading, failed_scrape_between: bool) -> bool:
+    if before.start_time is not None and after.start_time is not None and after.start_time != before.start_time:
+        return True
+    return failed_scrape_between and any(after.others.get(k, v) < v for k, v in before.others.items())
 
 
 def _restart_signature(before: Reading, after: Reading, failed_scrape_between: bool) -> str | None:
@@ -219,18 +229,31 @@ def simulate_run_lengths(h: float, k: float, *, runs: int, max_steps: int, mean:
     return cusum_run_lengths(rng.normal(mean, 1.0, size=(runs, max_steps)), k, h)
 
 
-def replay_run_lengths(accepted, drafted, detector: Cusum, *, runs: int, max_steps: int,
-                       rng: np.random.Generator | int | None = None) -> np.ndarray:
-    """Run lengths of `detector` on recorded steps (accepted, drafted per step, each with at least
-    `min_drafted` drafted) resampled with replacement: a long, time-compressed replay of counters
-    recorded from an engine. Runs that reach `max_steps` without an alarm are censored there."""
+def replay_scrapes(accepted, drafted, detector: Cusum, *, runs: int, max_steps: int,
+                   rng: np.random.Generator | int | None = None) -> np.ndarray:
+    """Run lengths, in detector steps, of `detector` on recorded scrape differences (accepted,
+    drafted per scrape) resampled with replacement: a long, time-compressed replay of counters
+    recorded from an engine. Scrapes are grouped into steps as `Cusum.update` groups them (at least
+    `min_drafted` tokens; fewer carried over). Runs without an alarm are censored at `max_steps`
+    (returned as max_steps + 1)."""
     a, n = np.asarray(accepted, float), np.asarray(drafted, float)
-    if a.size == 0 or np.any(n < detector.min_drafted):
-        raise ValueError(f"every recorded step needs at least {detector.min_drafted} drafted tokens")
+    if a.size == 0 or n.sum() <= 0:
+        raise ValueError("no drafted tokens recorded: nothing to replay")
     rng = np.random.default_rng(rng)
-    idx = rng.integers(0, a.size, size=(runs, max_steps))
-    z = standardized_deficit(a[idx], n[idx], detector.p0, detector.phi)
-    return cusum_run_lengths(z, detector.k, detector.h)
+    s, pa, pn = np.zeros(runs), np.zeros(runs), np.zeros(runs)
+    steps = np.zeros(runs, dtype=int)
+    first = np.full(runs, max_steps + 1)
+    while np.any((steps < max_steps) & (first > max_steps)):
+        idx = rng.integers(0, a.size, size=runs)
+        pa, pn = pa + a[idx], pn + n[idx]
+        step = (pn >= detector.min_drafted) & (steps < max_steps) & (first > max_steps)
+        z = standardized_deficit(pa[step], pn[step], detector.p0, detector.phi)
+        s[step] = np.maximum(0.0, s[step] + z - detector.k)
+        steps[step] += 1
+        hit = step & (s >= detector.h)
+        first[hit] = steps[hit]
+        pa[step] = pn[step] = 0.0
+    return first
 
 
 def mean_run_length(lengths: np.ndarray, max_steps: int) -> float:

@@ -8,7 +8,7 @@ import pytest
 
 from analysis.drift_detector import (
     CounterError, Cusum, Reading, counter_delta, cusum_run_lengths, cusum_threshold, dispersion, group_steps,
-    mean_run_length, reference_value, replay_run_lengths, siegmund_arl, simulate_run_lengths, standardized_deficit,
+    mean_run_length, reference_value, replay_scrapes, siegmund_arl, simulate_run_lengths, standardized_deficit,
     wilson_interval,
 )
 
@@ -67,12 +67,28 @@ def test_cusum_update_is_the_vectorised_recursion_and_carries_small_scrapes():
     assert cusum_run_lengths(z[None, :], 0.3, 4.0)[0] == first
 
 
-def test_replay_refuses_steps_below_the_step_size_and_censors_runs():
+def test_replay_groups_scrapes_into_steps_and_censors_runs():
     det = Cusum(p0=0.5, k=0.5, h=cusum_threshold(100, 0.5), min_drafted=10)
-    with pytest.raises(ValueError, match="at least 10 drafted"):
-        replay_run_lengths([3], [5], det, runs=2, max_steps=5)
-    lengths = replay_run_lengths([9, 10], [10, 10], det, runs=50, max_steps=40, rng=1)  # always above p0
+    with pytest.raises(ValueError, match="nothing to replay"):
+        replay_scrapes([0], [0], det, runs=2, max_steps=5)
+    lengths = replay_scrapes([4, 5], [5, 5], det, runs=50, max_steps=40, rng=1)  # always above p0
     assert np.all(lengths == 41) and mean_run_length(lengths, 40) == float("inf")
+    # Acceptance 0 in scrapes of 5 tokens: every step is 2 scrapes, z = sqrt(10) each.
+    z = float(standardized_deficit(0, 10, 0.5, 1.0))
+    h = 3 * (z - 0.5) - 1e-9
+    alarm = replay_scrapes([0], [5], Cusum(p0=0.5, k=0.5, h=h, min_drafted=10), runs=3, max_steps=10, rng=0)
+    assert np.all(alarm == 3)
+
+
+def test_replay_at_the_boundary_keeps_the_arl():
+    """Binomial scrapes of varying size at p = p0, through the replay's grouping."""
+    rng = np.random.default_rng(4)
+    n = rng.integers(5, 40, size=2000)
+    a = rng.binomial(n, 0.3)
+    k = 0.5
+    det = Cusum(p0=a.sum() / n.sum(), k=k, h=cusum_threshold(200, k), min_drafted=64)
+    measured = mean_run_length(replay_scrapes(a, n, det, runs=1500, max_steps=1000, rng=2), 1000)
+    assert measured >= 0.85 * 200, measured
 
 
 def test_counter_difference_and_epochs():
@@ -87,6 +103,12 @@ def test_counter_difference_and_epochs():
     # A scrape that failed in between is a restart signature on its own.
     busy = Reading(drafted=12, accepted=5, drafts=3, others={"x:prompt_tokens_total": 9000.0})
     assert counter_delta(b, busy, failed_scrape_between=True).restarted
+    # A fresh process whose spec counters already passed the old ones (traffic before the first
+    # scrape after the restart): its other counters went down, and the engine was unreachable.
+    quick = Reading(drafted=300, accepted=100, drafts=50, others={"x:prompt_tokens_total": 100.0})
+    d = counter_delta(b, quick, failed_scrape_between=True)
+    assert d.restarted and (d.drafted, d.accepted) == (300, 100)
+    assert not counter_delta(b, Reading(300, 100, 50, {"x:prompt_tokens_total": 900.0}), failed_scrape_between=True).restarted
     # A changed process start time too (vLLM exports process_start_time_seconds).
     assert counter_delta(Reading(100, 40, start_time=1.0), Reading(5, 1, start_time=2.0)).restarted
 
