@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from analysis.drift_detector import (
-    CounterError, Cusum, Reading, counter_delta, cusum_run_lengths, cusum_threshold, dispersion, group_steps,
+    CounterError, Cusum, Reading, counter_delta, cusum_run_lengths, cusum_threshold, dispersion, dispersion_upper,
+    group_steps,
     mean_run_length, reference_value, replay_scrapes, siegmund_arl, simulate_run_lengths, standardized_deficit,
     wilson_interval,
 )
@@ -128,6 +129,11 @@ def test_dispersion_and_wilson():
     assert dispersion(rng.binomial(n, 0.4), n) == pytest.approx(1.0, abs=0.2)
     p = rng.beta(2, 3, size=400)  # prompts that differ: overdispersed
     assert dispersion(rng.binomial(n, p), n) > 5
+    # The upper bound: above the estimate, closer to it with more requests, 1 at least.
+    few, many = rng.binomial(n[:12], p[:12]), rng.binomial(n, p)
+    assert dispersion_upper(few, n[:12]) > 2 * dispersion(few, n[:12])
+    assert dispersion(many, n) < dispersion_upper(many, n) < 1.25 * dispersion(many, n)
+    assert dispersion_upper([3], [10]) == float("inf")
     low, high = wilson_interval(40, 100)
     assert low < 0.4 < high and wilson_interval(40, 100, dispersion=4) [0] < low
     assert all(np.isnan(wilson_interval(0, 0)))

@@ -143,7 +143,7 @@ def test_no_drift_replay_keeps_the_false_alarm_rate_promised(reference, recorded
     ref = live_reference.load(str(reference))
     a, n = recorded
     live = a.sum() / n.sum()
-    print(f"\nreference {ref.ratio:.3f} [{ref.low:.3f}, {ref.high:.3f}] φ {ref.dispersion:.2f} over {ref.requests} "
+    print(f"\nreference {ref.ratio:.3f} [{ref.low:.3f}, {ref.high:.3f}] φ {ref.dispersion:.2f} (upper {ref.dispersion_upper:.2f}) over {ref.requests} "
           f"requests; live {live:.3f} over {n.sum():.0f} drafted in {n.size} requests")
     assert ref.low <= live <= ref.high or abs(live - ref.ratio) < 0.1, "the same traffic: acceptance should agree"
     arl_steps, min_drafted, max_steps = 100, 64, 1500
@@ -151,12 +151,12 @@ def test_no_drift_replay_keeps_the_false_alarm_rate_promised(reference, recorded
     # At p0 = the live acceptance itself (the hardest in-control case) and at the boundary the
     # reference sets: the measured ARL in detector steps against the one set.
     for name, p0 in (("at its own acceptance", live), ("at the reference boundary", ref.boundary())):
-        k = reference_value(p0, 0.10, ref.dispersion, min_drafted)
-        det = Cusum(p0=p0, k=k, h=cusum_threshold(arl_steps, k), phi=ref.dispersion, min_drafted=min_drafted)
+        k = reference_value(p0, 0.10, ref.dispersion_upper, min_drafted)  # as watch sets it
+        det = Cusum(p0=p0, k=k, h=cusum_threshold(arl_steps, k), phi=ref.dispersion_upper, min_drafted=min_drafted)
         steps = replay_scrapes(a, n, det, runs=400, max_steps=max_steps, rng=1)
         results[name] = mean_run_length(steps, max_steps)
         print(f"ARL set {arl_steps} steps; measured {results[name]:.0f} {name} (p0 {p0:.3f}, k {k:.3f}, h {det.h:.2f})")
-    assert results["at its own acceptance"] >= 0.7 * arl_steps
+    assert results["at its own acceptance"] >= 0.9 * arl_steps
     assert results["at the reference boundary"] >= arl_steps
 
 
@@ -244,11 +244,11 @@ def test_restart_mid_watch_neither_alarms_nor_loses_drafted_tokens(reference, tm
 
     server = start()
     stop = threading.Event()
-    port = free_port()
-    proc = subprocess.Popen(watch_cmd(url, reference, tmp_path, "--arl-hours", "24", "--max-duration", "45", port=port),
+    listen = free_port()
+    proc = subprocess.Popen(watch_cmd(url, reference, tmp_path, "--arl-hours", "24", "--max-duration", "45", port=listen),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        assert watch_metrics(port), "watch did not start"  # its first scrape is behind it: no traffic missed
+        assert watch_metrics(listen), "watch did not start"  # its first scrape is behind it: no traffic missed
         t = traffic(url, lambda: COPY, stop)
         time.sleep(12)
         stop.set()

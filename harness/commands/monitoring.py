@@ -79,7 +79,7 @@ def rules(ref, p0: float) -> dict:
            "low, switch this engine to standard decoding with your kill switch (decodegate never does), then rerun "
            "`decodegate regress` on the new traffic before turning speculation back on.")
     # 3 standard errors below p0 at the drafted tokens of the window (φ: the run's overdispersion).
-    se = f"sqrt({ref.dispersion:.4g} * {p0:.4g} * {1 - p0:.4g} / sum by (instance) (increase({m['drafted']}[{RATE_WINDOW}])))"
+    se = f"sqrt({ref.dispersion_upper:.4g} * {p0:.4g} * {1 - p0:.4g} / sum by (instance) (increase({m['drafted']}[{RATE_WINDOW}])))"
     return {"groups": [{"name": "decodegate-spec-decode-acceptance", "rules": [
         {"record": record, "expr": _ratio(m, RATE_WINDOW)},
         {"alert": "SpecDecodeAcceptanceBelowReference", "expr": f"{record} < {p0:.4g} - 3 * {se}", "for": "15m",

@@ -50,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-drafted", type=int, default=64,
                    help="drafted tokens per detector step; quieter scrapes are carried over (default 64)")
     p.add_argument("--dispersion", type=float, default=None,
-                   help="overdispersion φ of acceptance counts (default: measured on the reference run's requests)")
+                   help="overdispersion φ of acceptance counts (default: the 95%% upper bound of the one measured on the "
+                        "reference run's requests)")
     p.add_argument("--listen", default="127.0.0.1:9848", help="HOST:PORT of watch's own /metrics (default 127.0.0.1:9848)")
     p.add_argument("--engine-label", help="the `engine` label on watch's series (default: the URL's host:port)")
     p.add_argument("--on-alarm-command", help="a command run once on an alarm, the evidence as JSON on its stdin "
@@ -91,7 +92,9 @@ def run(args) -> int:
         raise live_reference.LiveReferenceError(
             f"reference {ref.source}: candidate {ref.candidate!r} accepted {ref.accepted} of {ref.drafted} drafted "
             f"tokens (lower bound {ref.low:.3f}): there is no acceptance to fall from")
-    phi = args.dispersion or ref.dispersion
+    phi = args.dispersion or ref.dispersion_upper
+    phi_from = (" as given" if args.dispersion else
+                f": the upper bound of {ref.dispersion:.2f} measured over {ref.requests} requests")
     k = reference_value(p0, args.drop, phi, args.min_drafted)
     arl_steps = args.arl_hours * 3600 / args.interval
     detector = Cusum(p0=p0, k=k, h=cusum_threshold(arl_steps, k), phi=phi, min_drafted=args.min_drafted)
@@ -101,7 +104,7 @@ def run(args) -> int:
     metrics.reference(ref, p0, detector.h)
     address = metrics.serve(args.listen)
     print(f"decodegate: watching {args.engine} against {ref.source} ({ref.candidate}: accepted/drafted "
-          f"{ref.ratio:.3f} [{ref.low:.3f}, {ref.high:.3f}], boundary {p0:.3f}, φ {phi:.2f}); CUSUM k {k:.3f}, "
+          f"{ref.ratio:.3f} [{ref.low:.3f}, {ref.high:.3f}], boundary {p0:.3f}, φ {phi:.2f}{phi_from}); CUSUM k {k:.3f}, "
           f"h {detector.h:.3f} for an ARL of {args.arl_hours:g} h ({arl_steps:.0f} steps of {args.interval:g} s); "
           f"metrics at http://{address}/metrics", flush=True)
     return _loop(args, scraper, first, detector, metrics, ref, labels)

@@ -4,8 +4,8 @@
 An engine's counters give accepted / drafted tokens (the *acceptance rate*; Leviathan's α needs
 per-round counts the counters do not keep). So the reference is the same ratio over the reference
 run's records of one candidate: its value, a bootstrap interval resampling prompts (the rounds of
-one prompt share its predictability), and the overdispersion φ of per-request counts that the
-detector's statistic is scaled by. A run folder (summary.json + records.jsonl) or `mlflow:RUN_ID`
+one prompt share its predictability), and the overdispersion φ of per-request counts (with its
+upper bound, which the detector's statistic and the rules are scaled by). A run folder (summary.json + records.jsonl) or `mlflow:RUN_ID`
 (the same two artifacts of a run that `regress` or `sync` logged).
 
 Refused (LiveReferenceError, exit 2): no such folder or run, no candidate with drafted tokens, or
@@ -23,7 +23,7 @@ import numpy as np
 
 from analysis._common import cluster_index, cluster_sums
 from analysis.acceptance import ratio_ci
-from analysis.drift_detector import dispersion
+from analysis.drift_detector import dispersion, dispersion_upper
 from harness.run.records import read_records
 from harness.verdict.acceptance_ref import DEFAULT_TOLERANCE
 
@@ -46,6 +46,7 @@ class LiveReference:
     high: float
     level: float
     dispersion: float             # φ of per-request counts
+    dispersion_upper: float       # its one-sided 95% upper bound: what the detector and rules use
     drafted: int
     accepted: int
     requests: int
@@ -117,6 +118,9 @@ def _measure(summary: dict, cand: dict, candidate: str, rows: list[dict], source
     rows = [r for r in rows if (r.get("stats") or {}).get("proposed") is not None]
     a = np.array([float(r["stats"].get("accepted", 0)) for r in rows])
     n = np.array([float(r["stats"]["proposed"]) for r in rows])
+    if len(rows) < 2:
+        raise LiveReferenceError(f"reference {source}: candidate {candidate!r} drafted in {len(rows)} request(s); "
+                                 f"at least 2 are needed for an interval and a dispersion")
     ids = cluster_index([(r.get("suite"), r.get("item_id")) for r in rows])
     low, high = ratio_ci(*cluster_sums(ids, a, n), LEVEL, 4000, np.random.default_rng(rng))
     labels = {prometheus_label(k): str(v) for k, v in {**summary.get("labels", {}), **cand.get("labels", {})}.items()}
@@ -124,4 +128,4 @@ def _measure(summary: dict, cand: dict, candidate: str, rows: list[dict], source
                                                           else None)
     return LiveReference(source=source, candidate=candidate, engine=engine, labels=labels,
                          ratio=float(a.sum() / n.sum()), low=low, high=high, level=LEVEL,
-                         dispersion=dispersion(a, n), drafted=int(n.sum()), accepted=int(a.sum()), requests=len(rows))
+                         dispersion=dispersion(a, n), dispersion_upper=dispersion_upper(a, n), drafted=int(n.sum()), accepted=int(a.sum()), requests=len(rows))
