@@ -256,7 +256,7 @@ def drafts_tested(record: Mapping[str, Any]) -> float | None:
     return None if method == "accepted/proposed" or np.isnan(tested[0]) else float(tested[0])
 
 
-def _ratio_ci(num: np.ndarray, den: np.ndarray, level: float, n_resamples: int, rng) -> tuple[float, float]:
+def ratio_ci(num: np.ndarray, den: np.ndarray, level: float, n_resamples: int, rng) -> tuple[float, float]:
     """Percentile bootstrap interval of sum(num) / sum(den), resampling rows (pass per-prompt
     sums: the rows must be independent)."""
     idx = rng.integers(0, num.size, size=(n_resamples, num.size))
@@ -320,7 +320,7 @@ def acceptance_summary(
     known = ~np.isnan(tested_rec)
     alpha = _ratio(accepted_rec[known].sum(), tested_rec[known].sum())
     # Resample prompts, not records: one prompt's seeds and temperatures share its acceptance.
-    alpha_ci = _ratio_ci(*cluster_sums(prompt_clusters([p for p, k_ in zip(pairs, known) if k_]),
+    alpha_ci = ratio_ci(*cluster_sums(prompt_clusters([p for p, k_ in zip(pairs, known) if k_]),
                                        accepted_rec[known], tested_rec[known]), level, n_resamples, gen)
 
     hist = np.zeros(k + 1, dtype=int)

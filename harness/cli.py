@@ -21,6 +21,8 @@ COMMANDS = {
     "train-exits": ("harness.exits.train", "train exit heads for a target (distillation on its own text)"),
     "calibrate-exits": ("harness.exits.calibrate", "early-exit thresholds with a guarantee (Learn-then-Test)"),
     "estimate-acceptance": ("harness.commands.estimate", "teacher-forced α̂ of a draft on a suite, and the speedup it implies"),
+    "watch": ("harness.commands.watch", "watch a live engine's acceptance against the verdict's; alarm on a drop"),
+    "export-monitoring": ("harness.commands.monitoring", "Prometheus alert rules and a Grafana dashboard from a run's acceptance"),
     "exit-frontier": ("harness.exits.frontier", "early-exit threshold sweep: speed against quality, Pareto figure"),
 }
 

@@ -1,0 +1,131 @@
+"""The verdict's acceptance as production monitoring reads it: what `watch` and
+`export-monitoring` compare live counters with.
+
+An engine's counters give accepted / drafted tokens (the *acceptance rate*; Leviathan's α needs
+per-round counts the counters do not keep). So the reference is the same ratio over the reference
+run's records of one candidate: its value, a bootstrap interval resampling prompts (the rounds of
+one prompt share its predictability), and the overdispersion φ of per-request counts (with its
+upper bound, which the detector's statistic and the rules are scaled by). A run folder (summary.json + records.jsonl) or `mlflow:RUN_ID`
+(the same two artifacts of a run that `regress` or `sync` logged).
+
+Refused (LiveReferenceError, exit 2): no such folder or run, no candidate with drafted tokens, or
+several and none chosen.
+"""
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from analysis._common import cluster_index, cluster_sums
+from analysis.acceptance import ratio_ci
+from analysis.drift_detector import dispersion, dispersion_upper
+from harness.run.records import read_records
+from harness.verdict.acceptance_ref import DEFAULT_TOLERANCE
+
+LEVEL = 0.95
+ENGINE_PREFIX = {"llama.cpp": "llamacpp", "vllm": "vllm", "sglang": "sglang"}
+
+
+class LiveReferenceError(ValueError):
+    """A reference that cannot be monitored against."""
+
+
+@dataclass(frozen=True)
+class LiveReference:
+    source: str
+    candidate: str
+    engine: str | None            # "llama.cpp", "vllm", ... where the run's candidate was an engine
+    labels: dict                  # the config's labels and the candidate's, names made Prometheus-safe
+    ratio: float                  # accepted / drafted over the run
+    low: float                    # its interval at `level`
+    high: float
+    level: float
+    dispersion: float             # φ of per-request counts
+    dispersion_upper: float       # its one-sided 95% upper bound: what the detector and rules use
+    drafted: int
+    accepted: int
+    requests: int
+
+    @property
+    def metric_prefix(self) -> str:
+        return ENGINE_PREFIX.get(self.engine or "", "llamacpp")
+
+    def boundary(self, tolerance: float = DEFAULT_TOLERANCE) -> float:
+        """p0: the lowest acceptance still in control (the lower bound, less the tolerance)."""
+        return self.low * (1 - tolerance)
+
+
+def prometheus_label(name: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return name if re.match(r"[A-Za-z_]", name) else f"_{name}"
+
+
+def load(source: str, candidate: str | None = None, *, tracking_uri: str | None = None,
+         rng: int = 0) -> LiveReference:
+    if source.startswith("mlflow:"):
+        with tempfile.TemporaryDirectory() as tmp:
+            _download(source[len("mlflow:"):], Path(tmp), tracking_uri)
+            return _from_folder(Path(tmp), candidate, source, rng)
+    folder = Path(source)
+    if not folder.is_dir():
+        raise LiveReferenceError(f"reference {source!r} is neither a run folder nor mlflow:RUN_ID")
+    return _from_folder(folder, candidate, source, rng)
+
+
+def _download(run_id: str, into: Path, uri: str | None) -> None:
+    from harness.run import tracking
+    uri = tracking.resolve_uri(uri)
+    tracking.check_health(uri)
+    client = tracking._client(uri)
+    for name in ("summary.json", "records.jsonl"):
+        try:
+            client.download_artifacts(run_id, name, str(into))
+        except Exception as e:  # noqa: BLE001 - MLflow raises several types for a missing run or file
+            raise LiveReferenceError(f"reference mlflow:{run_id} at {uri}: cannot fetch {name} ({type(e).__name__}: "
+                                 f"{str(e)[:200]})") from e
+
+
+def _from_folder(folder: Path, candidate: str | None, source: str, rng: int) -> LiveReference:
+    summary_path = folder / "summary.json"
+    if not summary_path.is_file() or not (folder / "records.jsonl").is_file():
+        raise LiveReferenceError(f"reference {source}: not a finished run (needs summary.json and records.jsonl)")
+    summary = json.loads(summary_path.read_text())
+    records = read_records(folder)
+    drafting = {r.get("candidate") for r in records if (r.get("stats") or {}).get("proposed")}
+    cands = summary.get("candidates", {})
+    if candidate is None:
+        choices = sorted(n for n in cands if n in drafting)
+        if len(choices) != 1:
+            raise LiveReferenceError(f"reference {source}: " + (
+                f"several candidates drafted ({', '.join(choices)}): choose one with --candidate" if choices
+                else "no candidate has acceptance (no drafted tokens in its records): was it speculative?"))
+        candidate = choices[0]
+    if candidate not in cands:
+        raise LiveReferenceError(f"reference {source} has no candidate {candidate!r} (it has: {', '.join(cands) or 'none'})")
+    if candidate not in drafting:
+        raise LiveReferenceError(f"reference {source}: candidate {candidate!r} has no acceptance "
+                             f"(no drafted tokens in its records): was it speculative?")
+    return _measure(summary, cands[candidate], candidate,
+                    [r for r in records if r.get("candidate") == candidate and not r.get("error")], source, rng)
+
+
+def _measure(summary: dict, cand: dict, candidate: str, rows: list[dict], source: str, rng: int) -> LiveReference:
+    rows = [r for r in rows if (r.get("stats") or {}).get("proposed") is not None]
+    a = np.array([float(r["stats"].get("accepted", 0)) for r in rows])
+    n = np.array([float(r["stats"]["proposed"]) for r in rows])
+    if len(rows) < 2:
+        raise LiveReferenceError(f"reference {source}: candidate {candidate!r} drafted in {len(rows)} request(s); "
+                                 f"at least 2 are needed for an interval and a dispersion")
+    ids = cluster_index([(r.get("suite"), r.get("item_id")) for r in rows])
+    low, high = ratio_ci(*cluster_sums(ids, a, n), LEVEL, 4000, np.random.default_rng(rng))
+    labels = {prometheus_label(k): str(v) for k, v in {**summary.get("labels", {}), **cand.get("labels", {})}.items()}
+    engine = (cand.get("engine") or {}).get("engine") or (cand.get("decoder") if cand.get("decoder") in ENGINE_PREFIX
+                                                          else None)
+    return LiveReference(source=source, candidate=candidate, engine=engine, labels=labels,
+                         ratio=float(a.sum() / n.sum()), low=low, high=high, level=LEVEL,
+                         dispersion=dispersion(a, n), dispersion_upper=dispersion_upper(a, n), drafted=int(n.sum()), accepted=int(a.sum()), requests=len(rows))
