@@ -156,3 +156,11 @@ def test_chat_stream_ids_and_prompt_logprobs():
     assert len(body["prompt"]) == 58 and all(0 < len(r) <= 20 for r in rows)
     # Teacher-forced over its own greedy output, the greedy token is the top one at every position.
     assert [max(r, key=r.get) for r in rows] == plain[:8]
+
+
+def test_the_report_marks_sglang_results_as_unverified():
+    from harness.verdict.report import engine_lines
+    summary = {"engines": {}, "candidates": {"sg": {"decoder": "sglang"}, "vl": {"decoder": "vllm"}}}
+    assert "SGLang, parser checked on documented payloads only" in engine_lines(summary)
+    assert ": sg" in engine_lines(summary) and "vl" not in engine_lines(summary).split("only")[1]
+    assert engine_lines({"engines": {}, "candidates": {"vl": {"decoder": "vllm"}}}) == ""
