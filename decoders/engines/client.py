@@ -131,6 +131,11 @@ class EngineDecoder(Decoder):
         """Per-request acceptance stats from the final chunk; {} when the flavour has none."""
         return {}
 
+    def drafts_expected(self) -> bool:
+        """Whether the engine is known to speculate, so counters that did not move mean
+        "0 drafted" (the drafter found nothing) rather than "no speculation here"."""
+        return False
+
     async def open_session(self):
         """A client object for one batch, made inside its event loop (the openai client)."""
         return None
@@ -213,7 +218,7 @@ class EngineDecoder(Decoder):
                 return
             after = await self._spec_counters(http) if self.metrics_ok else None
             self.last_batch = {"requests": len(requests), "concurrency": self.concurrency,
-                               **stats_from_delta(spec_delta(before, after))}
+                               **stats_from_delta(spec_delta(before, after), self.drafts_expected())}
 
     async def _spec_counters(self, http: httpx.AsyncClient) -> dict | None:
         """The speculative counters now, or None where /metrics did not answer with Prometheus text
@@ -242,9 +247,11 @@ class EngineDecoder(Decoder):
                 if before is not None:
                     # One request in flight: the counters' difference is this request's alone.
                     # Per-request fields from the engine's own payload take precedence.
-                    delta = await request_delta(lambda: self._spec_counters(http), before, result.stats)
+                    delta = await request_delta(lambda: self._spec_counters(http), before, result.stats,
+                                                drafts_expected=self.drafts_expected())
                     for key, value in delta.items():
                         result.stats.setdefault(key, value)
+                add_target_forwards(result)
                 return result
             except DecoderError:
                 raise
@@ -313,9 +320,6 @@ class EngineDecoder(Decoder):
         result = out.result(self.name, stats)
         if result.tokens and all(math.isnan(m) for m in result.margins):
             result.stats["margins"] = f"missing: {self.needs}"
-        if "accepted" in stats and "target_forwards" not in stats:
-            # Each target forward emits its accepted drafts plus one token of its own.
-            result.stats["target_forwards"] = max(len(result.tokens) - int(stats["accepted"]), 1)
         return result
 
     def _text_result(self, text: str, finish, t0: float, chunk_times: list[float], stats: dict) -> GenerationResult:
@@ -326,6 +330,15 @@ class EngineDecoder(Decoder):
         return GenerationResult(tokens=ids, text=text, decoder=self.name, finish_reason=finish or "length",
                                 timing=Timing(wall_s=stamps[-1] - t0, ttft_s=times[0], token_times_s=tuple(times)),
                                 stats={**stats, "compare_on": "text"})
+
+
+def add_target_forwards(result: GenerationResult) -> None:
+    """τ's denominator, once the stats are complete: after the Prometheus difference is merged,
+    so τ is known on that path too, not only where the engine sent per-request counts. Each
+    target forward emits its accepted drafts plus one token of its own."""
+    stats = result.stats
+    if "accepted" in stats and "target_forwards" not in stats and result.tokens:
+        stats["target_forwards"] = max(len(result.tokens) - int(stats["accepted"]), 1)
 
 
 def _body(response: httpx.Response) -> str:

@@ -98,20 +98,58 @@ def parse_prompt_logprobs(choice: dict, start: int, n: int, k: int) -> list[dict
     return out
 
 
+# vLLM 0.32's `metrics.speculative_decoding` (on the final usage chunk of a stream, with
+# `--per-request-spec-decode-metrics summary|detailed`) -> the `stats` keys the analysis reads.
+VLLM_SPEC_FIELDS = {"num_draft_tokens": "proposed", "num_accepted_draft_tokens": "accepted",
+                    "num_spec_steps": "rounds", "num_spec_tokens": "k"}
+
+
 def telemetry_from_vllm(final: dict) -> dict:
-    """vLLM's per-request spec-decode metrics -> stats (absent unless the server enables them)."""
-    sd = final.get("speculative_decoding") or {}
-    if not sd or "num_draft_tokens" not in sd:
+    """vLLM's per-request spec-decode metrics -> stats; {} where the request carried none (a
+    server without `--per-request-spec-decode-metrics`). A field the payload lacks is not
+    reported (named in `not_reported`), never taken as 0: a 0 would be shown as a measurement.
+    A request whose drafter found nothing to propose is what the server says: 0 drafted."""
+    sd = final.get("speculative_decoding")
+    if not isinstance(sd, dict) or not sd:
         return {}
-    stats = {"proposed": int(sd["num_draft_tokens"]), "accepted": int(sd.get("num_accepted_tokens", 0)),
-             "telemetry": "per-request"}
-    if "num_drafts" in sd:
-        stats["rounds"] = int(sd["num_drafts"])
-    per_pos = sd.get("num_accepted_tokens_per_pos")
-    if per_pos and "num_drafts" in sd:
-        stats["k"] = len(per_pos)
-        stats["acceptance_by_position"] = [[int(a), int(sd["num_drafts"])] for a in per_pos]
+    stats: dict = {"telemetry": "per-request"}
+    for field, key in VLLM_SPEC_FIELDS.items():
+        if isinstance(sd.get(field), int):
+            stats[key] = int(sd[field])
+    missing = [f for f in VLLM_SPEC_FIELDS if f not in sd]
+    acc, drafted = sd.get("per_step_accepted"), sd.get("per_step_drafted")
+    if isinstance(acc, list) and isinstance(drafted, list) and len(acc) == len(drafted):
+        stats["accepted_per_round"], stats["proposed_per_round"] = [int(a) for a in acc], [int(d) for d in drafted]
+    hist = sd.get("acceptance_histogram")
+    if isinstance(hist, list) and hist and "rounds" in stats:
+        # histogram[j]: verify steps that accepted exactly j drafts. Position j was accepted in
+        # every step that accepted more than j: Prometheus' per-position counter, per draft.
+        stats["acceptance_by_position"] = [[sum(hist[j + 1:]), stats["rounds"]] for j in range(len(hist) - 1)]
+    else:
+        missing.append("acceptance_histogram")
+    if missing:
+        stats["not_reported"] = missing
     return stats
+
+
+def final_stats(final: dict) -> dict:
+    """`stats` from a stream's final chunks: vLLM's spec-decode metrics and the engine's own
+    prompt token count (`usage`, sent with `include_usage`)."""
+    stats = telemetry_from_vllm(final)
+    usage = final.get("usage") or {}
+    if usage.get("prompt_tokens") is not None:
+        stats["engine_prompt_tokens"] = int(usage["prompt_tokens"])
+    return stats
+
+
+def completion_args(model: str, request: GenerationRequest, extra_body: dict) -> dict:
+    """The openai client's `completions.create` arguments for one request. `include_usage`: the
+    final chunk then carries `usage` (the engine's prompt token count) and, on vLLM, the
+    per-request `metrics.speculative_decoding`, which vLLM sends on that chunk only."""
+    return dict(model=model, prompt=list(request.prompt_ids), max_tokens=request.max_new_tokens,
+                temperature=request.temperature, top_p=request.top_p, seed=request.seed,
+                stop=list(request.stop_strings) or None, logprobs=2, stream=True,
+                stream_options={"include_usage": True}, extra_body=extra_body)
 
 
 class OpenAICompletionsDecoder(EngineDecoder):
@@ -132,10 +170,7 @@ class OpenAICompletionsDecoder(EngineDecoder):
         await self.session.close()
 
     def create_args(self, request: GenerationRequest) -> dict:
-        return dict(model=self.server.served_model, prompt=list(request.prompt_ids),
-                    max_tokens=request.max_new_tokens, temperature=request.temperature, top_p=request.top_p,
-                    seed=request.seed, stop=list(request.stop_strings) or None, logprobs=2, stream=True,
-                    extra_body=self.extra_body(request))
+        return completion_args(self.server.served_model, request, self.extra_body(request))
 
     async def stream(self, http: httpx.AsyncClient, request: GenerationRequest) -> AsyncIterator[Piece]:
         stream = await self.session.completions.create(**self.create_args(request))
@@ -143,11 +178,7 @@ class OpenAICompletionsDecoder(EngineDecoder):
             yield parse_completion_chunk(chunk.model_dump())
 
     def telemetry(self, final: dict) -> dict:
-        stats = telemetry_from_vllm(final)
-        usage = final.get("usage") or {}
-        if usage.get("prompt_tokens") is not None:
-            stats["engine_prompt_tokens"] = int(usage["prompt_tokens"])
-        return stats
+        return final_stats(final)
 
 
 class VLLMDecoder(OpenAICompletionsDecoder):
@@ -160,6 +191,9 @@ class VLLMDecoder(OpenAICompletionsDecoder):
         return {"return_token_ids": True, "return_tokens_as_token_ids": True,
                 "top_k": request.top_k or -1, "min_p": 0.0, "repetition_penalty": 1.0,
                 "include_stop_str_in_output": True, "skip_special_tokens": False, **self.extra}
+
+    def drafts_expected(self) -> bool:
+        return bool(self.server.info.get("speculative"))
 
     def prompt_logprobs(self, context: list[int], tokens: list[int], k: int) -> list[dict[int, float]]:
         """One request: the whole sequence as the prompt, `prompt_logprobs: k` (vLLM's extension)."""

@@ -226,9 +226,10 @@ class EngineServer:
         """Served model names, version and launch flags, best effort across engines."""
         info: dict = {"name": self.spec.name, "base_url": self.base_url, "launch": list(self.command) or None}
         try:
-            info["models"] = [m.get("id") for m in self.get_json("/v1/models").get("data", [])]
+            listed = self.get_json("/v1/models").get("data", [])
+            info["models"] = [m.get("id") for m in listed]
         except (httpx.HTTPError, ValueError, AttributeError):
-            info["models"] = []
+            listed, info["models"] = [], []
         for path, key in (("/props", "build_info"), ("/version", "version"), ("/get_server_info", "version")):
             try:
                 body = self.get_json(path)
@@ -242,6 +243,8 @@ class EngineServer:
                     params = (body.get("default_generation_settings") or {}).get("params") or {}
                     info["speculative"] = {k: v for k, v in params.items() if k.startswith("speculative.")}
                 break
+        if any(isinstance(m, dict) and m.get("owned_by") == "vllm" for m in listed):
+            info.update(vllm_facts(self.command, self.metrics()))
         return info
 
     def _check_model(self) -> None:
@@ -263,3 +266,27 @@ class EngineServer:
         except httpx.HTTPError:
             return None
         return flatten(r.text) if r.status_code == 200 else None
+
+
+def vllm_facts(command: list[str], metrics: dict[str, float] | None) -> dict:
+    """What a record needs to know about a vLLM server beyond its version: its speculative
+    config (the launch command's `--speculative-config`; for a server decodegate did not start,
+    only whether /metrics has spec-decode counters) and whether prefix caching is on (an A/A run
+    on the same server then hits the prompts the baseline just cached, and reads faster)."""
+    import json
+    facts: dict = {"engine": "vLLM"}
+    flag = next((i for i, a in enumerate(command) if a.split("=", 1)[0] in ("--speculative-config",
+                                                                            "--speculative_config")), None)
+    if flag is not None and ("=" in command[flag] or flag + 1 < len(command)):
+        raw = command[flag].split("=", 1)[1] if "=" in command[flag] else command[flag + 1]
+        try:
+            facts["speculative"] = json.loads(raw)
+        except ValueError:
+            facts["speculative"] = raw
+    elif metrics is not None:
+        drafting = any(k.split("{", 1)[0] == "vllm:spec_decode_num_drafts_total" for k in metrics)
+        facts["speculative"] = ({"method": "not reported (spec-decode counters present)"} if drafting else None)
+    for key in (metrics or {}):
+        if key.startswith("vllm:cache_config_info{"):
+            facts["prefix_caching"] = 'enable_prefix_caching="True"' in key
+    return facts

