@@ -22,6 +22,14 @@ smollm2-135m (docs/performance.md, "The GPU path"): the top-2 margin of a batche
 the one-token steps differed by at most 5.3e-5 in fp32 and 0.5 in bf16, so bf16's default is
 2 x 0.5 = 1.0, as the "auto" rule would set it; fp16's 0.125 is not measured.
 
+Sampled pairs (temperature > 0, coupled by keyed Gumbel noise) are never excused by the margin.
+The recorded margin is the raw greedy top-2 gap; the token a coupled sampler picks is the argmax
+of the perturbed scores (log p + Gumbel noise), whose top two are other tokens at another gap.
+Rounding flips the tie between the perturbed scores, so a small raw margin says nothing about
+whether a sampled divergence was a tie, and a large one excuses nothing either: a wrong-noise
+sampler in bf16 had about half its divergences excused by the raw margin (issue 49). The records
+hold no logits to rebuild the perturbed gap from, so a sampled divergence is "real".
+
 Scope: no statistics beyond the identity-rate interval (``scipy.stats.binomtest``); no I/O.
 """
 
@@ -208,7 +216,8 @@ def token_identity(
             candidate_token=int(cand[pos]) if pos < len(cand) else None,
             margin=margin,
             margin_quantile=quantile,
-            kind=classify_margin(margin, eps),
+            # A sampled pair's raw margin is not its perturbed scores' gap (module docstring).
+            kind=classify_margin(margin, eps) if pair.key.temperature == 0 else REAL,
         ))
     n = len(pairs)
     identical = n - len(divergences)

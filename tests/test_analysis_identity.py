@@ -105,3 +105,31 @@ def test_measured_noise_widens_eps_only_as_far_as_rounding_goes():
     assert eps == 1e-3 and "not used" in source and "2.4" in source
     assert near_tie_epsilon("bfloat16", 4.0)[0] == pytest.approx(8.0)      # bf16: within 10 x its 1.0
     assert near_tie_epsilon("bfloat16", 6.0)[0] == 1.0
+
+
+def test_sampled_divergences_are_not_excused_by_the_raw_margin():
+    """Issue 49 (3): a coupled sampler picks argmax(log p + Gumbel noise); the recorded margin is
+    the raw greedy top-2 gap, which says nothing about the perturbed scores' tie. At bf16's eps
+    of 1.0 a candidate that diverged on 2 of 8 sampled pairs passed as "2 near-tie divergence(s)"."""
+    from harness.config import Gates
+    from harness.verdict.gate import decide
+    from harness.verdict.summary import _identity
+
+    base, cand = [], []
+    for i in range(8):
+        toks = [5, 6, 7, 8, 9, 10]
+        base.append(make_record(item_id=f"p{i}", temperature=0.7, seed=1, tokens=toks, margins=[0.5] * 6))
+        wrong = toks[:3] + [99] + toks[4:] if i < 2 else toks
+        cand.append(make_record(candidate="spec", decoder="speculative", item_id=f"p{i}", temperature=0.7,
+                                seed=1, tokens=wrong))
+    pairs = pair_records(base, cand)
+    res = token_identity(pairs, eps=1.0)
+    assert [d.kind for d in res.divergences] == ["real", "real"]
+    ident = _identity(pairs, 1.0)
+    summary = {"kind": "exact", "decoder": "speculative", "options": {"verify": "coupled"},
+               "suites": {"s": {"identity": {"T=0.7": ident}}}}
+    d = decide(summary, Gates())
+    assert not d.passed and "identity s T=0.7" in {r.name for r in d.failures}
+    # a greedy pair at the same raw margin is still a near-tie
+    greedy = pair_records([dict(r, temperature=0.0) for r in base], [dict(r, temperature=0.0) for r in cand])
+    assert [d.kind for d in token_identity(greedy, eps=1.0).divergences] == ["near-tie", "near-tie"]

@@ -145,8 +145,8 @@ def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float) ->
     scale, eps = level["scale"], level["eps"]
     for d in ident["divergences"]:
         m = d["margin"]
-        if d["kind"] == "near-tie" or m is None or not math.isfinite(m):
-            continue
+        if d["kind"] == "near-tie" or m is None or not math.isfinite(m) or d.get("temperature"):
+            continue  # a sampled divergence's raw margin bounds no perturbed gap (analysis.identity)
         d["kind"] = "within-floor" if valid and m <= scale else "real"
     mine = {key(d) for d in ident["divergences"] if d["kind"] == "within-floor"}
     aa = {key(d) for d in (floor_ident or {}).get("divergences", [])
