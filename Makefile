@@ -24,7 +24,7 @@ LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
                     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
                     -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-server-only.cmake
 
-.PHONY: install llama-server vllm setup check test calibrate regress decide regress-engine regress-vllm bench ui clean
+.PHONY: install llama-server tools vllm setup check test calibrate regress decide regress-engine regress-vllm bench ui clean
 
 install: $(STAMP)
 
@@ -84,10 +84,18 @@ $(VLLM_STAMP): scripts/setup-vllm.sh | $(STAMP)
 # tokens on the embedded model, the panel kernel agrees with torch. A build that traps (SIGILL:
 # compiled for a CPU feature this machine lacks), crashes or hangs fails the setup in seconds,
 # with one line.
-setup:
+setup: tools
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(if $(DECODEGATE_LLAMA_SERVER),,$(LLAMA_STAMP)) \
 	  $(if $(DECODEGATE_VLLM),vllm-own,$(VLLM_STAMP))
 	@$(BIN)/python -m harness.selfcheck
+
+# System tools the tests run for real: Prometheus's own `promtool` checks the alert rules that
+# `export-monitoring` writes (Debian's prometheus package; as root, installed here when missing).
+tools:
+	@command -v promtool >/dev/null || { echo "installing Debian's prometheus package (for promtool)"; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q --no-install-recommends prometheus >/dev/null \
+	  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; } \
+	  || { echo "decodegate setup: FAILED: promtool is missing and could not be installed: install Debian's prometheus package (apt-get install prometheus)"; exit 1; }
 
 # On every core (pytest-xdist; tests are parallel-safe: their own tmp_path, free ports, atomic
 # cache writes); --dist loadfile keeps a file's session fixtures (tiny models, servers) on one worker;
