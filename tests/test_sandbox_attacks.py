@@ -460,19 +460,24 @@ FLUSH_STORM = ("import ctypes, mmap, os, sys, time\nlibc = ctypes.CDLL(None, use
                "raise Exception(f'flushed {sum(done.values())} times: {done}')\n")
 
 
-def test_a_flush_storm_is_refused(mode):
-    """fsync, fdatasync, sync_file_range and msync(MS_SYNC) on a read-only descriptor of a host
-    file each flush the host's disk (issue 47: 25,304 flushes in 4 s). seccomp refuses them."""
+def _storm():
     before = _disk_flushes()
     g = attack(FLUSH_STORM)
-    flushes = _disk_flushes() - before
-    made = int(g.detail.split("flushed ")[1].split(" times")[0])
-    print(f"{mode}: {made} flush calls succeeded, the disks counted {flushes} flushes in ~1 s")
-    if mode == "control":
-        assert made > 100, g  # the calls work where nothing refuses them
-    else:
-        assert made == 0, g
-        assert flushes < 100, flushes  # what the busy host flushes on its own in a second
+    return int(g.detail.split("flushed ")[1].split(" times")[0]), _disk_flushes() - before
+
+
+def test_a_flush_storm_is_refused(monkeypatch):
+    """fsync, fdatasync, sync_file_range and msync(MS_SYNC) on a read-only descriptor of a host
+    file each flush the host's disk (issue 47: 25,304 flushes in 4 s). seccomp refuses them.
+    The same storm without the sandbox runs right after: on a busy host the disks flush on their
+    own too, so the sandboxed second is compared with the control's, not with zero."""
+    made, flushes = _storm()
+    monkeypatch.setattr(graders, "run_code", functools.partial(sandbox.run_code, isolate=False, audit_hook=False))
+    control_made, control_flushes = _storm()
+    print(f"sandboxed: {made} flush calls succeeded, {flushes} disk flushes in ~1 s; "
+          f"control: {control_made} calls, {control_flushes} flushes")
+    assert made == 0 and control_made > 100, (made, control_made)
+    assert flushes < control_flushes, (flushes, control_flushes)
 
 
 # --- forging the verdict ---------------------------------------------------------------------

@@ -100,7 +100,6 @@ EXPECTED_SKIPS = {
         # its own folder of the host's /tmp, bounded per file (RLIMIT_FSIZE) and by the wall
         # clock only: a hole of this kind of machine, named in suites/sandbox/README.md.
         "test_sandbox_attacks.py::test_disk_use_is_capped_in_total",
-        "test_sandbox.py::test_network_namespace_has_only_loopback",  # sockets: seccomp, Landlock
         "test_sandbox.py::test_timeout_kills_the_whole_process_group",  # root only
     },
 }

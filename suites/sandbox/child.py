@@ -279,9 +279,10 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def landlock(readable, writable, devices, isolation):
+def landlock(readable, writable, devices, isolation, listable=()):
     """Allow reading under `readable`, everything but devices and exec under `writable`,
-    reading and writing `devices`; nothing else of the filesystem, no TCP, no signals out."""
+    reading and writing `devices`, listing (not reading) under `listable`; nothing else of the
+    filesystem, no TCP, no signals out."""
     abi = libc.syscall(SYS_LANDLOCK_CREATE, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
     if abi < 1:
         isolation.append(f"no-landlock ({os.strerror(ctypes.get_errno())})")
@@ -295,7 +296,7 @@ def landlock(readable, writable, devices, isolation):
     if ruleset < 0:
         isolation.append(f"no-landlock ({os.strerror(ctypes.get_errno())})")
         return
-    rules = [(p, read_file | read_dir) for p in readable]
+    rules = [(p, read_file | read_dir) for p in readable] + [(p, read_dir) for p in listable]
     rules += [(p, handled & ~(make_char | make_block | execute)) for p in writable]
     rules += [(p, (read_file | write_file | truncate) & handled) for p in devices]
     try:
@@ -492,6 +493,7 @@ def confine(config, role, isolation):
     readable = [path for kind, path, _ in view if kind in ("dir", "file")]
     devices = [path for kind, path, _ in view if kind == "dev"]
     paths = [path for kind, path, _ in view if kind in ("dir", "file", "dev")]
+    listable = ()
     sources = enter_namespaces(config["outer_uid"], paths, isolation)
     own_uid = sources is not None and isolation[0] == "userns"
     if sources is not None:
@@ -506,14 +508,14 @@ def confine(config, role, isolation):
         # No view, so no mask: Landlock alone decides what is readable, and it reads only the
         # narrow set (the standard library, lib-dynload, the system's libraries), never a
         # package folder or data. Where that set is not tight, or Landlock is missing, refuse.
-        readable, loose = config["narrow"]
+        readable, loose, listable = config["narrow"]
         if loose:
             raise OSError(1, f"refusing to grade: no filesystem view ({isolation[0]}) and the "
                              f"Landlock read set is not tight: {loose}")
         tmpdir = os.path.join(tmpdir, role)
         os.mkdir(tmpdir, 0o700)
         os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)
-    landlock(readable, [tmpdir], devices, isolation)
+    landlock(readable, [tmpdir], devices, isolation, listable)
     if sources is None and not isolation[-1].startswith("landlock ("):
         raise OSError(1, f"refusing to grade: no filesystem view ({isolation[0]}) and no Landlock "
                          f"({isolation[-1]}): the code could read every file of this user")

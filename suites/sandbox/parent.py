@@ -275,14 +275,17 @@ def _package_folders() -> list:
 
 @functools.lru_cache(maxsize=1)
 def _narrow_readable() -> tuple:
-    """(paths, why not): what Landlock lets a process read where the kernel refused namespaces,
+    """(paths, why not, folders): what Landlock lets a process read where the kernel refused namespaces,
     so that no view and no mask exist. Only what the interpreter needs once the preamble has
     confined it: the interpreter and ld.so.cache, the entries of its standard library folder
     but package folders (lib-dynload among them), libpython, and the entries of the system's
     library folders but Python's own (/usr/lib/python3*). Nothing of the prefix besides: no
     site-packages, no data. pyseccomp arrives compiled and libseccomp is loaded before
     confinement, so no package folder is needed. `why not` names a package folder that would
-    still be readable (then the child refuses to grade without a view); None when tight."""
+    still be readable (then the child refuses to grade without a view); None when tight.
+    `folders`: the standard library folders, which may be listed (not read): imports list them
+    again after importlib.invalidate_caches(). Listing reaches the names below them too (the
+    packages installed in site-packages), never a file's content."""
     layout, prefix = _layout(), os.path.realpath(_layout()["prefix"])
     stdlib = [os.path.realpath(p) for p in layout["path"] if os.path.isdir(p)]
     skip = {"site-packages", "dist-packages"}
@@ -300,8 +303,8 @@ def _narrow_readable() -> tuple:
     for folder in _package_folders():
         holder = next((p for p in paths if _inside(folder, p) and folder not in stdlib), None)
         if holder is not None:
-            return tuple(paths), f"{folder} would be readable (inside {holder})"
-    return tuple(paths), None
+            return tuple(paths), f"{folder} would be readable (inside {holder})", tuple(stdlib)
+    return tuple(paths), None, tuple(stdlib)
 
 
 def _inside(path, folder) -> bool:
@@ -603,7 +606,7 @@ def _remove_tree(path):
 
 def _run(code, tests, prefix, names, limits, isolate, audit_hook, start) -> SandboxResult:
     config = {"nonce": secrets.token_hex(16), "limits": limits.child_config(), "isolate": isolate,
-              "view": _view(), "narrow": _narrow_readable() if isolate else ((), None),
+              "view": _view(), "narrow": _narrow_readable() if isolate else ((), None, ()),
               "code": code, "audit_hook": audit_hook,
               "modules": {name: _CODE[name] for name in ("sandbox_wire", "sandbox_denylist", "sandbox_filter")},
               "pyseccomp": _seccomp_binding() if isolate else (None, {}, "not isolated")}
