@@ -53,12 +53,15 @@ EOF
 
 prove_url() {  # one short request to a running server
   local url="$1" model
-  model=$(curl -sf --max-time 10 "$url/v1/models" | "$PY" -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])") \
-    || fail "no vLLM answering at $url (GET /v1/models failed)"
-  curl -sf --max-time 120 "$url/v1/completions" -H 'Content-Type: application/json' \
-    -d "{\"model\": \"$model\", \"prompt\": \"The capital of France is\", \"max_tokens\": 4, \"temperature\": 0}" \
-    | "$PY" -c "import json,sys; t=json.load(sys.stdin)['choices'][0]['text']; print('setup-vllm: answered', repr(t))" \
+  local listed answer
+  listed=$(curl -sf --max-time 10 "$url/v1/models") || fail "no vLLM answering at $url (GET /v1/models failed)"
+  model=$(echo "$listed" | "$PY" -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])" 2>/dev/null) \
+    || fail "$url/v1/models lists no model"
+  answer=$(curl -sf --max-time 120 "$url/v1/completions" -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$model\", \"prompt\": \"The capital of France is\", \"max_tokens\": 4, \"temperature\": 0}") \
     || fail "vLLM at $url did not answer a 4-token completion"
+  echo "$answer" | "$PY" -c "import json,sys; print('setup-vllm: answered', repr(json.load(sys.stdin)['choices'][0]['text']))" \
+    2>/dev/null || fail "vLLM at $url answered without a completion: ${answer:0:200}"
 }
 
 prove_exe() {  # start `vllm serve` on the default model, one request, stop it
