@@ -2,18 +2,20 @@
 
     python scripts/compare_vllm_bench.py RUN/load.jsonl bench.json
 """
-import json, sys
+import json
+import sys
+
 import numpy as np
-rows = [json.loads(l) for l in open(sys.argv[1]) if json.loads(l).get("candidate") == "vllm" and json.loads(l).get("ttft_s") is not None]
+
+rows = [r for r in map(json.loads, open(sys.argv[1])) if r.get("candidate") == "vllm" and r.get("ttft_s") is not None]
 b = json.load(open(sys.argv[2]))
 ttft = [r["ttft_s"] * 1e3 for r in rows]
 e2e = [r["e2e_s"] * 1e3 for r in rows]
 tpot = [(r["e2e_s"] - r["ttft_s"]) * 1e3 / (len(r["token_times_s"]) - 1) for r in rows if len(r["token_times_s"]) > 1]
 itl = [t * 1e3 for r in rows for t in r["token_times_s"][1:]]
-bt = {"ttft": b["ttfts"], "e2e": None, "itl": [x for xs in b["itls"] for x in xs]}
 out = {}
 for name, mine, theirs in (("TTFT", ttft, [x * 1e3 for x in b["ttfts"]]),
-                           ("TPOT", tpot, None), ("ITL", itl, [x * 1e3 for x in bt["itl"]]), ("E2E", e2e, None)):
+                           ("TPOT", tpot, None), ("ITL", itl, [x * 1e3 for xs in b["itls"] for x in xs]), ("E2E", e2e, None)):
     out[name] = {"decodegate": [round(float(np.percentile(mine, q)), 1) for q in (50, 90)], "n": len(mine)}
     if theirs:
         out[name]["vllm_bench"] = [round(float(np.percentile(theirs, q)), 1) for q in (50, 90)]
