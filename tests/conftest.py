@@ -93,6 +93,7 @@ def smollm2():
 # after f11f2a5, the default model already converted by `make install` (the first ones start
 # together, one per worker, so their order among them does not matter).
 LONG_FIRST = (
+    "test_vllm.py",                      # ~490-575 s at load 9-15: two real vLLM servers (~90 s to start), one regress
     "test_exactness_int8.py",            # ~200 s: real smollm2 + int8 draft, two regress runs
     "test_engine_sampled.py",            # ~195 s: five real llama.cpp candidates, three seeds
     "test_engine_sampled_reference.py",  # ~185 s (~115 s once its engine requests shared a client)

