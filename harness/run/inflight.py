@@ -96,16 +96,22 @@ class InFlight:
 
 
 def in_flight(run_dir: Path) -> str | None:
-    """The decoder a previous run on this folder was generating when it died, or None."""
+    """The decoder a previous run on this folder was generating when it crashed or hung, or None
+    (none in flight, or the run was killed from outside)."""
     try:
-        return json.loads((Path(run_dir) / INFLIGHT).read_text())["candidate"]
+        note = json.loads((Path(run_dir) / INFLIGHT).read_text())
+        name = note["candidate"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    fatal = Path(run_dir) / FATAL
+    crashed = fatal.exists() and _signal(fatal.read_text(errors="replace")) is not None
+    return name if note.get("hung") or crashed else None
 
 
 def previous_death(run_dir: Path) -> dict | None:
     """The stop row for the decoder a previous run on this folder died in (a native crash, or the
-    watchdog), or None; the note is consumed and the crash report kept beside the traceback."""
+    watchdog), or None; the note is consumed and the crash report kept beside the traceback. A run
+    killed from outside (no crash report) blames no one: its row has reason "killed"."""
     path = Path(run_dir) / INFLIGHT
     try:
         note = json.loads(path.read_text())
@@ -114,11 +120,17 @@ def previous_death(run_dir: Path) -> dict | None:
     fatal = Path(run_dir) / FATAL
     report = fatal.read_text(errors="replace") if fatal.exists() else ""
     name = note.get("candidate", "?")
+    signal = _signal(report)
     if note.get("hung"):
         reason, line = "hung", f"the previous run ended when {note['hung']}"
+    elif signal is None:  # killed from outside (SIGKILL, a CI timeout): not the decoder's doing
+        path.unlink()
+        return {"candidate": name, "reason": "killed",
+                "detail": f"the previous run was killed while {name} was generating {note.get('item', '?')}; "
+                          f"resuming"}
     else:
         reason = "crashed"
-        line = f"the previous run died ({_signal(report)}) while {name} was generating {note.get('item', '?')}"
+        line = f"the previous run died ({signal}) while {name} was generating {note.get('item', '?')}"
     folder = Path(run_dir) / TRACEBACKS
     folder.mkdir(exist_ok=True)
     trace = folder / f"{name}.txt"
@@ -129,12 +141,13 @@ def previous_death(run_dir: Path) -> dict | None:
             "traceback": f"{TRACEBACKS}/{name}.txt", "fingerprint": note.get("fingerprint")}
 
 
-def _signal(report: str) -> str:
-    """The fatal signal faulthandler named in its report ("Fatal Python error: Segmentation fault")."""
+def _signal(report: str) -> str | None:
+    """The fatal signal faulthandler named in its report ("Fatal Python error: Segmentation fault");
+    None where it wrote none (the process was killed from outside)."""
     for line in reversed(report.splitlines()):
         if line.startswith("Fatal Python error:"):
             text = line.split(":", 1)[1].strip()
             return next((sig for words, sig in SIGNALS.items() if text.startswith(words)), text)
         if line.startswith("Timeout ("):
             return "hung past the watchdog, ended by faulthandler"
-    return "killed, no signal recorded"
+    return None

@@ -265,7 +265,8 @@ def carry_over(run_dir: Path, lineup: Lineup, stops: Stops, policy: Policy) -> N
     death = previous_death(run_dir)
     if death is not None:
         print(f"decodegate: {death['detail']}", file=sys.stderr)
-        stops.add(**death)
+        if death["reason"] in BROKEN:
+            stops.add(**death)
     changed = lambda r: r.get("fingerprint") not in (None, lineup.fingerprints.get(r["candidate"]))  # noqa: E731
     again = [r for r in stops.rows if r.get("reason") in BROKEN and (policy.retry or changed(r))]
     if again:
