@@ -135,7 +135,8 @@ class Decoder:
     def generate_many(self, requests):
         """Yield `(index, result)` for each request as it finishes, or `(index, DecoderError)`
         for a request that failed on its own. The default runs them one after another; engine
-        backends keep several in flight. Any other exception ends the call."""
+        backends keep several in flight. Any other exception ends the call (the runner makes
+        it the decoder's failure, named with its item: harness.run.faults)."""
         for i, request in enumerate(requests):
             try:
                 yield i, self.generate(request)

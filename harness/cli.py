@@ -98,7 +98,8 @@ def main(argv=None) -> int:
         # Never exit 1 on a crash: CI would read it as "a gate failed".
         import traceback
         traceback.print_exc()
-        print(f"decodegate: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        from harness.run.faults import whose
+        print(f"decodegate: internal error: {type(e).__name__}: {e} ({whose(e)})", file=sys.stderr)
         return 3
 
 

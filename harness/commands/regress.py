@@ -19,6 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
+from harness.run.faults import HANG_FACTOR, HANG_FLOOR_S, Policy
 from harness.run.records import read_records
 
 
@@ -39,6 +40,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="generate the whole baseline again (it is still written to the store)")
     p.add_argument("--fail-fast", action="store_true",
                    help="stop an exact candidate at its first real divergence (its verdict is a failure)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="a candidate that raises goes on with its other items (each item it raises on fails); "
+                        "by default it stops at its first exception, and its verdict is a failure")
+    p.add_argument("--retry-broken", action="store_true",
+                   help="run again the decoders that raised, crashed or hung in an earlier run on this --run-dir "
+                        "(by default they are named and left out, unless their code or model changed)")
+    p.add_argument("--item-timeout", type=positive, metavar="S",
+                   help="end the run when one item takes longer than S seconds (the decoder, the item and its "
+                        "Python stack are named; the next run on the folder goes on without that decoder)")
+    p.add_argument("--hang-factor", type=positive, default=HANG_FACTOR, metavar="F",
+                   help=f"a candidate's item counts as hung after F times the baseline's time on it (at least "
+                        f"{HANG_FLOOR_S:g} s; default: %(default)g)")
     p.add_argument("--plan-from", metavar="RUN_DIR",
                    help="a previous run folder: plan sample sizes from the discordance it observed")
     p.add_argument("--plan-only", action="store_true",
@@ -47,6 +60,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                         "failure with its detail (exit codes are unchanged)")
     p.add_argument("--summary-md", metavar="PATH", help="write the verdict table and gates in Markdown; also "
                                                          "appended to $GITHUB_STEP_SUMMARY when that is set")
+
+
+def positive(text: str) -> float:
+    """A positive, finite number (argparse names the option on a ValueError)."""
+    x = float(text)
+    if not (0 < x < float("inf")):
+        raise ValueError(text)
+    return x
 
 
 def code_version() -> str:
@@ -167,7 +188,7 @@ def run(args) -> int:
             from harness.verdict.looks import LookPlan
             looks = LookPlan(config, lineup.specs, lineup.baseline_names, suites)
             records = runner.run(config, run_dir, lineup, suites, progress=not args.no_progress, reuse=reuse,
-                                 fail_fast=getattr(args, "fail_fast", False), looks=looks)
+                                 fail_fast=getattr(args, "fail_fast", False), looks=looks, policy=policy(args))
         except EngineDown as e:
             kept = len(read_records(run_dir))
             raise EngineDown(f"{e}\n{kept} finished records are kept in {run_dir}; once the engine is back, "
@@ -192,6 +213,13 @@ def run(args) -> int:
     return finish(config, run_dir, meta, records, suites, exactness, args, head_cost, numerics, refs)
 
 
+def policy(args) -> Policy:
+    """What the runner does when a decoder breaks (harness.run.faults)."""
+    return Policy(keep_going=getattr(args, "keep_going", False), retry=getattr(args, "retry_broken", False),
+                  item_timeout=getattr(args, "item_timeout", None),
+                  hang_factor=getattr(args, "hang_factor", None) or HANG_FACTOR)
+
+
 def check_fingerprints(run_dir: Path, meta: dict, lineup) -> dict:
     """A resumed run folder must hold rows of the same models and decoder code: refuse one made
     with others (rows of a fixed decoder beside rows of the broken one would be judged as one)."""
@@ -199,9 +227,18 @@ def check_fingerprints(run_dir: Path, meta: dict, lineup) -> dict:
     now = lineup.fingerprints
     before = meta.get("fingerprints")
     if before is not None:
-        changed = [f"{name} {k.replace('_fingerprint', '')} {v} -> {now[name].get(k)}"
-                   for name, fp in before.items() if name in now for k, v in fp.items() if now[name].get(k) != v]
-        if changed:
+        changed = {name: f"{name} {k.replace('_fingerprint', '')} {v} -> {now[name].get(k)}"
+                   for name, fp in before.items() if name in now for k, v in fp.items() if now[name].get(k) != v}
+        from harness.run.runner import broken, forget
+        if changed and set(changed) <= broken(run_dir) - lineup.baseline_names:
+            # Only decoders that broke here changed (a fix): their rows go, and they run again.
+            forget(run_dir, set(changed))
+            print(f"decodegate: {', '.join(sorted(changed))}: changed since it broke ({'; '.join(changed.values())}); "
+                  f"its rows are dropped and it runs again", file=sys.stderr)
+            meta = {**meta, "fingerprints": {**before, **{n: now[n] for n in changed}}}
+            (run_dir / "run.json").write_text(json.dumps(meta, indent=2))
+        elif changed:
+            changed = list(changed.values())
             raise ConfigError(f"{run_dir} was made with other models or decoder code ({'; '.join(changed)}): its "
                               f"rows cannot be mixed with these; use a new --run-dir")
         return meta

@@ -17,11 +17,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from decoders.base import DecoderError
 from harness.build import build_decoder, get_model
 from harness.config import DecoderSpec, RegressConfig
+from harness.run.faults import (BROKEN, BaselineBroken, Policy, garbage, item_limit, raised, results,
+                                vocabulary)
+from harness.run.inflight import INFLIGHT, InFlight, in_flight, previous_death
 from harness.run.records import RECORDS, RecordWriter, read_records, record_key  # noqa: F401 - re-exported
 from harness.run.store_take import StoreTake
 from harness.run.work import (WorkItem, expand, make_request, make_row, runs_on,  # noqa: F401 - re-exported
@@ -92,8 +96,16 @@ class Stops:
     so that a resumed run and the summary know it."""
 
     def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
         self.rows = read_records(run_dir, STOPS)
         self.writer = RecordWriter(run_dir, STOPS)
+
+    def forget(self, drop) -> None:
+        """Remove the stops `drop` selects (a broken candidate run again), from the file too."""
+        self.writer.close()
+        self.rows = [r for r in self.rows if not drop(r)]
+        _rewrite(self.run_dir / STOPS, self.rows)
+        self.writer = RecordWriter(self.run_dir, STOPS)
 
     def stopped(self, candidate: str, suite: str) -> bool:
         return any(r["candidate"] == candidate and r["suite"] in ("*", suite) for r in self.rows)
@@ -141,7 +153,8 @@ class Ledger:
     resumed run skips them), the baseline's rows by pair (--fail-fast compares with them), the
     stops, and the writers. Every row goes through `write`."""
 
-    def __init__(self, run_dir: Path, lineup: Lineup):
+    def __init__(self, run_dir: Path, lineup: Lineup, stages: list):
+        self.run_dir = Path(run_dir)
         self.rows = read_records(run_dir)
         self.base_names = lineup.baseline_names
         self.cands = [s for s in lineup.specs if s.name not in self.base_names]
@@ -150,6 +163,17 @@ class Ledger:
         self.stops = Stops(run_dir)
         self.writer = RecordWriter(run_dir)
         self.batches = RecordWriter(run_dir, ENGINE_BATCHES)
+        # Generations each decoder has in this run's plan ("2 of 10 items ran").
+        self.planned = {s.name: sum(runs_on(s, w.suite.name) for st in stages for w in st) for s in lineup.specs}
+
+    def ran(self, name: str) -> int:
+        return sum(1 for k in self.done if k[0] == name)
+
+    def baseline_wall(self, w: WorkItem) -> float | None:
+        """The baseline's wall time on this work item, where it has one (a hang is judged by it)."""
+        row = self.base_rows.get(w.key("")[1:])
+        wall = (row or {}).get("timing", {}).get("wall_s")
+        return wall if isinstance(wall, (int, float)) and wall > 0 else None
 
     def wanted(self, spec: DecoderSpec, w: WorkItem) -> bool:
         if w.key(spec.name) in self.done or not runs_on(spec, w.suite.name):
@@ -173,7 +197,7 @@ class Ledger:
 
 
 def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, progress: bool = True,
-        reuse=None, fail_fast: bool = False, looks=None) -> list[dict]:
+        reuse=None, fail_fast: bool = False, looks=None, policy: Policy | None = None) -> list[dict]:
     """Generate everything not yet in the run folder; return all rows.
 
     Work goes in stages (one, or one per sequential look) and within a stage in blocks of
@@ -190,24 +214,73 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
     each the question "stop now?" (`looks.decisions(records, stops)`: stop rows of candidates whose
     quality is decided on a suite). None: the fixed design, one stage. With `fail_fast` an exact
     candidate stops at its first real divergence.
+
+    `policy` (harness.run.faults.Policy): what happens when a decoder breaks. A candidate that
+    raises stops there (a stop row, its verdict a failure), a result that is garbage is a failed
+    item, a decoder that crashed or hung in an earlier run on the folder is left out.
     """
+    policy = policy or Policy()
     stages = staged_work(config, suites, looks)                                  # plan
-    ledger = Ledger(run_dir, lineup)                                             # what the folder holds
+    ledger = Ledger(run_dir, lineup, stages)                                     # what the folder holds
+    inflight = None
     try:
+        carry_over(run_dir, lineup, ledger.stops, policy)                        # who broke before
         take = StoreTake(config, run_dir, lineup, reuse, stages[0], ledger.rows)  # the baseline's store side
-        bar = progress_bar(stages, lineup, ledger, progress)
-        block_no = 0
+        inflight = InFlight(run_dir)
+        ctx = Context(config, lineup, ledger, take, progress_bar(stages, lineup, ledger, progress),
+                      inflight, policy, fail_fast)
         for stage in stages:
-            pending = take.order(pending_work(stage, lineup, ledger, bar))
+            pending = take.order(pending_work(stage, lineup, ledger, ctx.bar))
             for block in blocks(pending, lineup.block_size()):
                 for spec in lineup.specs:                                        # baseline, then candidates
-                    run_decoder(config, lineup, spec, block, block_no, ledger, take, bar, fail_fast)
-                block_no += 1
+                    run_decoder(ctx, spec, block)
+                ctx.block_no += 1
             look(looks, run_dir, ledger.stops)                                   # stop now?
-        bar.close()
+        ctx.bar.close()
     finally:
         ledger.close()
+        if inflight is not None:
+            inflight.close()
     return read_records(run_dir)                                                 # the records
+
+
+@dataclass
+class Context:
+    """What every decoder's turn in a block uses."""
+    config: RegressConfig
+    lineup: Lineup
+    ledger: Ledger
+    take: StoreTake
+    bar: object
+    inflight: InFlight
+    policy: Policy
+    fail_fast: bool
+    block_no: int = 0
+
+
+def carry_over(run_dir: Path, lineup: Lineup, stops: Stops, policy: Policy) -> None:
+    """A decoder that broke in an earlier run on this folder (raised, crashed or hung) is named and
+    left out, unless it changed since (its fingerprint) or `policy.retry`: then it runs again. A
+    baseline that crashed or hung stops the run: nothing is left to compare against."""
+    death = previous_death(run_dir)
+    if death is not None:
+        print(f"decodegate: {death['detail']}", file=sys.stderr)
+        if death["reason"] in BROKEN:
+            stops.add(**death)
+    changed = lambda r: r.get("fingerprint") not in (None, lineup.fingerprints.get(r["candidate"]))  # noqa: E731
+    again = [r for r in stops.rows if r.get("reason") in BROKEN and (policy.retry or changed(r))]
+    if again:
+        stops.forget(lambda r: r in again)
+        why = "--retry-broken" if policy.retry else "changed since it broke"
+        print(f"decodegate: {', '.join(sorted({r['candidate'] for r in again}))}: run again ({why})", file=sys.stderr)
+    for r in stops.rows:
+        if r.get("reason") not in BROKEN:
+            continue
+        if r["candidate"] in lineup.baseline_names:
+            raise BaselineBroken(f"{r['detail']}; the baseline broke, so no candidate can be judged: fix it, "
+                                 f"then rerun with --retry-broken (every finished row is kept in {run_dir})")
+        print(f"decodegate: {r['candidate']}: left out of this run ({r['detail']}); "
+              f"to run it again: --retry-broken", file=sys.stderr)
 
 
 def progress_bar(stages: list, lineup: Lineup, ledger: Ledger, progress: bool):
@@ -231,40 +304,75 @@ def blocks(pending: list, size: int) -> list:
     return [pending[start:start + size] for start in range(0, len(pending), size)]
 
 
-def run_decoder(config: RegressConfig, lineup: Lineup, spec: DecoderSpec, block: list, block_no: int,
-                ledger: Ledger, take: StoreTake, bar, fail_fast: bool) -> None:
+def run_decoder(ctx: Context, spec: DecoderSpec, block: list) -> None:
     """One decoder's requests of a block, all in flight at once (an engine) or one by one: a
     baseline first takes what the store supplies; each row is written as it finishes."""
+    ledger, lineup = ctx.ledger, ctx.lineup
     items = [w for w, specs in block if spec in specs and ledger.wanted(spec, w)]
     if not items:
         return
     decoder, target = lineup.decoders[spec.name], lineup.targets[spec.name]
-    requests = [make_request(config, target, w) for w in items]
+    requests = [make_request(ctx.config, target, w) for w in items]
     found = [None] * len(items)
-    if take.takes_from(spec):
-        items, requests, found, taken = take.take(spec, items, requests)
+    if ctx.take.takes_from(spec):
+        items, requests, found, taken = ctx.take.take(spec, items, requests)
         for w, row in taken:
             ledger.write(spec, w, row)
-            bar.update(1)
+            ctx.bar.update(1)
         if not items:
             return
     w0 = items[0]
-    bar.set_postfix_str(f"{spec.name} · {w0.suite.name}/{w0.item.id} · T={w0.temperature:g}"
-                        + (f" (+{len(items) - 1})" if len(items) > 1 else ""), refresh=False)
-    for i, result in decoder.generate_many(requests):
-        w = items[i]
-        row = {**make_row(spec, w, result, block=block_no), **lineup.fingerprints[spec.name]}
-        if spec.name in ledger.base_names and take.in_sample(w):
-            row["speed_sample"] = True
-        ledger.write(spec, w, row)
-        bar.update(1)
-        if spec.name in ledger.base_names:
-            take.generated(spec, w, row, found[i])
-        elif fail_fast:
-            check_divergence(config, target, spec, row, ledger)
+    ctx.bar.set_postfix_str(f"{spec.name} · {w0.suite.name}/{w0.item.id} · T={w0.temperature:g}"
+                            + (f" (+{len(items) - 1})" if len(items) > 1 else ""), refresh=False)
+    base = spec.name in ledger.base_names
+    limits = [item_limit(ctx.policy, None if base else ledger.baseline_wall(w)) for w in items]
+    vocab = vocabulary(target)
+    with ctx.inflight.item(spec.name, items, None if None in limits else sum(limits), lineup.fingerprints[spec.name]):
+        for i, result in results(decoder, requests, ctx.policy.keep_going):
+            if isinstance(result, Exception) and not isinstance(result, DecoderError):
+                result = broke(ctx, spec, items[i], result, decoder)
+                if result is None:  # the candidate stops here
+                    break
+            elif not isinstance(result, DecoderError) and (why := garbage(result, requests[i], vocab)):
+                result = DecoderError(f"a result that cannot be judged: {why}")
+            record(ctx, spec, items[i], result, found[i])
     batch = getattr(decoder, "last_batch", None)
     if batch and batch.get("proposed"):
         ledger.batches.write({"candidate": spec.name, **batch})
+
+
+def record(ctx: Context, spec: DecoderSpec, w: WorkItem, result, found) -> None:
+    """Write one generated row; a baseline row goes to the store side, a candidate's to --fail-fast."""
+    ledger = ctx.ledger
+    row = {**make_row(spec, w, result, block=ctx.block_no), **ctx.lineup.fingerprints[spec.name]}
+    if spec.name in ledger.base_names and ctx.take.in_sample(w):
+        row["speed_sample"] = True
+    ledger.write(spec, w, row)
+    ctx.bar.update(1)
+    if spec.name in ledger.base_names:
+        ctx.take.generated(spec, w, row, found)
+    elif ctx.fail_fast:
+        check_divergence(ctx.config, ctx.lineup.targets[spec.name], spec, row, ledger)
+
+
+def broke(ctx: Context, spec: DecoderSpec, w: WorkItem, exc: Exception, decoder) -> DecoderError | None:
+    """A decoder raised on an item. A candidate: its stop row (the one line, the traceback in the
+    run folder), or with `keep_going` the item's error. The baseline: the run stops (BaselineBroken),
+    or, where the exception came from decodegate's own code, it is raised as the bug it is."""
+    ledger = ctx.ledger
+    stop = raised(spec.name, w, exc, decoder, ledger.run_dir, ledger.ran(spec.name), ledger.planned[spec.name],
+                  ctx.lineup.fingerprints[spec.name])
+    where = f"traceback in {ledger.run_dir / stop['traceback']}"
+    if spec.name in ledger.base_names:
+        if stop["ours"]:
+            raise exc
+        raise BaselineBroken(f"{stop['detail']}; the baseline raised, so no candidate can be judged ({where}; "
+                             f"every finished row is kept in {ledger.run_dir})") from exc
+    print(f"decodegate: {stop['detail']} ({where})", file=sys.stderr)
+    if ctx.policy.keep_going:
+        return DecoderError(stop["detail"])
+    ledger.stops.add(**stop)
+    return None
 
 
 def check_divergence(config: RegressConfig, target, spec: DecoderSpec, row: dict, ledger: Ledger) -> None:
@@ -368,10 +476,30 @@ def run_lmeval(config: RegressConfig, run_dir: Path, lineup: Lineup, progress: b
 LMEVAL_DONE = "lmeval_done.jsonl"
 
 
+def broken(run_dir: Path) -> set[str]:
+    """The decoders that broke in an earlier run on this folder: a stop for raising, crashing or
+    hanging, or the in-flight note of a run that died."""
+    names = {r["candidate"] for r in read_records(run_dir, STOPS) if r.get("reason") in BROKEN}
+    return names | {in_flight(run_dir)} - {None}
+
+
+def forget(run_dir: Path, names: set[str]) -> None:
+    """Drop the rows, the broken stops and the in-flight note of decoders run again after a fix."""
+    _drop_rows(run_dir, lambda r: r["candidate"] in names)
+    path = Path(run_dir) / STOPS
+    if path.exists():
+        _rewrite(path, [r for r in read_records(run_dir, STOPS)
+                        if not (r["candidate"] in names and r.get("reason") in BROKEN)])
+    if in_flight(run_dir) in names:
+        (Path(run_dir) / INFLIGHT).unlink()
+
+
 def _drop_rows(run_dir: Path, drop) -> None:
     """Rewrite records.jsonl without the rows `drop` selects (a half-finished lm-eval task)."""
-    path = Path(run_dir) / RECORDS
-    keep = [r for r in read_records(run_dir) if not drop(r)]
+    _rewrite(Path(run_dir) / RECORDS, [r for r in read_records(run_dir) if not drop(r)])
+
+
+def _rewrite(path: Path, rows: list[dict]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     os.replace(tmp, path)

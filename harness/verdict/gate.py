@@ -508,6 +508,8 @@ def decide(cand: dict, gates: Gates) -> Decision:
     for st in cand.get("stopped", []):
         if st.get("reason") == "fail-fast":
             results.append(GateResult("fail-fast", "fail", f"stopped early (--fail-fast): {st['detail']}"))
+        elif st.get("reason") in ("raised", "crashed", "hung"):  # the candidate broke (harness.run.faults)
+            results.append(GateResult(st["reason"], "fail", st["detail"]))
     sp = cand.get("speedup")
     if cand.get("min_speedup") is not None and (sp is None or sp.get("error")):
         why = sp["error"] if sp else ("no timed pairs: no item has tokens on both sides with the baseline "

@@ -57,7 +57,7 @@ def table(summary: dict) -> str:
     out = "\n".join(lines)
     fails = [(n, g) for n, c in summary["candidates"].items() for g in c["gates"] if g["status"] != "pass"]
     if fails:
-        out += "\n\n" + "\n".join(f"{g['status'].upper():5} {n}: {g['name']}: {g['detail']}" for n, g in fails)
+        out += "\n\n" + "\n".join(f"{g['status'].upper():5} {_named(n, g['name'], g['detail'])}" for n, g in fails)
     out += statistics_lines(summary)
     out += store_lines(summary)
     out += engine_lines(summary)
@@ -99,8 +99,15 @@ def store_lines(summary: dict) -> str:
                             else ": every baseline row, generated in this run"))
     for name, cand in summary["candidates"].items():
         for stop in cand.get("stopped", []):
-            lines.append(f"stopped early: {name}: {stop.get('detail', stop.get('reason'))}")
+            lines.append(f"stopped early: {_named(name, None, stop.get('detail', stop.get('reason')))}")
     return ("\n" + "\n".join(lines)) if lines else ""
+
+
+def _named(name: str, gate: str | None, detail: str) -> str:
+    """A line naming the candidate once: a broken candidate's line starts with its name already."""
+    if str(detail).startswith(f"{name}: "):
+        return detail
+    return f"{name}: {gate}: {detail}" if gate else f"{name}: {detail}"
 
 
 def _speedup(sp: dict | None) -> str:

@@ -1,0 +1,182 @@
+"""When a decoder breaks: an exception, a result that is garbage, a native crash, a hang.
+
+decodegate tests decoders that are new, and new decoders break. A break is the decoder's verdict,
+never decodegate's crash, and nothing generated before it is lost:
+- `raised`: an exception from a decoder's generate on an item, with the innermost frame in the
+  decoder's own code (file:line), its one line, and its traceback in the run folder;
+- `garbage`: why a result cannot be judged (non-finite margins, a token id outside the
+  vocabulary, more tokens than asked, a malformed result), or None;
+- `InFlight`: the note in the run folder of which decoder and item are generating, written before
+  each item, so that a run killed by the decoder's native code (a segfault cannot be caught) is
+  named by the next run (`previous_death`); and the watchdog that ends a hung item.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the command line's error path imports this module without torch
+    from harness.run.work import WorkItem
+
+FATAL = "fatal.log"           # faulthandler's report of a native crash (and of the backstop timeout)
+TRACEBACKS = "tracebacks"     # one file per broken decoder
+BROKEN = ("raised", "crashed", "hung")  # stop reasons that fail a candidate (harness.verdict.gate)
+HANG_FACTOR = 20.0            # an item may take this many times the baseline's time on it ...
+HANG_FLOOR_S = 60.0           # ... and never less than this, before it counts as hung
+GRACE_S = 30.0                # faulthandler's own timeout after the watchdog's: a hang holding the GIL
+HUNG_EXIT = 1                 # a hung run ends as a failed gate would (no verdict written)
+_OURS = Path(__file__).resolve().parents[2]  # the decodegate checkout or install root
+OUR_PACKAGES = ("harness", "decoders", "suites", "analysis")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the runner does when a decoder breaks (regress's options)."""
+    keep_going: bool = False           # a candidate that raised goes on with its other items
+    retry: bool = False                # run again a candidate that broke in an earlier run on the folder
+    item_timeout: float | None = None  # seconds: an absolute bound on one item
+    hang_factor: float = HANG_FACTOR   # times the baseline's wall time on the same item
+
+
+def where(path: str) -> str:
+    """A source file as a reader names it: relative to decodegate's root when inside it, else its name."""
+    p = Path(path).resolve()
+    return str(p.relative_to(_OURS)) if p.is_relative_to(_OURS) else p.name
+
+
+def _own_files(decoder) -> Path | None:
+    """The folder of the decoder class's top-level package (or its one file): its own code."""
+    top = sys.modules.get(type(decoder).__module__.split(".")[0])
+    paths = getattr(top, "__path__", None)
+    if paths:
+        return Path(list(paths)[0]).resolve()
+    f = getattr(top, "__file__", None)
+    return Path(f).resolve() if f else None
+
+
+def is_ours(path: str) -> bool:
+    p = Path(path).resolve()
+    return any(p.is_relative_to(_OURS / pkg) for pkg in OUR_PACKAGES)
+
+
+def _library(path: str) -> bool:
+    return "site-packages" in path or "dist-packages" in path or path.startswith(sys.base_prefix) \
+        or path.startswith("<")
+
+
+def raised_at(exc: BaseException, decoder=None) -> tuple[str, bool]:
+    """(file:line, ours): the innermost frame in the decoder's own code, else the innermost frame
+    outside the standard library and installed packages; `ours` when that frame is decodegate's."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = _own_files(decoder) if decoder is not None else None
+    pick = next((f for f in reversed(frames) if own and Path(f.filename).resolve().is_relative_to(own)), None)
+    pick = pick or next((f for f in reversed(frames) if not _library(f.filename)), None) \
+        or (frames[-1] if frames else None)
+    if pick is None:
+        return "?", False
+    return f"{where(pick.filename)}:{pick.lineno}", is_ours(pick.filename)
+
+
+def whose(exc: BaseException) -> str:
+    """Whose code raised an exception that reached the command line: decodegate's, or code outside it
+    (a user's decoder, grader or package) that decodegate called, named with its file:line."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _library(f.filename)]
+    if not frames:
+        return "raised in a library"
+    last = frames[-1]
+    at = f"{where(last.filename)}:{last.lineno}"
+    return f"a bug in decodegate, at {at}" if is_ours(last.filename) else f"raised by code outside decodegate, at {at}"
+
+
+def item_label(w: WorkItem) -> str:
+    return f"{w.suite.name}/{w.item.id} (T={w.temperature:g}, seed {w.seed})"
+
+
+def raised(name: str, w: WorkItem, exc: BaseException, decoder, run_dir: Path, ran: int, planned: int,
+           fingerprint: dict) -> dict:
+    """The stop row of a decoder that raised on an item: its one line, the item, the exception,
+    and its traceback written to tracebacks/<name>.txt in the run folder."""
+    at, ours = raised_at(exc, decoder)
+    line = (f"{name}: raised {type(exc).__name__} on {item_label(w)} at {at}; "
+            f"{ran} of {planned} items ran")
+    folder = Path(run_dir) / TRACEBACKS
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.txt").write_text(line + "\n\n" + "".join(traceback.format_exception(exc)))
+    return {"candidate": name, "suite": "*", "reason": "raised", "detail": line,
+            "item": f"{w.suite.name}/{w.item.id}", "seed": w.seed, "temperature": w.temperature,
+            "exception": type(exc).__name__, "message": str(exc)[:2000], "at": at, "ours": ours,
+            "traceback": f"{TRACEBACKS}/{name}.txt", "fingerprint": fingerprint}
+
+
+def garbage(result, request, vocab: int | None) -> str | None:
+    """Why a decoder's result cannot be judged, or None. A number that is not finite, a token the
+    model does not have or more tokens than asked would otherwise be graded as if measured."""
+    for attr, kind in (("tokens", (list, tuple)), ("text", str), ("margins", (list, tuple)), ("stats", dict)):
+        if not isinstance(getattr(result, attr, None), kind):
+            return f"a malformed result ({type(result).__name__} without {attr!r} of the right type)"
+    if not callable(getattr(getattr(result, "timing", None), "as_dict", None)):
+        return f"a malformed result ({type(result).__name__} without a timing)"
+    tokens = result.tokens
+    for pos, t in enumerate(tokens):
+        if not isinstance(t, int) or isinstance(t, bool):
+            return f"token {pos} is {t!r} ({type(t).__name__}), not a token id"
+        if t < 0 or (vocab is not None and t >= vocab):
+            return f"token id {t} at position {pos} is outside the vocabulary (0..{vocab - 1 if vocab else '?'})"
+    if len(tokens) > request.max_new_tokens:
+        return f"{len(tokens)} tokens returned where at most {request.max_new_tokens} were asked"
+    for pos, m in enumerate(result.margins):
+        if m is not None and (not isinstance(m, (int, float)) or not math.isfinite(m)):
+            return f"margin {m!r} at position {pos} (NaN or infinite logits)"
+    return None
+
+
+def vocabulary(target) -> int | None:
+    """The number of token ids the target has (its embedding rows, at least its tokenizer's size)."""
+    sizes = [getattr(getattr(getattr(target, "model", None), "config", None), "vocab_size", None)]
+    try:
+        sizes.append(len(target.tokenizer))
+    except (AttributeError, TypeError):
+        pass
+    sizes = [s for s in sizes if isinstance(s, int)]
+    return max(sizes) if sizes else None
+
+
+def item_limit(policy: Policy, baseline_wall: float | None) -> float | None:
+    """Seconds one item may take: `hang_factor` times the baseline's time on it (at least
+    HANG_FLOOR_S), and never more than `item_timeout`; None: no bound known."""
+    by_factor = max(HANG_FLOOR_S, policy.hang_factor * baseline_wall) if baseline_wall else None
+    bounds = [b for b in (by_factor, policy.item_timeout) if b is not None]
+    return min(bounds) if bounds else None
+
+
+def results(decoder, requests: list, keep_going: bool = False):
+    """Yield `(index, result)` as `generate_many` does. An exception the decoder raises on an item
+    (a DecoderError it yields, as always) comes as `(index, exception)` and ends the call, unless
+    `keep_going`: then its other requests run in a new call. An engine's DecoderError that ends
+    the call (the engine went down) is raised: that is the engine's, named by the engine."""
+    from decoders.base import DecoderError
+    left = list(range(len(requests)))
+    while left:
+        seen = []
+        try:
+            for j, result in decoder.generate_many([requests[i] for i in left]):
+                seen.append(left[j])
+                yield left[j], result
+        except DecoderError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever a decoder's bug raises is its verdict
+            # In flight when it raised: the first request not answered (one by one, the one it was on).
+            i = next((i for i in left if i not in seen), left[-1])
+            seen.append(i)
+            yield i, e
+            if not keep_going:
+                return
+        left = [i for i in left if i not in seen]
+
+
+class BaselineBroken(ValueError):
+    """The baseline raised on an item: nothing is left to compare the candidates against."""
