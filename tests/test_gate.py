@@ -361,3 +361,16 @@ def test_a_check_without_a_p_value_says_what_would_decide():
     r = next(r for r in d.results if r.name == "exactness PIT all")
     assert not d.passed and r.status == "fail" and r.detail.startswith("inconclusive: no p-value")
     assert "about 200 tokens like these would detect a TV of 0.1" in r.detail
+
+
+def test_exactness_counts_each_rejection_once():
+    """Issue 49 (5): every PIT subset carries the run's total (records and window samples), and the
+    windows' rejections are inside it: the message summed them, 5 real rejections read 17."""
+    blind = {"detectable": None}
+    subsets = {k: pit(0.4, rejected=5, **blind) for k in ("all", "drafted", "rejected")}
+    d = decide(rej(subsets, [window(0.3, rejected=2) | {"detectable_tv": None}]), Gates())
+    detail = next(r.detail for r in d.results if r.name == "exactness")
+    assert "5 draft token(s) rejected" in detail and "17" not in detail
+    # without a PIT subset the windows' counts add up
+    none_left = decide(rej({}, [window(None, rejected=2), window(None, rejected=3)]), Gates())
+    assert "rejected 5 draft token(s)" in next(r.detail for r in none_left.results if r.name == "exactness")

@@ -232,6 +232,17 @@ def _exactness_checks(ex: dict) -> list[tuple[str, dict]]:
     return checks
 
 
+def _rejections(ex: dict) -> int:
+    """The draft tokens the run's verifier rejected, each once. Every PIT subset carries the run's
+    total over the sampled records and the window samples together (harness/run/exactness.py), so
+    it is that total; summing the checks counted it once per subset and the windows twice (5 real
+    rejections read 17). Without a PIT subset, the windows' own counts add up."""
+    subsets = (ex.get("pit") or {}).get("subsets") or {}
+    if subsets:
+        return max(int(c.get("rejected") or 0) for c in subsets.values())
+    return sum(int(t.get("rejected") or 0) for t in ex.get("tests", []))
+
+
 def _control_gates(pit: dict, level: float, gates: Gates) -> list[GateResult]:
     """The two controls of the reference itself (harness/run/exactness.py): the baseline's own
     samples, and a model draft's proposals under the rebuilt q."""
@@ -279,7 +290,7 @@ def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
     tested = [c for _, c in checks if c.get("pvalue") is not None]
     family = len(tested) + sum(c is not None and c.get("pvalue") is not None for c in (control, draft))
     level = gates.exactness_pvalue / max(family, 1)  # Bonferroni over the checks and controls that ran
-    exercised = sum(int(c.get("rejected") or 0) for _, c in checks)
+    exercised = _rejections(ex)
     control_bad, draft_bad = _failed(control, level), _failed(draft, level)
     out = _control_gates(pit, level, gates)
     for name, c in checks:
