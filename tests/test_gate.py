@@ -374,3 +374,19 @@ def test_exactness_counts_each_rejection_once():
     # without a PIT subset the windows' counts add up
     none_left = decide(rej({}, [window(None, rejected=2), window(None, rejected=3)]), Gates())
     assert "rejected 5 draft token(s)" in next(r.detail for r in none_left.results if r.name == "exactness")
+
+
+def test_two_prompts_with_equal_speedups_give_no_bound():
+    """Issue 49 (2): two prompts with exactly equal speedups gave a bound equal to the ratio (a
+    jackknife standard error of 0), and passed min_speedup on two prompts."""
+    from analysis import pair_records
+    from analysis.calibration.synthetic import make_record
+    from analysis.latency import paired_speedup
+    from harness.verdict.plain import plain
+    base = [make_record(item_id=f"p{i}", tokens=[1] * 10, wall_s=2.0 * (i + 1)) for i in range(2)]
+    fast = [make_record(candidate="c", item_id=f"p{i}", tokens=[1] * 10, wall_s=1.0 * (i + 1)) for i in range(2)]
+    sp = plain(paired_speedup(pair_records(base, fast)))
+    assert sp["statistic"] == pytest.approx(2.0) and sp["lower_bound"] is None
+    d = decide(cand(suites={"s": {"identity": {"T=0": identity()}}}, min_speedup=1.5, speedup=sp), Gates())
+    r = next(g for g in d.results if g.name == "speed")
+    assert r.status == "fail" and "no spread" in r.detail

@@ -374,8 +374,9 @@ def _speed_gate(cand: dict) -> list[GateResult]:
         extra = (f"; per-prompt median {sp['median_prompt_speedup']:.2f}x, "
                  f"{sp['share_prompts_slower']:.0%} of {sp.get('n_prompts', '?')} prompts slower")
     if bound is None:
-        return [GateResult("speed", "fail", f"speedup {sp['statistic']:.2f}x has no lower bound (one prompt?); "
-                           f"minimum {minimum:.2f}x{extra}")]
+        return [GateResult("speed", "fail", f"inconclusive: speedup {sp['statistic']:.2f}x has no lower bound (one "
+                           f"prompt, or prompts whose speedups do not vary: no spread to bound it by); more prompts "
+                           f"decide; minimum {minimum:.2f}x{extra}")]
     ok = bound >= minimum
     return [GateResult("speed", "pass" if ok else "fail",
                        f"one-sided {_pct(level)} lower bound {bound:.2f}x {'>=' if ok else '<'} minimum {minimum:.2f}x "
