@@ -237,7 +237,9 @@ def jackknife_bounds(sums, *, confidence_level: float, bound_level: float):
     The pivot is the bias-corrected estimate (the mean of the pseudo-values) over its jackknife
     standard error, on the ratio scale, against Student's t at the Satterthwaite degrees of freedom
     of the prompts' time shares. Bounds below 0 are clipped to 0 (no evidence of any speed); with
-    no spread between prompts (standard error 0) all three are the ratio itself."""
+    no spread between prompts (standard error 0) all three are NaN: prompts that happen to agree
+    exactly (two prompts with equal speedups) show no spread to bound, not a bound equal to the
+    ratio, which passed `min_speedup` on two prompts (issue 49)."""
     bw, bn, cw, cn = (np.asarray(x, dtype=float) for x in sums)
     m = bw.shape[-1]
     tot = [np.sum(x, axis=-1, keepdims=True) for x in (bw, bn, cw, cn)]
@@ -251,9 +253,9 @@ def jackknife_bounds(sums, *, confidence_level: float, bound_level: float):
     tail = (1 - confidence_level) / 2
     q_two, q_bound = stats.t.ppf(1 - tail, df), stats.t.ppf(bound_level, df)
     spread = se > 0
-    low = np.where(spread, np.maximum(estimate - q_two * se, 0.0), ratio)
-    high = np.where(spread, estimate + q_two * se, ratio)
-    bound = np.where(spread, np.maximum(estimate - q_bound * se, 0.0), ratio)
+    low = np.where(spread, np.maximum(estimate - q_two * se, 0.0), np.nan)
+    high = np.where(spread, estimate + q_two * se, np.nan)
+    bound = np.where(spread, np.maximum(estimate - q_bound * se, 0.0), np.nan)
     return low, high, bound
 
 

@@ -188,3 +188,40 @@ def test_the_baseline_control_does_not_cry_wolf_on_an_honest_candidate():
                 if m == pairs:
                     fired += _against_control(pairs, int(m), {"pairs": pairs, "identical": int(c)})["control_p"] < SEED_LEVEL
     assert runs == 4000 and fired <= 2  # expected at most 4 at SEED_LEVEL 1e-3; the exact test is conservative
+
+
+def test_a_seed_deaf_engine_with_positions_left_out_is_not_only_warned():
+    """Issue 49 (7), settled: positions the reference leaves out (it cannot decide the nucleus there)
+    count as probability 1, so the chance an honoured seed reproduces a sample is an upper bound.
+    With most positions left out the bound rose above 1e-3 and an engine that ignores the seed got
+    a warning ("too predictable to tell"), and passed. It is now inconclusive (a fail by default)."""
+    from types import SimpleNamespace as NS
+    import torch
+    from harness.run.engine_exactness import seed_check
+
+    row = torch.tensor([0.5, 0.5])  # two equally likely tokens: a reproduced sample is a coin per token
+
+    class Rows:  # the reference's shaped rows, None where it leaves the position out
+        def __init__(self, decided):
+            self.decided = decided
+
+        def rows(self, prompt_ids, tokens, request):
+            return [row if i < self.decided else None for i in range(len(tokens))]
+
+    req = NS(prompt_ids=[1, 2])
+    deaf = NS(rows=[({"suite": "s", "item_id": f"p{i}", "temperature": 0.7, "seed": s, "tokens": [0] * 48}, req)
+                    for i in range(8) for s in (0, 1)])
+    decided = seed_check(Rows(48), deaf, None)
+    assert decided["ignored"] and decided["left_out"] == 0
+    loose = seed_check(Rows(1), deaf, None)  # one decided position per sample: bound 0.5 ** 8
+    assert not loose["ignored"] and loose["left_out"] == 8 * 47 and loose["chance"] > 1e-3
+    for res in (gates(_cand(_res(0.4), _res(0.5), seeds=loose), G),):
+        r = next(r for r in res if r.name == "seed")
+        assert r.status == "fail" and "left out" in r.detail
+    assert _status(gates(_cand(_res(0.4), _res(0.5), seeds=loose), Gates(inconclusive="warn")), "seed") == "warn"
+    cand = _cand(_res(0.4), _res(0.5))
+    cand["exactness"]["candidate_seeds"] = dict(loose, of="deaf")
+    assert _status(gates(cand, G), "candidate seed") == "fail"
+    # all positions decided and the samples merely predictable: still a warning
+    flat = dict(loose, left_out=0)
+    assert _status(gates(_cand(_res(0.4), _res(0.5), seeds=flat), G), "seed") == "warn"

@@ -361,3 +361,32 @@ def test_a_check_without_a_p_value_says_what_would_decide():
     r = next(r for r in d.results if r.name == "exactness PIT all")
     assert not d.passed and r.status == "fail" and r.detail.startswith("inconclusive: no p-value")
     assert "about 200 tokens like these would detect a TV of 0.1" in r.detail
+
+
+def test_exactness_counts_each_rejection_once():
+    """Issue 49 (5): every PIT subset carries the run's total (records and window samples), and the
+    windows' rejections are inside it: the message summed them, 5 real rejections read 17."""
+    blind = {"detectable": None}
+    subsets = {k: pit(0.4, rejected=5, **blind) for k in ("all", "drafted", "rejected")}
+    d = decide(rej(subsets, [window(0.3, rejected=2) | {"detectable_tv": None}]), Gates())
+    detail = next(r.detail for r in d.results if r.name == "exactness")
+    assert "5 draft token(s) rejected" in detail and "17" not in detail
+    # without a PIT subset the windows' counts add up
+    none_left = decide(rej({}, [window(None, rejected=2), window(None, rejected=3)]), Gates())
+    assert "rejected 5 draft token(s)" in next(r.detail for r in none_left.results if r.name == "exactness")
+
+
+def test_two_prompts_with_equal_speedups_give_no_bound():
+    """Issue 49 (2): two prompts with exactly equal speedups gave a bound equal to the ratio (a
+    jackknife standard error of 0), and passed min_speedup on two prompts."""
+    from analysis import pair_records
+    from analysis.calibration.synthetic import make_record
+    from analysis.latency import paired_speedup
+    from harness.verdict.plain import plain
+    base = [make_record(item_id=f"p{i}", tokens=[1] * 10, wall_s=2.0 * (i + 1)) for i in range(2)]
+    fast = [make_record(candidate="c", item_id=f"p{i}", tokens=[1] * 10, wall_s=1.0 * (i + 1)) for i in range(2)]
+    sp = plain(paired_speedup(pair_records(base, fast)))
+    assert sp["statistic"] == pytest.approx(2.0) and sp["lower_bound"] is None
+    d = decide(cand(suites={"s": {"identity": {"T=0": identity()}}}, min_speedup=1.5, speedup=sp), Gates())
+    r = next(g for g in d.results if g.name == "speed")
+    assert r.status == "fail" and "no spread" in r.detail

@@ -313,3 +313,35 @@ def test_binary_z_loss_needs_the_exact_sign_test_with_few_discordant_pairs():
     _, z_loss = seq.binary_z(w, l, 60, MARGIN)
     assert z_loss == pytest.approx(stats.norm.isf(tango_loss_pvalue(w, l, 60)))
     assert z_loss[0] == pytest.approx(stats.norm.isf(0.0625))
+
+
+def test_an_item_graded_none_does_not_hold_a_look_open():
+    """Issue 49 (4): one item graded `none` in a gated suite kept the look that holds it from ever
+    being reached; the suite ended inconclusive (a fail) and the message said the candidate "was
+    stopped elsewhere", though nothing stopped it. All other pairs agree: a pass without looks."""
+    from harness.config import Gates, load_config
+    from harness.run import runner
+    from harness.verdict.gate import decide
+    from harness.verdict.summary import _sequential
+    from analysis.pairing import Pair, PairKey
+    from harness.verdict import looks
+    config = load_config("regress.toml", "decide")
+    spec = next(s for s in config.candidates if s.kind == "lossy")
+    suite = next(s for s in runner.load_suites(config) if s.name == "factual")
+    order = [it.id for it in looks.item_order(suite, config.profile.subset)]
+    ungraded = order[0]  # in the first look
+    pairs = [Pair(PairKey("factual", suite.hash, it, 0, 0.0), {"passed": True},
+                  {"passed": None if it == ungraded else True}) for it in order]
+    seq = _sequential(config, spec, suite, pairs)
+    assert seq["look"] >= 1 and seq["decided"] == "non-inferior"
+    q = {"n": len(order) - 1, "non_inferiority": {"margin": 0.1}, "sequential": seq}
+    cand = {"kind": "lossy", "decoder": "early-exit", "options": {}, "suites": {"factual": {"quality": q}}}
+    assert decide(cand, Gates()).passed
+    # A look not reached without a stop row is not called "stopped"
+    short = dict(seq, decided=None, look=1, looks=seq["looks"][:1])
+    res = decide(dict(cand, suites={"factual": {"quality": dict(q, sequential=short)}}), Gates())
+    detail = next(r.detail for r in res.results if r.name.startswith("quality"))
+    assert "stopped" not in detail and "look 2 was not reached" in detail
+    stop = {"candidate": "c", "suite": "factual", "reason": "non-inferior", "look": 1, "detail": "factual stopped"}
+    res = decide(dict(cand, suites={"factual": {"quality": dict(q, sequential=short)}}, stopped=[stop]), Gates())
+    assert "stopped elsewhere: factual stopped" in next(r.detail for r in res.results if r.name.startswith("quality"))

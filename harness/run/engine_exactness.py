@@ -287,7 +287,7 @@ def seed_check(ref: Reference, base: Seqs, aa: Seqs | None, control: dict | None
     by_key: dict = {}
     for r, req in base.rows:
         by_key.setdefault((r["suite"], r["item_id"], r["temperature"]), []).append((r, req))
-    pairs, identical, log_chance = 0, 0, 0.0
+    pairs, identical, log_chance, left_out = 0, 0, 0.0, 0
     for group in by_key.values():
         for (a, req), (b, _) in zip(group, group[1:]):
             if a["seed"] == b["seed"]:
@@ -297,10 +297,12 @@ def seed_check(ref: Reference, base: Seqs, aa: Seqs | None, control: dict | None
                 identical += 1
                 # An honoured seed reproduces a sample x with probability P(x) under the reference.
                 rows = ref.rows(req.prompt_ids, a["tokens"], req)
+                # A position the reference leaves out counts as probability 1: `chance` is an upper bound.
                 log_chance += sum(math.log(max(float(row[tok]), 1e-300)) for row, tok in zip(rows, a["tokens"])
                                   if row is not None)
+                left_out += sum(row is None for row in rows)
     chance = math.exp(log_chance) if pairs else None
-    out = {"pairs": pairs, "identical": identical, "chance": chance,
+    out = {"pairs": pairs, "identical": identical, "chance": chance, "left_out": left_out,
            "ignored": bool(pairs and identical == pairs and chance is not None and chance < SEED_LEVEL)}
     if control is not None:
         out.update(_against_control(pairs, identical, control))

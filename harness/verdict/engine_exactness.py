@@ -108,13 +108,25 @@ def gates(cand: dict, gates_cfg) -> list[GateResult]:
     else:
         out.append(GateResult("exactness PIT all", "pass", f"fits {ref}: p={mine['pvalue']:.3g} vs {level:.3g}; "
                               f"{_coverage(mine)}; {_detect(mine)}; {drafted}"))
-    out += seed_gates(ex.get("seeds") or {})
-    out += candidate_seed_gates(ex.get("candidate_seeds") or {})
+    out += seed_gates(ex.get("seeds") or {}, undecided)
+    out += candidate_seed_gates(ex.get("candidate_seeds") or {}, undecided)
     out += temperature_gates(cand, ex)
     return out
 
 
-def seed_gates(seeds: dict) -> list[GateResult]:
+def _unchecked(seeds: dict, undecided: str, name: str, whose: str) -> GateResult | None:
+    """Identical samples at every pair of seeds that the chance bound cannot call ignored because
+    positions the reference left out count as probability 1 (the bound is loose, not the engine
+    honest): inconclusive, not a warning, or a seed-deaf engine passes on a run with a loose bound."""
+    if not seeds.get("left_out") or seeds.get("ignored") or seeds["identical"] != seeds["pairs"]:
+        return None
+    return GateResult(name, undecided, f"inconclusive: {whose} samples at different seeds are "
+                      f"identical on all {seeds['pairs']} pair(s); an honoured seed would give that with probability "
+                      f"at most {seeds['chance']:.2g}, a bound loosened by {seeds['left_out']} position(s) the "
+                      f"reference left out (counted as probability 1): more seeds or items decide")
+
+
+def seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResult]:
     out = []
     if seeds.get("ignored"):
         out.append(GateResult("seed", "fail", f"the baseline engine {seeds.get('of', '')} ignores the request's seed: "
@@ -123,6 +135,8 @@ def seed_gates(seeds: dict) -> list[GateResult]:
                               f"not independent, so no sampled test can be read"))
     elif not seeds.get("pairs"):
         out.append(GateResult("seed", "warn", "the seed was not checked: the profile has one seed (give two)"))
+    elif (loose := _unchecked(seeds, undecided, "seed", "the baseline's")) is not None:
+        out.append(loose)
     elif seeds["identical"] == seeds["pairs"]:
         out.append(GateResult("seed", "warn", f"the seed could not be checked: the baseline's samples at different "
                               f"seeds are identical on all {seeds['pairs']} pair(s), but an honoured seed would "
@@ -134,10 +148,12 @@ def seed_gates(seeds: dict) -> list[GateResult]:
     return out
 
 
-def candidate_seed_gates(seeds: dict) -> list[GateResult]:
+def candidate_seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResult]:
     """A candidate whose samples at different seeds are all identical where an honoured seed would
     almost never reproduce them: it repeats one draw per prompt, which the PIT (each token on its
     own) cannot see."""
+    if seeds.get("pairs") and (loose := _unchecked(seeds, undecided, "candidate seed", "the candidate's")) is not None:
+        return [loose]
     if seeds.get("pairs") and not seeds.get("ignored") and seeds["identical"] == seeds["pairs"]:
         return [GateResult("candidate seed", "warn", f"the candidate's seed could not be checked: its samples at "
                            f"different seeds are identical on all {seeds['pairs']} pair(s), but an honoured seed "

@@ -105,7 +105,7 @@ def _seed_gates(cand: dict) -> list[GateResult]:
 # ------------------------------------------------------------------------------------ quality
 
 
-def _sequential_detail(q: dict, gates: Gates) -> tuple[str, str]:
+def _sequential_detail(q: dict, gates: Gates, stopped: list) -> tuple[str, str]:
     """(verdict, detail) of a suite under a group-sequential plan (harness.verdict.looks): the
     first look whose boundary was crossed decides; none crossed by the last look: inconclusive."""
     seq = q["sequential"]
@@ -124,8 +124,11 @@ def _sequential_detail(q: dict, gates: Gates) -> tuple[str, str]:
                          f"significant loss at {seq['loss_alpha']:.3g}), non-inferiority not shown "
                          f"(z {last['z_ni']:.2f} < {last['ni_bound']:.2f})")
     if seq["look"] < seq["of"]:
-        return "inconclusive", (f"inconclusive: stopped at {at} before a decision (the candidate was stopped "
-                                f"elsewhere); z {last['z_ni']:.2f} < boundary {last['ni_bound']:.2f}")
+        # "stopped" only where a stop row says so (a look not reached for want of pairs is not a stop)
+        why = ("the candidate was stopped elsewhere: " + "; ".join(st["detail"] for st in stopped) if stopped
+               else f"look {seq['look'] + 1} was not reached: some of its items have no pair")
+        return "inconclusive", (f"inconclusive: no decision by {at} ({why}); z {last['z_ni']:.2f} < boundary "
+                                f"{last['ni_bound']:.2f}")
     need = q.get("n_needed")
     need_s = f"; about {need} items would decide with 80% power if nothing changed (fixed design)" if need else ""
     return "inconclusive", (f"inconclusive at the last {at}: neither non-inferior (z {last['z_ni']:.2f} < "
@@ -133,10 +136,10 @@ def _sequential_detail(q: dict, gates: Gates) -> tuple[str, str]:
                             f"{last['loss_bound']:.2f}){need_s}")
 
 
-def _quality_detail(q: dict, gates: Gates, worse_level: float) -> tuple[str, str, float]:
-    """(verdict, detail, upper bound) of one suite."""
+def _quality_detail(q: dict, gates: Gates, worse_level: float, stopped: list = ()) -> tuple[str, str, float]:
+    """(verdict, detail, upper bound) of one suite; `stopped`: the candidate's stop rows for it."""
     if q.get("sequential"):
-        verdict, detail = _sequential_detail(q, gates)
+        verdict, detail = _sequential_detail(q, gates, list(stopped))
         return verdict, detail, float("nan")
     ni = q["non_inferiority"]
     margin = ni["margin"]
@@ -204,7 +207,8 @@ def _quality_gates(cand: dict, gates: Gates) -> list[GateResult]:
     worse_level = gates.alpha / len(quality)
     out = []
     for suite, q in quality.items():
-        verdict, detail, _ = _quality_detail(q, gates, worse_level)
+        stops = [st for st in cand.get("stopped", []) if st.get("suite") in ("*", suite)]
+        verdict, detail, _ = _quality_detail(q, gates, worse_level, stops)
         status = {"pass": "pass", "worse": "fail"}.get(verdict, _inconclusive(gates))
         out.append(_unless_grade_errors(GateResult(_quality_name(suite), status, detail), cand["suites"][suite], gates))
     return out
@@ -226,6 +230,17 @@ def _exactness_checks(ex: dict) -> list[tuple[str, dict]]:
     for test in ex.get("tests", []):
         checks.append((f"exactness {test['item_id']}@{test.get('offset', 0)} T={test['temperature']:g}", test))
     return checks
+
+
+def _rejections(ex: dict) -> int:
+    """The draft tokens the run's verifier rejected, each once. Every PIT subset carries the run's
+    total over the sampled records and the window samples together (harness/run/exactness.py), so
+    it is that total; summing the checks counted it once per subset and the windows twice (5 real
+    rejections read 17). Without a PIT subset, the windows' own counts add up."""
+    subsets = (ex.get("pit") or {}).get("subsets") or {}
+    if subsets:
+        return max(int(c.get("rejected") or 0) for c in subsets.values())
+    return sum(int(t.get("rejected") or 0) for t in ex.get("tests", []))
 
 
 def _control_gates(pit: dict, level: float, gates: Gates) -> list[GateResult]:
@@ -275,7 +290,7 @@ def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
     tested = [c for _, c in checks if c.get("pvalue") is not None]
     family = len(tested) + sum(c is not None and c.get("pvalue") is not None for c in (control, draft))
     level = gates.exactness_pvalue / max(family, 1)  # Bonferroni over the checks and controls that ran
-    exercised = sum(int(c.get("rejected") or 0) for _, c in checks)
+    exercised = _rejections(ex)
     control_bad, draft_bad = _failed(control, level), _failed(draft, level)
     out = _control_gates(pit, level, gates)
     for name, c in checks:
@@ -359,8 +374,9 @@ def _speed_gate(cand: dict) -> list[GateResult]:
         extra = (f"; per-prompt median {sp['median_prompt_speedup']:.2f}x, "
                  f"{sp['share_prompts_slower']:.0%} of {sp.get('n_prompts', '?')} prompts slower")
     if bound is None:
-        return [GateResult("speed", "fail", f"speedup {sp['statistic']:.2f}x has no lower bound (one prompt?); "
-                           f"minimum {minimum:.2f}x{extra}")]
+        return [GateResult("speed", "fail", f"inconclusive: speedup {sp['statistic']:.2f}x has no lower bound (one "
+                           f"prompt, or prompts whose speedups do not vary: no spread to bound it by); more prompts "
+                           f"decide; minimum {minimum:.2f}x{extra}")]
     ok = bound >= minimum
     return [GateResult("speed", "pass" if ok else "fail",
                        f"one-sided {_pct(level)} lower bound {bound:.2f}x {'>=' if ok else '<'} minimum {minimum:.2f}x "

@@ -45,10 +45,12 @@ def item_order(suite, subset: str) -> list:
     return [items[i] for i in np.random.default_rng(seed).permutation(len(items))]
 
 
-def look_sets(plan: sequential.Plan, order: list) -> list[set] | None:
-    """Item ids in each look (cumulative); None for a suite with fewer items than looks, which
-    is judged by the fixed design."""
-    ids = [getattr(it, "id", it) for it in order]
+def look_sets(plan: sequential.Plan, order: list, ungradable=frozenset()) -> list[set] | None:
+    """Item ids in each look (cumulative), from the gradable items only; None for a suite with
+    fewer gradable items than looks, which is judged by the fixed design. `ungradable`: items
+    that ran on both sides and were graded `none` on one (no grade to test): left in, they would
+    hold their look open forever, and the suite would end inconclusive though nothing stopped it."""
+    ids = [i for i in (getattr(it, "id", it) for it in order) if i not in ungradable]
     if len(ids) < plan.looks:
         return None
     return [set(ids[:n]) for n in plan.look_sizes(len(ids))]
@@ -93,13 +95,19 @@ def evaluate(plan: sequential.Plan, sets: list[set], pairs: list, margin: float,
             "spending": plan.spending, "alpha": plan.alpha, "loss_alpha": plan.loss_alpha}
 
 
+def ungradable(pairs) -> set:
+    """Items with a greedy pair that ran on both sides but has no grade on one (graded `none`)."""
+    return {p.key.item_id for p in pairs if p.key.temperature == 0
+            and (p.baseline.get("passed") is None or p.candidate.get("passed") is None)}
+
+
 def _pairs(records: list[dict], base: str, cand: str, suite: str) -> list:
-    """Greedy graded pairs of one suite, joined on the pairing key (the candidate may have run
-    fewer items than the baseline: it can have stopped)."""
+    """Greedy pairs of one suite, joined on the pairing key (the candidate may have run fewer
+    items than the baseline: it can have stopped); graded or not."""
     from analysis.pairing import Pair, PairKey
     def key(r):
         return (r["suite"], r.get("suite_hash"), r["item_id"], r["seed"], r["temperature"])
-    rows = [r for r in records if r["suite"] == suite and r["temperature"] == 0 and r.get("passed") is not None]
+    rows = [r for r in records if r["suite"] == suite and r["temperature"] == 0]
     b = {key(r): r for r in rows if r["candidate"] == base}
     return [Pair(PairKey(*key(r)), b[key(r)], r) for r in rows if r["candidate"] == cand and key(r) in b]
 
@@ -120,10 +128,11 @@ def stage_decisions(config: RegressConfig, specs, base_names, records: list[dict
                 margin = cfg.suites[suite.name].margin
                 if suite.name not in gated_suites(cfg, spec) or stops.stopped(spec.name, suite.name):
                     continue
-                pairs = _pairs(records, cfg.baseline.name, spec.name, suite.name)
+                both = _pairs(records, cfg.baseline.name, spec.name, suite.name)
+                pairs = [p for p in both if p.key.item_id not in ungradable(both)]
                 if not pairs:
                     continue
-                sets = look_sets(plan, item_order(suite, cfg.profile.subset))
+                sets = look_sets(plan, item_order(suite, cfg.profile.subset), ungradable(both))
                 if sets is None:
                     continue
                 res = evaluate(plan, sets, pairs, margin, cfg.gates.alpha)

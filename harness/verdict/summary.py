@@ -195,7 +195,7 @@ def _sequential(config, spec, suite, pairs) -> dict | None:
               and p.candidate.get("passed") is not None]
     if not graded:
         return None
-    sets = looks.look_sets(plan, looks.item_order(suite, config.profile.subset))
+    sets = looks.look_sets(plan, looks.item_order(suite, config.profile.subset), looks.ungradable(pairs))
     if sets is None:
         return None
     return _plain(looks.evaluate(plan, sets, graded, margin, config.gates.alpha))
