@@ -18,7 +18,7 @@ below 1e-3 sits an order of magnitude above that noise, so such a divergence is 
 numerics. It is also rare by chance: typical top-2 margins are O(1) logits, so fewer than ~1e-3
 of steps fall below it, and a genuine bug (a wrong token accepted) shows up at ordinary margins,
 which this classifies as "real". Reduced precision needs more. Measured on an NVIDIA H200 with
-smollm2-135m (docs/performance.md, "The GPU path"): the top-2 margin of a batched forward and of
+smollm2-135m (docs/performance.md, "NVIDIA H200"): the top-2 margin of a batched forward and of
 the one-token steps differed by at most 5.3e-5 in fp32 and 0.5 in bf16, so bf16's default is
 2 x 0.5 = 1.0, as the "auto" rule would set it; fp16's 0.125 is not measured.
 

@@ -10,17 +10,9 @@ import time
 import torch
 
 from decoders.base import DecoderError, GenerationRequest, GenerationResult, Timing
+from decoders.context import context_length
 from decoders.lean import runner as lean_runner
 from decoders.scopes import profiling_scopes, scope  # noqa: F401  (shared by the backends)
-
-
-def context_length(model) -> int | None:
-    cfg = model.config
-    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
-        n = getattr(cfg, name, None)
-        if n:
-            return int(n)
-    return None
 
 
 def check_prompt_fits(model, request: GenerationRequest) -> int:

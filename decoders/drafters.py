@@ -35,7 +35,8 @@ import torch
 
 from decoders.adapter import LayerAdapter
 from decoders.base import DecoderError
-from decoders.common import context_length, forward, rollback, scope, step_function
+from decoders.common import forward, rollback, scope, step_function
+from decoders.context import context_length
 from decoders.kv import DEFAULT_CACHE, CachePool
 
 # pick(logits (V,) on the target's device, absolute position) -> (token, q row (V,) or None)

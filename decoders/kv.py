@@ -29,6 +29,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from decoders.base import DecoderError
+from decoders.context import context_length
 
 CACHE_KINDS = ("static", "dynamic")
 DEFAULT_CACHE = "static"
@@ -182,7 +183,6 @@ class CachePool:
 def request_capacity(model, prompt_len: int, new_tokens: int, lookahead: int = 0) -> int:
     """Tokens a request's cache can hold at most: the prompt, the new tokens, and the draft
     tokens a speculative round may score beyond them; never more than the model's context."""
-    from decoders.common import context_length
     need = prompt_len + new_tokens + lookahead + 1
     limit = context_length(model)
     return min(need, limit) if limit else need

@@ -25,8 +25,9 @@ from collections import deque
 import torch
 
 from decoders.base import Decoder, DecoderError, GenerationRequest, GenerationResult
-from decoders.common import (Emitter, check_prompt_fits, context_length, forward, pick_and_margin, reject_options,
-                             rollback, scope, step_function, sync)
+from decoders.common import (Emitter, check_prompt_fits, forward, pick_and_margin, reject_options, rollback, scope,
+                             step_function, sync)
+from decoders.context import context_length
 from decoders.drafters import Draft, make_drafter, output_size
 from decoders.kv import DEFAULT_CACHE, CachePool, check_cache_kind, request_capacity
 from decoders.sampling import (ACCEPT, RESIDUAL, argmax_and_margin, check_finite, gumbel, prompt_key, shape_logits,

@@ -1,10 +1,13 @@
-"""Shared fixtures: tiny random models (built once per session) and the real default model."""
+"""Shared fixtures: tiny random models (built once per session), the real default model, a
+baseline store per module and per test, and a real MLflow server (plain helpers: helpers.py)."""
 from __future__ import annotations
 
 import os
 
 import pytest
 import torch
+
+import helpers
 
 torch.set_num_threads(1)
 
@@ -44,6 +47,13 @@ def broken_greedy_verifier(monkeypatch):
         return Verdict(accepted=draft.new_full((draft.shape[0],), k), token=choice[:, k])
 
     monkeypatch.setattr(spec, "keep_until_mismatch", accept_all)
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real `mlflow server` of this test's own (sqlite in tmp_path, a free port): its URI."""
+    with helpers.mlflow_server(tmp_path) as uri:
+        yield uri
 
 
 @pytest.fixture(scope="session")

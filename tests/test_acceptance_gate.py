@@ -10,6 +10,7 @@ import pytest
 
 from analysis.acceptance_drift import acceptance_drift
 from harness.cli import main
+from helpers import regress, spec_candidate, summary, write_regress_config
 
 PROMPTS = [f"Note {i}: {w} and {v}" for i, (w, v) in enumerate(
     zip(["cats", "rivers", "stars", "bread", "music", "trains", "maps", "clouds"] * 2,
@@ -29,30 +30,10 @@ def write_suite(path: Path, prompts=PROMPTS, version="1") -> Path:
 def write_config(folder: Path, suite: Path, draft: str, reference: str | None = None, target="tiny-llama") -> Path:
     ref = f'acceptance_reference = "{reference}"\nacceptance_tolerance = 0.05' if reference else ""
     cfg = folder / f"regress-{draft.replace(':', '')}-{bool(reference)}.toml"
-    cfg.write_text(f"""
-target = "{target}"
-[[candidates]]
-name = "spec"
-decoder = "speculative"
-options = {{ draft = "{draft}", k = 3 }}
-{ref}
-[suites.notes]
-path = "{suite}"
-[profiles.smoke]
-subset = "smoke"
-suites = ["notes"]
-temperatures = [0.0]
-seeds = [0]
-""")
+    write_regress_config(cfg, target=target, candidates=spec_candidate(f'{{ draft = "{draft}", k = 3 }}') + ref,
+                         suites={"notes": {"path": str(suite)}},
+                         profile={"subset": "smoke", "suites": ["notes"], "temperatures": [0.0], "seeds": [0]})
     return cfg
-
-
-def regress(cfg: Path, run_dir: Path) -> int:
-    return main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress", "--no-tracking"])
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 @pytest.fixture(scope="module")

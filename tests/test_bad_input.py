@@ -11,6 +11,7 @@ import pytest
 
 from harness.cli import main
 from harness.config import ConfigError, load_config
+from helpers import regress, spec_candidate, write_regress_config
 
 OPTIONS = '{ draft = "prompt-lookup", k = 3 }'
 
@@ -23,29 +24,10 @@ def _setup(tmp_path: Path, options: str = OPTIONS, top: str = "") -> Path:
     suite = tmp_path / "s.jsonl"
     suite.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = tmp_path / f"regress-{len(list(tmp_path.glob('regress-*.toml')))}.toml"
-    cfg.write_text(f"""target = "tiny-llama"
-{top}
-[baseline]
-name = "baseline"
-decoder = "standard"
-[[candidates]]
-name = "spec"
-decoder = "speculative"
-options = {options}
-[suites.s]
-margin = 0.5
-path = "{suite}"
-[profiles.smoke]
-subset = "smoke"
-suites = ["s"]
-temperatures = [0.0]
-seeds = [0]
-""")
+    write_regress_config(cfg, head=top, candidates=spec_candidate(options),
+                         suites={"s": {"margin": 0.5, "path": str(suite)}},
+                         profile={"subset": "smoke", "suites": ["s"], "temperatures": [0.0], "seeds": [0]})
     return cfg
-
-
-def regress(cfg: Path, run_dir: Path) -> int:
-    return main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress", "--no-tracking"])
 
 
 def _one_line_error(capsys, *needles: str) -> None:

@@ -14,6 +14,8 @@ from decoders import GenerationRequest, make_decoder
 from harness.cli import main
 from harness.models import load_model
 from harness.run.store import BaselineStore, key_of
+import helpers
+from helpers import summary, write_regress_config
 
 N_ITEMS = 60
 WORDS = ["cats", "rivers", "stars", "bread", "music", "trains", "maps", "clouds", "glass", "wind"]
@@ -51,25 +53,10 @@ def model_folder(tmp_path_factory):
 
 def config(tmp_path: Path, suite: Path, candidates: str, *, target="tiny-llama", looks=1, speed_items=10,
            margin=0.2, name="regress.toml") -> Path:
-    cfg = tmp_path / name
-    cfg.write_text(f"""
-target = "{target}"
-[baseline]
-name = "baseline"
-decoder = "standard"
-{candidates}
-[suites.echo]
-margin = {margin}
-path = "{suite}"
-[profiles.full]
-subset = "full"
-suites = ["echo"]
-temperatures = [0.0]
-seeds = [0]
-looks = {looks}
-speed_items = {speed_items}
-""")
-    return cfg
+    return write_regress_config(tmp_path / name, target=target, candidates=candidates, profile_name="full",
+                                suites={"echo": {"margin": margin, "path": str(suite)}},
+                                profile={"subset": "full", "suites": ["echo"], "temperatures": [0.0], "seeds": [0],
+                                         "looks": looks, "speed_items": speed_items})
 
 
 EXACT = """
@@ -94,12 +81,7 @@ target = "tiny-qwen2"
 
 
 def regress(cfg: Path, run_dir: Path, *extra) -> int:
-    return main(["regress", "--config", str(cfg), "--profile", "full", "--run-dir", str(run_dir), "--no-progress",
-                 "--no-tracking", *extra])
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
+    return helpers.regress(cfg, run_dir, "--profile", "full", *extra)
 
 
 def rows(run_dir: Path, candidate: str) -> list[dict]:

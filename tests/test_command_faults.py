@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from helpers import spec_candidate, write_regress_config
 from suites import load_suite
 
 
@@ -32,23 +33,8 @@ def regress_run(tmp_path_factory) -> Path:
     """A finished regress run on tiny-llama over suite `s` (the folder is copied by the tests that edit it)."""
     tmp = tmp_path_factory.mktemp("faults")
     suite = _suite(tmp / "s.jsonl")
-    cfg = tmp / "regress.toml"
-    cfg.write_text(f"""target = "tiny-llama"
-[baseline]
-name = "baseline"
-decoder = "standard"
-[[candidates]]
-name = "spec"
-decoder = "speculative"
-options = {{ draft = "prompt-lookup", k = 3 }}
-[suites.s]
-path = "{suite}"
-[profiles.smoke]
-subset = "smoke"
-suites = ["s"]
-temperatures = [0.0]
-seeds = [0]
-""")
+    cfg = write_regress_config(tmp / "regress.toml", candidates=spec_candidate(), suites={"s": {"path": str(suite)}},
+                               profile={"subset": "smoke", "suites": ["s"], "temperatures": [0.0], "seeds": [0]})
     run_dir = tmp / "run"
     rc = main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress", "--no-tracking"])
     assert rc in (0, 1) and (run_dir / "summary.json").exists()

@@ -23,6 +23,7 @@ from decoders.standard import StandardDecoder
 from harness.config import ConfigError, load_config
 from harness.models import build_tiny, tiny_tokenizer
 from harness.run import exactness
+from helpers import spec_candidate, write_regress_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -73,25 +74,10 @@ def _config(tmp_path: Path, seeds: str = "[0, 1]", temperatures: str = "[0.0, 0.
     suite.write_text(json.dumps({"suite": "s", "version": "1", "description": "faults", "smoke": ["a"],
                                  "defaults": {"grader": "contains", "max_new_tokens": 4, "stop": []}}) + "\n"
                      + json.dumps({"id": "a", "prompt": "Tell me", "references": ["x"]}) + "\n")
-    cfg = tmp_path / "regress.toml"
-    cfg.write_text(f"""target = "tiny-llama"
-[baseline]
-name = "baseline"
-decoder = "standard"
-[[candidates]]
-name = "spec"
-decoder = "speculative"
-options = {{ draft = "prompt-lookup", k = 3 }}
-[suites.s]
-margin = 0.5
-path = "{suite}"
-[profiles.smoke]
-subset = "smoke"
-suites = ["s"]
-temperatures = {temperatures}
-seeds = {seeds}
-""")
-    return cfg
+    return write_regress_config(tmp_path / "regress.toml", candidates=spec_candidate(),
+                                suites={"s": {"margin": 0.5, "path": str(suite)}},
+                                profile={"subset": "smoke", "suites": ["s"], "temperatures": json.loads(temperatures),
+                                         "seeds": json.loads(seeds)})
 
 
 def test_the_config_refuses_seeds_and_temperatures_requests_would(tmp_path):

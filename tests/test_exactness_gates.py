@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -26,8 +25,9 @@ from decoders import GenerationRequest, make_decoder
 from decoders.verify import Verdict, sample_inverse_cdf, verify_rejection
 from harness.cli import main
 from harness.models import LoadedModel, build_tiny
+import helpers
+from helpers import SHIPPED, shipped_smoke, write_regress_config
 
-SHIPPED = tomllib.loads((Path(__file__).parent.parent / "regress.toml").read_text())
 N_ITEMS = 8
 PROMPTS = [f"Item {i}: tell me about {w}" for i, w in
            enumerate(["cats", "rivers", "stars", "bread", "music", "trains", "maps", "clouds"])]
@@ -146,17 +146,10 @@ def smoke_config(tmp_path_factory):
         rows.append({"id": f"e{i}", "prompt": prompt, "references": [" ".join(text.split()) or "\u0000never"],
                      "grader_options": {"case_sensitive": True}, "categories": ["echo"]})
     (root / "echo.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    smoke, gates = SHIPPED["profiles"]["smoke"], SHIPPED["gates"]
-    profile = "\n".join(f"{k} = {json.dumps(smoke[k])}" for k in
-                        ("temperatures", "seeds", "max_new_tokens", "exactness_prompts", "exactness_samples"))
-    gate_lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in gates.items())
-    cfg = root / "regress.toml"
-    cfg.write_text(f"""
-target = "{root / 'target'}"
-top_p = {SHIPPED['top_p']}
-[baseline]
-name = "baseline"
-decoder = "standard"
+    profile = {"subset": "smoke", "suites": ["echo"], "sample_suites": ["echo"],
+               **shipped_smoke("temperatures", "seeds", "max_new_tokens", "exactness_prompts", "exactness_samples")}
+    return write_regress_config(root / "regress.toml", target=root / "target", head={"top_p": SHIPPED["top_p"]},
+                                candidates=f"""
 [[candidates]]
 name = "lookup"
 decoder = "speculative"
@@ -165,23 +158,12 @@ options = {{ draft = "prompt-lookup", k = 4, verify = "rejection" }}
 name = "model"
 decoder = "speculative"
 options = {{ draft = "{root / 'draft'}", k = 3, verify = "rejection" }}
-[suites.echo]
-margin = 0.1
-path = "{root / 'echo.jsonl'}"
-[profiles.smoke]
-subset = "smoke"
-suites = ["echo"]
-sample_suites = ["echo"]
-{profile}
-[gates]
-{gate_lines}
-""")
-    return cfg
+""", suites={"echo": {"margin": 0.1, "path": str(root / "echo.jsonl")}}, profile=profile, gates=SHIPPED["gates"])
 
 
 def regress(cfg: Path, run_dir: Path) -> dict:
-    main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress", "--no-tracking"])
-    return json.loads((run_dir / "summary.json").read_text())
+    helpers.regress(cfg, run_dir)
+    return helpers.summary(run_dir)
 
 
 @pytest.fixture(scope="module")

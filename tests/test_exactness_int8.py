@@ -19,17 +19,14 @@ smoke profile runs: greedy identity is not what is tested here.
 """
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path
 
 import pytest
 
 import decoders.speculative as spec
-from harness.cli import main
+import helpers
+from helpers import SHIPPED, shipped_smoke, write_regress_config
 from tests.test_exactness_gates import _baseline_only, resample_from_p
-
-SHIPPED = tomllib.loads((Path(__file__).parent.parent / "regress.toml").read_text())
 
 pytestmark = pytest.mark.slow
 SAMPLES = 60
@@ -37,36 +34,23 @@ SAMPLES = 60
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory):
-    smoke, gates = SHIPPED["profiles"]["smoke"], SHIPPED["gates"]
-    assert 0.7 in smoke["temperatures"] and "longform" in smoke["sample_suites"]
-    profile = "\n".join(f"{k} = {json.dumps(smoke[k])}" for k in
-                        ("subset", "seeds", "max_new_tokens", "exactness_prompts"))
-    cfg = tmp_path_factory.mktemp("int8") / "regress.toml"
-    cfg.write_text(f"""
-target = "smollm2-135m"
-top_p = {SHIPPED['top_p']}
-[baseline]
-name = "baseline"
-decoder = "standard"
+    assert 0.7 in SHIPPED["profiles"]["smoke"]["temperatures"]
+    assert "longform" in SHIPPED["profiles"]["smoke"]["sample_suites"]
+    return write_regress_config(tmp_path_factory.mktemp("int8") / "regress.toml", target="smollm2-135m",
+                                head={"top_p": SHIPPED["top_p"]}, candidates="""
 [[candidates]]
 name = "spec-int8-rejection"
 decoder = "speculative"
-options = {{ draft = "smollm2-135m-int8", k = 4, verify = "rejection" }}
-[suites.longform]
-[profiles.smoke]
-suites = ["longform"]
-sample_suites = ["longform"]
-temperatures = [0.7]
-exactness_samples = {SAMPLES}
-{profile}
-[gates]
-""" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in gates.items()) + "\n")
-    return cfg
+options = { draft = "smollm2-135m-int8", k = 4, verify = "rejection" }
+""", suites={"longform": {}}, gates=SHIPPED["gates"],
+                                profile={"suites": ["longform"], "sample_suites": ["longform"], "temperatures": [0.7],
+                                         "exactness_samples": SAMPLES,
+                                         **shipped_smoke("subset", "seeds", "max_new_tokens", "exactness_prompts")})
 
 
 def regress(cfg: Path, run_dir: Path) -> tuple[int, dict]:
-    code = main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress", "--no-tracking"])
-    return code, json.loads((run_dir / "summary.json").read_text())["candidates"]["spec-int8-rejection"]
+    code = helpers.regress(cfg, run_dir)
+    return code, helpers.summary(run_dir)["candidates"]["spec-int8-rejection"]
 
 
 @pytest.fixture(scope="module")

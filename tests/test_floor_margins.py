@@ -23,6 +23,7 @@ from harness.run import runner
 from harness.verdict import floor
 from harness.verdict.gate import decide
 from harness.verdict.report import statistics_lines
+from helpers import errored_record, record
 
 N_TOKENS = 8
 
@@ -66,15 +67,13 @@ near_tie_epsilon = 1e-3
 
 
 def row(suite, name: str, i: int, tokens=None, margins=None, error: str | None = None) -> dict:
-    tokens = list(range(1, N_TOKENS + 1)) if tokens is None and not error else (tokens or [])
-    margins = [2.0] * len(tokens) if margins is None else margins
-    out = {"candidate": name, "decoder": "llama.cpp", "suite": "mini", "suite_hash": suite.hash,
-           "item_id": f"p{i}", "seed": 0, "temperature": 0.0, "tokens": tokens, "margins": margins,
-           "text": "x", "score": 1.0, "passed": True, "stats": {},
-           "timing": {"wall_s": 0.1 + 0.001 * i, "ttft_s": 0.01}}
+    timing = {"wall_s": 0.1 + 0.001 * i, "ttft_s": 0.01}
     if error:
-        out.update(error=error, text="", score=0.0, passed=False)
-    return out
+        return errored_record(suite, name, f"p{i}", error, decoder="llama.cpp", categories=[], timing=timing)
+    tokens = list(range(1, N_TOKENS + 1)) if tokens is None else tokens
+    margins = [2.0] * len(tokens) if margins is None else margins
+    return record(suite, name, f"p{i}", decoder="llama.cpp", categories=[], tokens=tokens, margins=margins,
+                  passed=True, text="x", timing=timing)
 
 
 def build(suite, n: int, *, aa_flips: dict[int, float] = {}, cand_divs: dict[int, float] = {},

@@ -359,9 +359,10 @@ def test_a_broken_sandbox_machinery_is_a_failed_grade_not_an_exception():
         "g = grade(item, 'def square(x):\\n    return x * x\\n')\n"
         "import glob, tempfile\n"
         "left = glob.glob(f'{tempfile.gettempdir()}/decodegate-sandbox-{os.getpid()}-*')\n"
-        "print(json.dumps([g.passed, g.detail, left]))\n")
+        "print(json.dumps([g.passed, g.detail, g.error, left]))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    passed, detail, left_behind = json.loads(out.stdout.strip().splitlines()[-1])
+    passed, detail, error, left_behind = json.loads(out.stdout.strip().splitlines()[-1])
     assert passed is False and detail.startswith("sandbox error") and "Too many open files" in detail
+    assert error.startswith("sandbox error") and "Too many open files" in error  # a grade error, not a fail
     assert left_behind == []

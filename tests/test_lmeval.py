@@ -27,6 +27,7 @@ from harness.run import lmeval as bridge  # noqa: E402
 from harness.cli import main  # noqa: E402
 from harness.run.lmeval import DecodegateLM, LmEvalError, lmeval_records  # noqa: E402
 from harness.commands.lmeval import lmeval_argv  # noqa: E402
+from helpers import regress, write_regress_config  # noqa: E402
 
 LOCAL = Path(__file__).parent / "data" / "lmeval"
 GEN, MC, GSM8K = "decodegate_tiny_gen", "decodegate_tiny_mc", "gsm8k_local"
@@ -410,27 +411,23 @@ def test_unsafe_tasks_need_confirmation(tiny_llama, tmp_path):
 
 # ----------------------------------------------------------------------------- as regress suites
 
-def _regress_lmeval(tmp_path, suites: dict, looks: int = 1) -> tuple[int, dict]:
-    """`decodegate regress` on lm-eval suites {name: include_path}, a lossy candidate that happens
-    to give the baseline's tokens (speculative, greedy), margin 0.9."""
-    tables = "".join(f'[suites."lmeval:{n}"]\nmargin = 0.9\ninclude_path = "{p}"\n' for n, p in suites.items())
-    cfg = tmp_path / "regress.toml"
-    cfg.write_text(f"""
-target = "tiny-llama"
+LOSSY_SELF_DRAFT = '''
 [[candidates]]
 name = "lossy"
 decoder = "speculative"
 kind = "lossy"
-options = {{ draft = "tiny-llama", k = 3 }}
-{tables}
-[profiles.smoke]
-subset = "smoke"
-suites = {json.dumps([f"lmeval:{n}" for n in suites])}
-temperatures = [0.0]
-looks = {looks}
-""")
-    code = main(["regress", "--config", str(cfg), "--run-dir", str(tmp_path / "run"), "--no-progress",
-                 "--no-tracking"])
+options = { draft = "tiny-llama", k = 3 }
+'''
+
+
+def _regress_lmeval(tmp_path, suites: dict, looks: int = 1) -> tuple[int, dict]:
+    """`decodegate regress` on lm-eval suites {name: include_path}, a lossy candidate that happens
+    to give the baseline's tokens (speculative, greedy), margin 0.9."""
+    cfg = write_regress_config(tmp_path / "regress.toml", candidates=LOSSY_SELF_DRAFT,
+                               suites={f"lmeval:{n}": {"margin": 0.9, "include_path": str(p)} for n, p in suites.items()},
+                               profile={"subset": "smoke", "suites": [f"lmeval:{n}" for n in suites],
+                                        "temperatures": [0.0], "looks": looks})
+    code = regress(cfg, tmp_path / "run")
     summary = tmp_path / "run" / "summary.json"
     return code, json.loads(summary.read_text()) if summary.exists() else {}
 
@@ -470,25 +467,18 @@ def _regress_with(tmp_path, lmeval_table: str, task: str, capsys) -> tuple[int, 
              "defaults": {"grader": "contains", "max_new_tokens": 4, "stop": []}}]
     rows += [{"id": k, "prompt": f"Say {k}", "references": [k]} for k in "abc"]
     (tmp_path / "tiny3.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = tmp_path / "regress.toml"
-    cfg.write_text(f"""
-target = "tiny-llama"
+    cfg = write_regress_config(tmp_path / "regress.toml", candidates="""
 [[candidates]]
 name = "ee"
 decoder = "early-exit"
 kind = "lossy"
-options = {{ threshold = 0.5 }}
-[suites.tiny3]
+options = { threshold = 0.5 }
+""", suites=f"""[suites.tiny3]
 margin = 0.5
 path = "tiny3.jsonl"
 [suites."lmeval:{task}"]
 margin = 0.5
-{lmeval_table}
-[profiles.smoke]
-subset = "smoke"
-suites = ["tiny3", "lmeval:{task}"]
-temperatures = [0.0]
-""")
+{lmeval_table}""", profile={"subset": "smoke", "suites": ["tiny3", f"lmeval:{task}"], "temperatures": [0.0]})
     capsys.readouterr()
     run_dir = tmp_path / "run"
     code = main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress", "--no-tracking"])

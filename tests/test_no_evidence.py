@@ -10,30 +10,18 @@ from pathlib import Path
 import pytest
 
 from analysis.calibration.synthetic import make_record
-from harness.cli import main
 from harness.config import ConfigError, load_config
 from harness.verdict.gate import decide
 from harness.verdict.summary import summarize
+from helpers import errored_record, regress, write_regress_config
 from suites.format import item_from_row, make_suite
 
 
 def _config(tmp_path: Path, candidates: str, suites: str, profile_suites: str, extra: str = "",
             temperatures: str = "[0.0]"):
-    cfg = tmp_path / "regress.toml"
-    cfg.write_text(f"""
-target = "tiny-llama"
-[baseline]
-name = "baseline"
-decoder = "standard"
-{candidates}
-{suites}
-[profiles.smoke]
-subset = "smoke"
-suites = {profile_suites}
-temperatures = {temperatures}
-seeds = [0]
-{extra}
-""")
+    cfg = write_regress_config(tmp_path / "regress.toml", candidates=candidates, suites=suites, tail=extra,
+                               profile={"subset": "smoke", "suites": json.loads(profile_suites),
+                                        "temperatures": json.loads(temperatures), "seeds": [0]})
     return load_config(cfg, "smoke")
 
 
@@ -45,11 +33,8 @@ def _suite(name: str, ids, smoke=None):
 
 
 def _errored(candidate: str, decoder: str, suite, item_id: str) -> dict:
-    """A failed generation as the runner records it (make_row with a DecoderError)."""
-    return {"candidate": candidate, "decoder": decoder, "kind": "lossy", "suite": suite.name,
-            "suite_version": suite.version, "suite_hash": suite.hash, "item_id": item_id, "categories": [],
-            "seed": 0, "temperature": 0.0, "error": "prompt is 300 tokens but the model's context is 256",
-            "tokens": [], "text": "", "score": 0.0, "passed": False, "margins": [], "stats": {}, "timing": {}}
+    return errored_record(suite, candidate, item_id, "prompt is 300 tokens but the model's context is 256",
+                          decoder=decoder, categories=[], kind="lossy")
 
 
 def _gates(summary: dict, name: str, config) -> dict:
@@ -172,24 +157,10 @@ def test_regress_with_a_prompt_too_long_for_the_early_exit_candidate(tmp_path):
             {"id": "long", "prompt": "word " * 2000, "references": ["\u0000never"]}]
     suite = tmp_path / "mixed.jsonl"
     suite.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = tmp_path / "regress.toml"
-    cfg.write_text(f"""
-target = "tiny-llama"
-[baseline]
-name = "baseline"
-decoder = "standard"
-{EARLY_EXIT}
-[suites.mixed]
-margin = 0.5
-path = "{suite}"
-[profiles.smoke]
-subset = "smoke"
-suites = ["mixed"]
-temperatures = [0.0]
-seeds = [0]
-""")
-    code = main(["regress", "--config", str(cfg), "--run-dir", str(tmp_path / "run"), "--no-progress",
-                 "--no-tracking"])
+    cfg = write_regress_config(tmp_path / "regress.toml", candidates=EARLY_EXIT,
+                               suites={"mixed": {"margin": 0.5, "path": str(suite)}},
+                               profile={"subset": "smoke", "suites": ["mixed"], "temperatures": [0.0], "seeds": [0]})
+    code = regress(cfg, tmp_path / "run")
     assert code == 1  # before: exit 3, internal error "record 'long' has no stats.exit_layers ..."
     cand = json.loads((tmp_path / "run" / "summary.json").read_text())["candidates"]["ee"]
     assert cand["suites"]["mixed"]["exits"]["n"] == 2 and cand["exits"]["n"] == 2

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from decoders import GenerationRequest, make_decoder
-from harness.cli import main
 from harness.models import load_model
+from helpers import free_port, mlflow_server, regress, spec_candidate, summary, write_regress_config
 
 N_ITEMS = 40
 PROMPTS = [f"Item {i}: tell me about {w}" for i, w in
@@ -44,27 +43,11 @@ def tiny_suite(tmp_path_factory):
 
 
 def write_config(tmp_path: Path, suite: Path, candidates: str, *, temps="[0.0, 0.8]", samples=300) -> Path:
-    cfg = tmp_path / "regress.toml"
-    cfg.write_text(f"""
-target = "tiny-llama"
-top_p = 0.9
-[baseline]
-name = "baseline"
-decoder = "standard"
-{candidates}
-[suites.echo]
-margin = 0.2
-path = "{suite}"
-[profiles.smoke]
-subset = "smoke"
-suites = ["echo"]
-temperatures = {temps}
-sample_suites = ["echo"]
-seeds = [0]
-exactness_prompts = 1
-exactness_samples = {samples}
-""")
-    return cfg
+    return write_regress_config(tmp_path / "regress.toml", head={"top_p": 0.9}, candidates=candidates,
+                                suites={"echo": {"margin": 0.2, "path": str(suite)}},
+                                profile={"subset": "smoke", "suites": ["echo"], "temperatures": json.loads(temps),
+                                         "sample_suites": ["echo"], "seeds": [0], "exactness_prompts": 1,
+                                         "exactness_samples": samples})
 
 
 SPEC = """
@@ -77,14 +60,6 @@ name = "spec-rejection"
 decoder = "speculative"
 options = {{ draft = "tiny-qwen2", k = 2, verify = "rejection" }}
 """.replace("{{", "{").replace("}}", "}")
-
-
-def regress(cfg: Path, run_dir: Path, *extra) -> int:
-    return main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress", "--no-tracking", *extra])
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 def test_exact_candidates_pass(tmp_path, tiny_suite):
@@ -172,16 +147,10 @@ def test_resume_after_kill_runs_nothing_twice(tmp_path, tiny_suite):
     assert len(records.read_text().splitlines()) == len(keys)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_tracking_down_then_sync(tmp_path, tiny_suite):
     cfg = write_config(tmp_path, tiny_suite, SPEC, temps="[0.0]", samples=50)
     run_dir = tmp_path / "run"
-    port = _free_port()
+    port = free_port()
     uri = f"http://127.0.0.1:{port}"
     t0 = time.time()
     out = subprocess.run(_cli("regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress",
@@ -192,22 +161,7 @@ def test_tracking_down_then_sync(tmp_path, tiny_suite):
     assert time.time() - t0 < 120
     assert (run_dir / "summary.json").exists() and not (run_dir / "tracking.json").exists()
 
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db",
-         "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        from harness.run.tracking import TrackingUnavailable, check_health
-        deadline = time.time() + 90
-        while True:
-            try:
-                check_health(uri, timeout=1)
-                break
-            except TrackingUnavailable:
-                assert time.time() < deadline, "mlflow server did not start"
-                time.sleep(0.5)
+    with mlflow_server(tmp_path, port):
         for _ in range(2):  # twice: the second sync must not duplicate runs
             res = subprocess.run(_cli("sync", str(run_dir), "--tracking-uri", uri), capture_output=True, text=True,
                                  env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
@@ -221,28 +175,16 @@ def test_tracking_down_then_sync(tmp_path, tiny_suite):
         assert child.data.tags["optimization"] == "speculative"
         assert child.data.tags["label.team"] if "label.team" in child.data.tags else True
         assert "speedup" in child.data.metrics and "echo.identity.T_0" in child.data.metrics
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
 
 
 def test_lmeval_task_as_a_regress_suite(tmp_path):
     """An lm-eval task listed as `lmeval:<task>` is paired and analysed like any suite."""
     include = Path(__file__).parent / "data" / "lmeval"
-    cfg = tmp_path / "regress.toml"
-    cfg.write_text(f"""
-target = "tiny-llama"
-[[candidates]]
-name = "spec-self"
-decoder = "speculative"
-options = {{ draft = "tiny-llama", k = 3 }}
-[suites."lmeval:decodegate_tiny_gen"]
-include_path = "{include}"
-[profiles.smoke]
-subset = "smoke"
-suites = ["lmeval:decodegate_tiny_gen"]
-temperatures = [0.0]
-""")
+    cfg = write_regress_config(tmp_path / "regress.toml", candidates=spec_candidate('{ draft = "tiny-llama", k = 3 }',
+                                                                                    name="spec-self"),
+                               suites={"lmeval:decodegate_tiny_gen": {"include_path": str(include)}},
+                               profile={"subset": "smoke", "suites": ["lmeval:decodegate_tiny_gen"],
+                                        "temperatures": [0.0]})
     assert regress(cfg, tmp_path / "run") == 0
     s = summary(tmp_path / "run")
     ident = s["candidates"]["spec-self"]["suites"]["lmeval:decodegate_tiny_gen"]["identity"]["T=0"]

@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -21,43 +18,11 @@ import pytest
 from decoders import GenerationRequest, make_decoder
 from harness.cli import main
 from harness.models import load_model
+from helpers import free_port
 
 PROMPTS = ["Item 0: tell me about cats", "Item 1: describe a river", "Item 2: count the stars",
            "Item 3: how to bake bread", "Item 4: a song about trains", "Item 5: where maps fail"]
 CATEGORIES = ["facts", "chat"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def mlflow_server(tmp_path):
-    """`mlflow server` on sqlite, its own folder and port (DESIGN.md: healthy in ~7 s)."""
-    port = _free_port()
-    uri = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-         f"sqlite:///{tmp_path}/mlflow.db", "--artifacts-destination", str(tmp_path / "artifacts"),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        from harness.run.tracking import TrackingUnavailable, check_health
-        deadline = time.time() + 120
-        while True:
-            try:
-                check_health(uri, timeout=1)
-                break
-            except TrackingUnavailable:
-                assert server.poll() is None and time.time() < deadline, "mlflow server did not start"
-                time.sleep(0.5)
-        yield uri
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -370,7 +335,7 @@ def test_history_marks_runs_of_another_target(tmp_path, small_suite, mlflow_serv
 
 
 def test_history_refuses_a_server_that_is_down(capsys):
-    assert main(["history", "--tracking-uri", f"http://127.0.0.1:{_free_port()}", "--figure", "none"]) == 2
+    assert main(["history", "--tracking-uri", f"http://127.0.0.1:{free_port()}", "--figure", "none"]) == 2
     assert "not reachable" in capsys.readouterr().err
 
 

@@ -150,7 +150,7 @@ IN_PROCESS = ("standard", "speculative", "early-exit")
 def pick_prompts(per_category: int, target, max_new: int):
     """The first longform items of each category that fit the target's context."""
     from decoders.base import DecoderError
-    from decoders.common import context_length
+    from decoders.context import context_length
     from suites import load_suite
     suite = load_suite("longform")
     limit = context_length(target.model) or 10**9

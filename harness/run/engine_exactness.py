@@ -41,8 +41,8 @@ import analysis
 from analysis import pit
 from decoders.base import DecoderError
 from harness.run import reference
+from harness.run.exactness import sampled_rows
 from harness.run.reference import output_size, shaped_probs, teacher_forced_logits
-from harness.run.runner import WorkItem, make_request
 
 TOP_K = 20            # logprobs asked of an engine reference per position
 MASS_TOL = 1e-4       # the nucleus boundary's own rounding, on top of the measured noise
@@ -180,17 +180,10 @@ def boundary_unsure(pre: torch.Tensor, request, noise: float, k: int = 256) -> t
 
 
 class Seqs:
-    """The sampled records of one decoder as (context, tokens, request, margins, stats)."""
+    """The sampled records of one decoder as (record, request) pairs (`exactness.sampled_rows`)."""
 
     def __init__(self, config, target, rows, items):
-        self.rows = []
-        for r in rows:
-            found = items.get((r["suite"], r["item_id"]))
-            if found is None or not r.get("tokens") or r.get("error") or r.get("compare_on") == "text":
-                continue
-            suite, item = found
-            req = make_request(config, target, WorkItem(suite, item, r["temperature"], r["seed"]))
-            self.rows.append((r, req))
+        self.rows = [(r, req) for r, req, _, _ in sampled_rows(config, target, rows, items)]
 
 
 def _by_prompt(named: dict[str, Seqs]) -> dict[tuple, list[tuple[str, int]]]:

@@ -312,15 +312,23 @@ def needs_check(spec) -> bool:
     return spec.decoder == "speculative" and spec.kind == "exact" and spec.options.get("verify") == "rejection"
 
 
-def _record_sequences(config, lineup, name: str, rows, items) -> tuple[list[Sequence], list[tuple]]:
-    target = lineup.targets[name]
-    seqs, meta = [], []
+def sampled_rows(config, target, rows, items) -> list[tuple[dict, object, object, object]]:
+    """(record, request, suite, item) of each record whose sampled tokens can be replayed: its
+    item is in the run's suites, it has tokens and no error, and it is compared by tokens. The
+    request is rebuilt as the run made it, so a reference sees the same context and shaping."""
+    out = []
     for r in rows:
         found = items.get((r["suite"], r["item_id"]))
         if found is None or not r.get("tokens") or r.get("error") or r.get("compare_on") == "text":
             continue
         suite, item = found
-        req = make_request(config, target, WorkItem(suite, item, r["temperature"], r["seed"]))
+        out.append((r, make_request(config, target, WorkItem(suite, item, r["temperature"], r["seed"])), suite, item))
+    return out
+
+
+def _record_sequences(config, lineup, name: str, rows, items) -> tuple[list[Sequence], list[tuple]]:
+    seqs, meta = [], []
+    for r, req, suite, item in sampled_rows(config, lineup.targets[name], rows, items):
         seqs.append(Sequence(req.prompt_ids, r["tokens"], req, r.get("stats")))
         meta.append((suite, item, r["tokens"], r["temperature"], r["seed"]))
     return seqs, meta
