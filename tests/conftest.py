@@ -104,6 +104,7 @@ def smollm2():
 # together, one per worker, so their order among them does not matter).
 LONG_FIRST = (
     "test_vllm.py",                      # ~490-575 s at load 9-15: two real vLLM servers (~90 s to start), one regress
+    "test_watch_engine.py",              # ~400-660 s at load 9-15: a real llama.cpp regress, then watch runs
     "test_exactness_int8.py",            # ~200 s: real smollm2 + int8 draft, two regress runs
     "test_engine_sampled.py",            # ~195 s: five real llama.cpp candidates, three seeds
     "test_engine_sampled_reference.py",  # ~185 s (~115 s once its engine requests shared a client)
@@ -122,11 +123,15 @@ LONG_FIRST = (
 # smollm2-135m, or the sandbox's escape catalogue. Tests say so with @pytest.mark.full; these
 # fixtures and the older `slow` mark say it for them.
 FULL_FIXTURES = ("llama_server", "smollm2")
+# Files that are all real-component time, not logic `make check` needs: a real MLflow server and
+# its views (~80 s), torch.compile of two models (~60 s).
+FULL_FILES = ("test_review_mlflow.py", "test_compiled_step.py")
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if item.get_closest_marker("slow") or any(f in getattr(item, "fixturenames", ()) for f in FULL_FIXTURES):
+        if item.get_closest_marker("slow") or item.path.name in FULL_FILES \
+                or any(f in getattr(item, "fixturenames", ()) for f in FULL_FIXTURES):
             item.add_marker(pytest.mark.full)
 
     def rank(item):

@@ -186,6 +186,7 @@ def test_garbage_fails_each_item_with_its_cause(user_decoders, tmp_path):
     assert len(rows) == 8 and all(r["error"] and not r["passed"] for r in rows)
 
 
+@pytest.mark.full  # a child regress (~30 s)
 def test_a_segfault_is_named_by_the_next_run(user_decoders, tmp_path, capsys):
     cfg = _config(tmp_path, {"crashy": "userdec:Segfaults", "fine": "standard"})
     run_dir = tmp_path / "run"
@@ -202,6 +203,7 @@ def test_a_segfault_is_named_by_the_next_run(user_decoders, tmp_path, capsys):
     assert not (run_dir / "inflight.json").exists()
 
 
+@pytest.mark.full  # a child regress (~30 s)
 def test_a_hang_ends_within_the_bound_and_the_next_run_goes_on(user_decoders, tmp_path, capsys):
     cfg = _config(tmp_path, {"sleepy": "userdec:Sleeps", "fine": "standard"})
     run_dir = tmp_path / "run"
