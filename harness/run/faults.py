@@ -128,8 +128,14 @@ def garbage(result, request, vocab: int | None) -> str | None:
             return f"token id {t} at position {pos} is outside the vocabulary (0..{vocab - 1 if vocab else '?'})"
     if len(tokens) > request.max_new_tokens:
         return f"{len(tokens)} tokens returned where at most {request.max_new_tokens} were asked"
+    # An engine marks a margin it did not report with NaN (an accepted draft token has no
+    # probabilities in llama.cpp's stream): "not reported", not garbage. In process every
+    # margin is measured, so a NaN there is NaN logits.
+    unreported_ok = "engine" in result.stats
     for pos, m in enumerate(result.margins):
-        if m is not None and (not isinstance(m, (int, float)) or not math.isfinite(m)):
+        if m is None or (unreported_ok and isinstance(m, float) and math.isnan(m)):
+            continue
+        if not isinstance(m, (int, float)) or not math.isfinite(m):
             return f"margin {m!r} at position {pos} (NaN or infinite logits)"
     return None
 
