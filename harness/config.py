@@ -152,6 +152,9 @@ class Gates:
     # most this share of prompts, and moves the engine's top-2 margins by at most aa_noise_max logits.
     aa_floor_max: float = 0.25
     aa_noise_max: float = 1.0
+    # An exact candidate's divergences within the A/A noise pass when its per-prompt divergence rate
+    # is shown to exceed the A/A run's by less than this (Tango non-inferiority at alpha).
+    aa_excess_tolerance: float = 0.10
 
 
 class ConfigWarning(UserWarning):
@@ -353,10 +356,12 @@ def _number(table: dict, key: str, low: float, high: float, where: str, what: st
 
 def _gates(table: dict, where: str) -> Gates:
     g = dict(_take(table, {"alpha", "near_tie_epsilon", "exactness_pvalue", "inconclusive", "spending",
-                           "discordance", "aa_floor_max", "aa_noise_max"}, where))
+                           "discordance", "aa_floor_max", "aa_noise_max",
+                           "aa_excess_tolerance"}, where))
     _number(g, "alpha", 0.0, 0.5, where, "a level in (0, 0.5)")
     _number(g, "aa_floor_max", -1e-300, 1.0 + 1e-12, where, "a share of prompts in [0, 1]")
     _number(g, "aa_noise_max", 0.0, float("inf"), where, "a positive number of logits")
+    _number(g, "aa_excess_tolerance", 0.0, 1.0, where, "a share of prompts in (0, 1)")
     _number(g, "exactness_pvalue", 0.0, 0.5, where, "a level in (0, 0.5)")
     _number(g, "discordance", 0.0, 1.0 + 1e-12, where, "a share of pairs in (0, 1]")
     if g.get("near_tie_epsilon") == "auto":

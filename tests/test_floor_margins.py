@@ -170,17 +170,20 @@ def test_invalid_floor_does_not_stop_a_token_identical_candidate(tmp_path):
 def test_divergences_within_the_measured_noise_go_to_the_rate_test(tmp_path):
     """An engine whose margins move by up to 0.1 (llama.cpp under batching moves them that much):
     a candidate divergence at margin 0.05 is within that noise and is judged by the rate test
-    against the A/A run's own flips (pass); at margin 0.3 it is beyond the noise (fail)."""
-    config, suites = setup(tmp_path)
+    against the A/A run's own flips (pass over 200 prompts: the excess rate is shown below the
+    tolerance); at margin 0.3 it is beyond the noise (fail)."""
+    config, suites = setup(tmp_path, n=200)
     for margin, status in ((0.05, "pass"), (0.3, "fail")):
-        records = build(suites[0], 40, aa_flips={0: 0.06}, cand_divs={7: margin}, aa_shift=0.1)
+        records = build(suites[0], 200, aa_flips={0: 0.06}, cand_divs={7: margin}, aa_shift=0.1)
         _, cand = run(config, suites, records)
         g = identity_gate(cand, config.gates)
         assert g["status"] == status, (margin, g)
         f = cand["suites"]["mini"]["identity"]["T=0"]["floor"]
         assert f["noise"] == pytest.approx(0.12)  # the flip: 0.06 + 0.06 moved the two tokens' gap
         if status == "pass":
-            assert "within the floor" in g["detail"] and f["candidate_only"] == 1 and f["floor_only"] == 1
+            assert "within the floor: excess rate shown below the tolerance 0.1" in g["detail"], g
+            assert f["candidate_only"] == 1 and f["floor_only"] == 1 and f["excess_upper_bound"] < 0.1
+            assert "a correct engine passes with probability" in g["detail"]
         else:
             assert "beyond the engine's own noise" in g["detail"] and "0.3 > A/A noise 0.12" in g["detail"]
 
@@ -193,19 +196,40 @@ def test_many_divergences_within_the_noise_exceed_the_floor(tmp_path):
     assert g["status"] == "fail" and "more than the floor" in g["detail"], g
 
 
-def test_a_rate_test_that_could_not_have_failed_decides_nothing(tmp_path):
-    """4 prompts diverged within the noise on the candidate's side, none on the A/A run's: even
-    that, the most lopsided split, has p = 0.0625 and cannot reject at 0.05. It passed as "not
-    shown more frequent"; a fifth discordant prompt (one on the A/A side) gives the test power."""
+def test_a_size_that_cannot_show_the_tolerance_is_inconclusive_with_the_size_that_would(tmp_path):
+    """4 prompts diverged within the noise on the candidate's side, 1 on the A/A run's, over 40
+    prompts: no excess shown (the old rule passed it as "not shown more frequent"), and 40 prompts
+    cannot show the excess below the tolerance either: inconclusive, with the plan's power and the
+    prompts that would decide. Over 200 prompts the same counts pass."""
     config, suites = setup(tmp_path)
-    records = build(suites[0], 40, cand_divs={i: 0.06 for i in range(10, 14)}, aa_shift=0.1)
-    _, cand = run(config, suites, records)
-    g = identity_gate(cand, config.gates)
-    assert g["status"] == "fail" and g["detail"].startswith("inconclusive") and "at least 5" in g["detail"], g
     records = build(suites[0], 40, aa_flips={0: 0.06}, cand_divs={i: 0.06 for i in range(10, 14)}, aa_shift=0.1)
     _, cand = run(config, suites, records)
     g = identity_gate(cand, config.gates)
-    assert g["status"] == "pass" and "not shown more frequent" in g["detail"], g
+    f = cand["suites"]["mini"]["identity"]["T=0"]["floor"]
+    assert g["status"] == "fail" and g["detail"].startswith("inconclusive: 40 prompts cannot show"), g
+    assert not f["plan"]["enough"] and f"about {f['plan']['needed']} prompts would" in g["detail"]
+    assert f["plan"]["needed"] > 40 and f["plan"]["pass_correct"] < 0.95
+    (tmp_path / "more").mkdir()
+    config, suites = setup(tmp_path / "more", n=200)
+    records = build(suites[0], 200, aa_flips={0: 0.06}, cand_divs={i: 0.06 for i in range(10, 14)}, aa_shift=0.1)
+    _, cand = run(config, suites, records)
+    g = identity_gate(cand, config.gates)
+    assert g["status"] == "pass" and "excess rate shown below the tolerance" in g["detail"], g
+
+
+def test_the_plan_is_the_pass_rule_enumerated():
+    """The plan's P(pass) is the rule itself summed over every outcome: a brute-force sum of
+    `passes` over the multinomial of (both, A/A-only, candidate-only) prompts agrees."""
+    from scipy import stats
+    n, ra, rc = 12, 0.1, 0.2
+    total = 0.0
+    for both in range(n + 1):
+        for c in range(n + 1 - both):
+            for b in range(n + 1 - both - c):
+                pr = stats.multinomial.pmf([both, c, b, n - both - c - b], n,
+                                           [ra * rc, ra * (1 - rc), rc * (1 - ra), (1 - ra) * (1 - rc)])
+                total += pr * bool(floor.passes(b, c, both + b, n, 0.1, 0.05))
+    assert floor.pass_probability(ra, rc, n, 0.1, 0.05) == pytest.approx(total, abs=1e-12)
 
 
 def test_decision_and_printed_bound_are_one_statistic():
@@ -268,17 +292,18 @@ def test_aa_floor_max_is_validated(tmp_path):
 
 def test_divergences_on_the_prompts_the_aa_run_left_are_not_called_absent(tmp_path):
     """The candidate diverges within the noise (margin 0.06) on exactly the three prompts where
-    the A/A run flipped: no discordant prompt, so the rate test has nothing to count and the block
-    passes. It said "no divergence above the near-tie epsilon on either side", with three on each."""
-    config, suites = setup(tmp_path)
-    records = build(suites[0], 40, aa_flips={i: 0.06 for i in (0, 1, 2)}, cand_divs={i: 0.06 for i in (0, 1, 2)},
+    the A/A run flipped: no discordant prompt. It said "no divergence above the near-tie epsilon on
+    either side", with three on each; the rate test now counts its three, and over 200 prompts an
+    excess of 0 is shown below the tolerance."""
+    config, suites = setup(tmp_path, n=200)
+    records = build(suites[0], 200, aa_flips={i: 0.06 for i in (0, 1, 2)}, cand_divs={i: 0.06 for i in (0, 1, 2)},
                     aa_shift=0.1)
     _, cand = run(config, suites, records)
     g = identity_gate(cand, config.gates)
     f = cand["suites"]["mini"]["identity"]["T=0"]["floor"]
     assert f["within_noise"] == 3 and f["candidate_only"] == f["floor_only"] == 0
     assert g["status"] == "pass", g
-    assert "on either side" not in g["detail"] and "each on a prompt where the A/A run also diverged" in g["detail"]
+    assert "on either side" not in g["detail"] and "3 divergence(s) within the A/A noise" in g["detail"]
 
 
 def test_sampled_pairs_do_not_dilute_the_aa_runs_greedy_divergence_rate(tmp_path):

@@ -9,12 +9,18 @@ The floor is measured in the units a divergence is judged in, logit margins, not
 - Beyond the noise is real. A candidate divergence whose baseline margin is above the noise scale
   (or that has no margin) fails the identity gate, whatever any rate test says: batch
   nondeterminism flips tokens at its own noise level, not at margin 0.5.
-- Within the noise, a rate test. Divergences at margins between the near-tie epsilon and the
-  noise scale are compared with the A/A run's own flips at such margins, prompt by prompt: an
-  exact one-sided binomial test on the discordant prompts (candidate-only b against A/A-only c).
-  The decision is the Clopper-Pearson lower bound on b / (b + c) above 1/2, which is exactly
-  p < alpha; the bound printed is that one (and the difference in rates it implies given the
-  discordant count), so the verdict and its bound never contradict.
+- Within the noise, a non-inferiority test of rates. Divergences at margins between the near-tie
+  epsilon and the noise scale are set against the A/A run's own, prompt by prompt: each prompt is
+  a pair (A/A diverged?, candidate diverged?), and Tango's score test (analysis.paired, the one the
+  quality gate uses) asks whether the candidate's per-prompt rate exceeds the A/A run's by less
+  than `gates.aa_excess_tolerance`, at `gates.alpha`. Shown: pass. Not shown: fail where the exact
+  one-sided binomial test on the discordant prompts shows the candidate diverging more often, or
+  where the plan says the prompts suffice; else inconclusive, with the prompts that would decide.
+- The plan (`plan`): at the noise rate measured (the A/A run's and the candidate's pooled), the exact probability that this rule passes a
+  correct candidate (its divergences the same noise, independent of the A/A run's) and fails one
+  whose rate is twice the A/A run's, by enumerating the trinomial of discordant prompts; the size
+  is enough where a correct candidate passes with probability >= PLAN_PASS. Stated beside every
+  verdict. Calibrated by simulation through `compare` and `gate_detail` (analysis.calibration.floor).
 - The A/A run is gated itself: error rows, missing margins, fewer pairs than the candidate, a
   divergence rate above `gates.aa_floor_max` or a noise scale above `gates.aa_noise_max` make the
   floor invalid. A candidate that needs the floor (a divergence above the near-tie epsilon) is
@@ -25,14 +31,18 @@ The noise and the rate are measured on greedy pairs (a flip under sampling bound
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 from scipy import stats
 
 from analysis.identity import common_prefix_length
+from analysis.paired import NI_CONTINUITY_CORRECTION, ni_sample_size, tango_interval, tango_ni_pvalue
 
 MAX_LISTED = 3  # errors and flips named in a message
+PLAN_PASS = 0.95  # "the size is enough": a correct candidate passes with at least this probability
+PLAN_MAX_N = 5000  # prompts the plan searches up to
 
 
 # ------------------------------------------------------------------ measuring the A/A run
@@ -131,7 +141,68 @@ def rate_test(b: int, c: int, n: int, alpha: float) -> dict:
             "difference_lower_bound": (b + c) * (2 * low - 1) / n, "alpha": alpha, "exceeds": low > 0.5}
 
 
-def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float) -> dict:
+def passes(b, c, diverged, n: int, tolerance: float, alpha: float):
+    """The floor's pass rule, vectorised: the candidate diverged within the noise on no prompt, or
+    its excess rate over the A/A run's is shown below ``tolerance`` (Tango's score test of
+    non-inferiority with the A/A run as the baseline: a prompt the A/A run left and the candidate
+    kept is a win, b candidate-only prompts are losses)."""
+    return (np.asarray(diverged) == 0) | (tango_ni_pvalue(c, b, n, margin=tolerance) < alpha)
+
+
+def excess_test(b: int, c: int, diverged: int, n: int, tolerance: float, alpha: float) -> dict:
+    """`passes` for one block, with its p-value and the upper bound on the excess rate it inverts."""
+    upper = -tango_interval(c, b, n, confidence_level=1 - alpha, alternative="greater",
+                            continuity_correction=NI_CONTINUITY_CORRECTION).low
+    return {"tolerance": tolerance, "excess": (b - c) / n, "excess_upper_bound": upper,
+            "ni_pvalue": float(tango_ni_pvalue(c, b, n, margin=tolerance)),
+            "shown_within": bool(passes(b, c, diverged, n, tolerance, alpha))}
+
+
+def pass_probability(aa_rate: float, cand_rate: float, n: int, tolerance: float, alpha: float) -> float:
+    """P(`passes`) exactly, when each prompt diverges in the A/A run with probability aa_rate and
+    in the candidate with cand_rate, independently: the trinomial of (A/A-only, candidate-only)
+    prompts, plus the candidate that diverged nowhere (it passes whatever the A/A run did)."""
+    p_c, p_b = aa_rate * (1 - cand_rate), cand_rate * (1 - aa_rate)
+    c = np.arange(n + 1)[:, None]
+    b = np.arange(n + 1)[None, :]
+    cond = p_b / (1 - p_c) if p_c < 1 else 0.0
+    pmf = stats.binom.pmf(c, n, p_c) * stats.binom.pmf(b, np.maximum(n - c, 0), cond) * ((b + c) <= n)
+    shown = tango_ni_pvalue(c, b, n, margin=tolerance) < alpha
+    none = (1 - cand_rate) ** n * float(np.sum(stats.binom.pmf(c[:, 0], n, aa_rate) * ~shown[:, 0]))
+    return float(np.sum(pmf * shown) + none)
+
+
+@functools.lru_cache(maxsize=1024)
+def plan(aa_rate: float, n: int, tolerance: float, alpha: float) -> dict:
+    """What the rule can decide at n prompts when the engine's noise rate is aa_rate: P(pass) of a
+    correct candidate, P(fail) of one that doubles the rate, whether the size is enough (the first
+    >= PLAN_PASS), and the prompts that would make it so (bisection on the exact figure, from the
+    normal approximation; the exact figure saws a little between neighbouring n; None beyond
+    PLAN_MAX_N)."""
+    correct = pass_probability(aa_rate, aa_rate, n, tolerance, alpha) if n else 0.0
+    doubled = 1 - pass_probability(aa_rate, min(2 * aa_rate, 1.0), n, tolerance, alpha) if n else 0.0
+    enough = correct >= PLAN_PASS
+    needed = n if enough else _needed(aa_rate, tolerance, alpha, max(n, 1))
+    return {"noise_rate": aa_rate, "n": n, "pass_correct": correct, "fail_doubled": doubled,
+            "enough": enough, "needed": needed, "target": PLAN_PASS}
+
+
+def _needed(rate: float, tolerance: float, alpha: float, start: int) -> int | None:
+    def enough(m):
+        return pass_probability(rate, rate, m, tolerance, alpha) >= PLAN_PASS
+    guess = ni_sample_size(max(2 * rate * (1 - rate), 1e-6), tolerance, alpha=alpha, power=PLAN_PASS) or start
+    lo, hi = start, max(start + 1, guess)
+    while not enough(hi):
+        lo, hi = hi, int(hi * 1.3) + 1
+        if hi > PLAN_MAX_N:
+            return None
+    while hi - lo > 1:  # enough(hi), not known for lo
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
+
+
+def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float, tolerance: float = 0.10) -> dict:
     """Floor statistics for one identity block; re-labels the candidate's divergences in place:
     "near-tie" (below eps), "within-floor" (up to the A/A noise scale), "real" (beyond it), or
     "unknown" (no margin: never excused)."""
@@ -156,11 +227,18 @@ def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float) ->
     ident["real_divergences"] = counts["real"] + counts["unknown"]
     ident["within_noise"] = counts["within-floor"]
     rate = len(floor_ident["divergences"]) / floor_ident["n"] if floor_ident and floor_ident["n"] else 0.0
-    return {"aa": level["aa"], "valid": valid, "problems": problems, "noise": scale, "eps": eps,
-            "positions": level["positions"], "aa_flips": level["flips"], "n": n, "rate": rate,
-            "candidate_rate": (n - ident["identical"]) / n if n else 0.0,
-            "beyond_noise": counts["real"], "no_margin": counts["unknown"], "within_noise": counts["within-floor"],
-            **rate_test(len(mine - aa), len(aa - mine), n, alpha)}
+    b, c = len(mine - aa), len(aa - mine)
+    out = {"aa": level["aa"], "valid": valid, "problems": problems, "noise": scale, "eps": eps,
+           "positions": level["positions"], "aa_flips": level["flips"], "n": n, "rate": rate,
+           "candidate_rate": (n - ident["identical"]) / n if n else 0.0,
+           "beyond_noise": counts["real"], "no_margin": counts["unknown"], "within_noise": counts["within-floor"],
+           **rate_test(b, c, n, alpha)}
+    if n:
+        # Planned at the rate pooled over both runs: the one noise rate they share if the candidate
+        # is correct (the A/A run's alone reads 0 where it happened to flip nothing).
+        out.update(excess_test(b, c, len(mine), n, tolerance, alpha),
+                   plan=plan(round((len(aa) + len(mine)) / (2 * n), 6), n, tolerance, alpha))
+    return out
 
 
 def apply(summary: dict, floor_name: str, candidates: list[str], gates) -> None:
@@ -179,7 +257,7 @@ def apply(summary: dict, floor_name: str, candidates: list[str], gates) -> None:
         for suite, s in cand["suites"].items():
             for t, ident in s.get("identity", {}).items():
                 floor_ident = aa["suites"].get(suite, {}).get("identity", {}).get(t)
-                ident["floor"] = compare(ident, floor_ident, level, gates.alpha)
+                ident["floor"] = compare(ident, floor_ident, level, gates.alpha, gates.aa_excess_tolerance)
                 if f"{suite}.real_divergences.{t}" in cand.get("metrics", {}):
                     cand["metrics"][f"{suite}.real_divergences.{t}"] = ident["real_divergences"]
 
@@ -225,27 +303,36 @@ def gate_detail(ident: dict) -> tuple[str, str] | None:
                         f"({_noise_s(f)}); {f['within_noise']} within the noise")
     head = (f"{f['within_noise']} divergence(s) within the A/A noise {f['noise']:.3g} ({_noise_s(f)}), "
             f"{ident['near_ties']} near-tie(s), over {f['n']} prompts")
-    if f["candidate_only"] + f["floor_only"] == 0:
-        if f["within_noise"]:  # each on a prompt the A/A run also left: no discordant prompt to test
-            return "pass", (f"within the floor: {head}; each on a prompt where the A/A run also diverged above the "
-                            f"near-tie epsilon {f['eps']:g} (no discordant prompt)")
-        return "pass", f"within the floor: {head}; no divergence above the near-tie epsilon {f['eps']:g} on either side"
-    detail = (f"{head}: {f['candidate_only']} candidate-only, {f['floor_only']} A/A-only; share of the candidate's "
-              f">= {f['share_lower_bound']:.3f} (one-sided {1 - f['alpha']:.0%} exact bound; more than the floor "
-              f"above 0.5), difference in rates >= {f['difference_lower_bound']:+.3f}, p={f['pvalue']:.3g}")
-    b, c = f["candidate_only"], f["floor_only"]
-    if not f["exceeds"] and b > c and 0.5 ** (b + c) >= f["alpha"]:
-        # The candidate diverged on more prompts, and so few that even all of them on its side
-        # could not reject: a test that could not have failed decides nothing.
-        need = math.floor(math.log(f["alpha"]) / math.log(0.5)) + 1
-        return "inconclusive", (f"inconclusive: the candidate diverged within the noise on more prompts than the "
-                                f"A/A run, and {b + c} discordant prompt(s) cannot show a difference at "
-                                f"{f['alpha']:g} (at least {need}, all the candidate's, would): more prompts or "
-                                f"seeds decide; " + detail)
-    # A rate test that does not reject shows no excess; it does not show equality, so the words
-    # claim only what was shown: every divergence inside the A/A noise, none shown more frequent.
-    return (("fail", "more than the floor: " + detail) if f["exceeds"] else
-            ("pass", "within the floor's noise, and not shown more frequent than the A/A run's: " + detail))
+    if not f["within_noise"]:  # nothing of its own to excuse: the strict rule's pass (`passes` agrees)
+        return "pass", f"within the floor: {head}; no divergence above the near-tie epsilon {f['eps']:g}"
+    return _rate_verdict(f, head)
+
+
+def _plan_s(f: dict) -> str:
+    p = f["plan"]
+    return (f"plan at the noise rate {p['noise_rate']:.3g} (both runs pooled) over {p['n']} prompts: a correct engine passes "
+            f"with probability {p['pass_correct']:.3f}, one that doubles the rate fails with {p['fail_doubled']:.3f}")
+
+
+def _rate_verdict(f: dict, head: str) -> tuple[str, str]:
+    """Pass when the excess rate is shown below the tolerance; else fail where the candidate is shown
+    to diverge more often or the plan says the prompts suffice; else inconclusive with the size."""
+    tol = f["tolerance"]
+    detail = (f"{head}: {f['candidate_only']} candidate-only, {f['floor_only']} A/A-only; excess rate over the A/A "
+              f"run's {f['excess']:+.3f}, <= {f['excess_upper_bound']:+.3f} (one-sided {1 - f['alpha']:.0%} Tango "
+              f"bound), tolerance {tol:g} (p={f['ni_pvalue']:.3g}); {_plan_s(f)}")
+    if f["shown_within"]:
+        return "pass", f"within the floor: excess rate shown below the tolerance {tol:g}: " + detail
+    if f["exceeds"]:
+        return "fail", (f"more than the floor: the candidate diverges within the noise on more prompts than the A/A "
+                        f"run (exact one-sided p={f['pvalue']:.3g}): " + detail)
+    p = f["plan"]
+    if p["enough"]:
+        return "fail", f"more than the floor: excess rate not shown below the tolerance {tol:g}: " + detail
+    more = (f"about {p['needed']} prompts would pass a correct engine with probability {p['target']:g}"
+            if p["needed"] else f"no size up to {PLAN_MAX_N} prompts would")
+    return "inconclusive", (f"inconclusive: {f['n']} prompts cannot show the excess rate below the tolerance "
+                            f"{tol:g} at this noise rate; {more}: " + detail)
 
 
 def describe(level: dict) -> str:
