@@ -43,13 +43,13 @@ def rng_for(seed: int) -> np.random.Generator:
     return np.random.default_rng([seed, 7])
 
 
-def splice(text: str, lines: list[str]) -> str:
-    """``text`` (a CALIBRATION.md) with this section replaced by ``lines``, or appended."""
+def splice(text: str, lines: list[str], heading: str = HEADING) -> str:
+    """``text`` (a CALIBRATION.md) with the section under ``heading`` replaced by ``lines``, or appended."""
     section = "\n".join(lines).strip("\n") + "\n"
-    start = text.find(HEADING)
+    start = text.find(heading)
     if start < 0:
         return text.rstrip("\n") + "\n\n" + section
-    end = text.find("\n## ", start + len(HEADING))
+    end = text.find("\n## ", start + len(heading))
     rest = "" if end < 0 else "\n" + text[end + 1:]
     return text[:start] + section + rest
 

@@ -127,6 +127,7 @@ def level_floor(aa_name: str, aa: dict, eps: float, gates) -> dict:
 # ------------------------------------------------------------------ judging a candidate
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of counts; callers copy the dict they get
 def rate_test(b: int, c: int, n: int, alpha: float) -> dict:
     """One-sided exact test that the candidate diverges (within the noise) on more prompts than
     the A/A run: b candidate-only and c A/A-only discordant prompts, Binomial(b + c, 1/2) under
@@ -149,6 +150,7 @@ def passes(b, c, diverged, n: int, tolerance: float, alpha: float):
     return (np.asarray(diverged) == 0) | (tango_ni_pvalue(c, b, n, margin=tolerance) < alpha)
 
 
+@functools.lru_cache(maxsize=4096)
 def excess_test(b: int, c: int, diverged: int, n: int, tolerance: float, alpha: float) -> dict:
     """`passes` for one block, with its p-value and the upper bound on the excess rate it inverts."""
     upper = -tango_interval(c, b, n, confidence_level=1 - alpha, alternative="greater",
