@@ -154,7 +154,8 @@ def test_calibrate_script_writes_report(tmp_path):
     text = out.read_text()
     for heading in ("McNemar, A/A", "McNemar power", "Wilcoxon", "type I error", "power (pass rate)",
                     "Gate verdicts under A/A", "passes every suite", "Speedup lower bound", "interval it replaced",
-                    "p95 at small n", "Sequential PIT test", "Sequence goodness of fit", "Group-sequential"):
+                    "p95 at small n", "Sequential PIT test", "Sequence goodness of fit", "Group-sequential",
+                    "A/A floor: false fails", "Engine seed gate"):
         assert heading in text, heading
     assert "--grid small" in text  # a small-grid file says so
     # the shipped speed bound covers on its rows; the bootstrap-t row it replaced does not reach 0.95

@@ -81,7 +81,7 @@ def fail_rate(rate: float, n: int, shape: str, studies: int, rng, judge=gate_sta
 def report_lines(*, rng, grid: str = "full") -> list[str]:
     rates = pick((0.01, 0.02, 0.05, 0.1, 0.15, 0.25), (0.05,), grid)
     sizes = pick((10, 25, 50, 100, 150, 200), (150,), grid)
-    studies = pick(2000, 200, grid)
+    studies = pick(2000, 100, grid)
     tol = GATES.aa_excess_tolerance
     out = [HEADING, "",
            f"Through the gate's own code (`harness.verdict.floor`: `level_floor` -> `compare` -> `gate_detail`; "

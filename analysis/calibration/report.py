@@ -1,9 +1,9 @@
 """Writes CALIBRATION.md: the paired tests (.paired_tests), the gate's verdicts, the speedup
-interval and the exactness checks (.gates), the group-sequential plans (.sequential), and the A/A
-floor's rate rule (.floor).
+interval and the exactness checks (.gates), the group-sequential plans (.sequential), the A/A
+floor's rate rule (.floor) and the engine seed gate (.seeds).
 
 ``make calibrate`` (``python -m analysis.calibration.report [--studies N] [--seed S] [--out PATH]``)
-regenerates it; ``--only sequential`` (or ``floor``) rewrites that section alone in an existing
+regenerates it; ``--only sequential`` (or ``floor``, ``seeds``) rewrites that section alone in an existing
 file. ``--grid small`` runs every section on a few cells (seconds, not minutes): what the unit
 test runs; the tables in CALIBRATION.md are the full grid.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import floor, gates, paired_tests, sequential
+from . import floor, gates, paired_tests, seeds, sequential
 from .common import ALPHA, GRIDS, pick
 
 
@@ -35,14 +35,17 @@ def report(*, studies: int = 10_000, seed: int = 20240601, grid: str = "full") -
     out += paired_tests.report_lines(studies=studies, rng=rng, grid=grid)
     out += gates.report_lines(studies=studies, rng=rng, grid=grid, pit_studies=pick(500, 10, grid))
     out += sequential.report_lines(studies=studies, rng=sequential.rng_for(seed), grid_size=grid)
-    out += [""] + _section("floor", seed, grid)
+    out += [""] + _section("floor", seed, grid) + [""] + _section("seeds", seed, grid)
     return "\n".join(out) + "\n"
+
+
+SECTIONS = {"floor": floor, "seeds": seeds}  # written last, each with its own random stream
 
 
 def _section(name: str, seed: int, grid: str) -> list[str]:
     """One of the sections that keep their own random stream (written alone or with the rest)."""
-    rng = np.random.default_rng([seed, {"floor": 11}[name]])
-    return {"floor": floor}[name].report_lines(rng=rng, grid=grid)
+    rng = np.random.default_rng([seed, {"floor": 11, "seeds": 13}[name]])
+    return SECTIONS[name].report_lines(rng=rng, grid=grid)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--studies", type=int, default=10_000, help="simulated studies per case (>= 1000)")
     parser.add_argument("--seed", type=int, default=20240601)
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("CALIBRATION.md"))
-    parser.add_argument("--only", choices=("sequential", "floor"),
+    parser.add_argument("--only", choices=("sequential", *SECTIONS),
                         help="rewrite only this section of an existing --out (the full report takes minutes)")
     parser.add_argument("--grid", choices=GRIDS, default="full",
                         help="small: every section on a few cells, in seconds (the unit tests); full: CALIBRATION.md")
@@ -65,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.only:
         if not args.out.exists():
             parser.error(f"--only needs an existing {args.out}")
-        heading = {"floor": floor.HEADING}[args.only]
+        heading = SECTIONS[args.only].HEADING
         lines = _section(args.only, args.seed, args.grid)
         args.out.write_text(sequential.splice(args.out.read_text(), lines, heading))
     else:

@@ -46,7 +46,7 @@ from harness.run.reference import output_size, shaped_probs, teacher_forced_logi
 
 TOP_K = 20            # logprobs asked of an engine reference per position
 MASS_TOL = 1e-4       # the nucleus boundary's own rounding, on top of the measured noise
-SEED_LEVEL = 1e-3     # the chance an honoured seed reproduces every sample, below which it is ignored
+SEED_LEVEL = 1e-3     # the combined p-value of the identical different-seed pairs, below which the seed is ignored
 KEEP_BYTES = 1 << 30  # in-process logits held from the noise pass for the control's (~130 samples
                       # of 40 tokens at a 49k vocabulary)
 
@@ -273,30 +273,63 @@ def _against_control(pairs: int, identical: int, control: dict) -> dict:
     return {"control_p": float(p), "control_pairs": c_pairs, "control_identical": c_same}
 
 
+def raised(probs, noise: float) -> np.ndarray:
+    """Each probability as high as an engine `noise` logits from the reference could make it: the
+    token's logit raised by `noise` against all others (log p + noise - log(p e^noise + 1 - p))."""
+    lp = np.log(np.maximum(np.asarray(probs, dtype=float), 1e-300))
+    with np.errstate(divide="ignore"):  # p = 1: no other token, log(0)
+        rest = np.log1p(-np.exp(lp))
+    return np.minimum(lp + noise - np.logaddexp(lp + noise, rest), 0.0)
+
+
+def combined_pvalue(prompt_log_p: list[float]) -> float | None:
+    """Fisher's combination of one p-value per prompt (log): an identical pair's p-value is the
+    chance an honoured seed reproduces that sample, P(identical, P(x) <= u) <= u under an honoured
+    seed, so each is valid, and a prompt whose pairs differ gives 1. None without prompts."""
+    if not prompt_log_p:
+        return None
+    from scipy.stats import chi2
+    return float(chi2.sf(-2.0 * float(np.sum(prompt_log_p)), 2 * len(prompt_log_p)))
+
+
 def seed_check(ref: Reference, base: Seqs, aa: Seqs | None, control: dict | None = None) -> dict:
     """Different seeds must give different samples where identical draws are unlikely; the same
-    seed twice (the A/A run) should give the same ones. `control`: the baseline engine's own
-    seed_check, for a candidate (see `_against_control`)."""
+    seed twice (the A/A run) should give the same ones. Judged prompt by prompt: a prompt's
+    identical pair has p-value its sample's chance under the reference, each token's probability
+    raised by the measured engine-reference noise (`ref.noise`: an engine more peaked than the
+    reference repeats itself more often than the reference says), times the prompt's pairs
+    (Bonferroni); a prompt whose pairs differ gives 1. `ignored` when Fisher's combination over the
+    prompts is below SEED_LEVEL. `control`: the baseline engine's own seed_check, for a candidate
+    (see `_against_control`)."""
+    noise = float(getattr(ref, "noise", 0.0) or 0.0)
     by_key: dict = {}
     for r, req in base.rows:
         by_key.setdefault((r["suite"], r["item_id"], r["temperature"]), []).append((r, req))
-    pairs, identical, log_chance, left_out = 0, 0, 0.0, 0
+    pairs, identical, log_chance, left_out, per_prompt, repeated = 0, 0, 0.0, 0, [], 0
     for group in by_key.values():
+        mine, chances = 0, []
         for (a, req), (b, _) in zip(group, group[1:]):
             if a["seed"] == b["seed"]:
                 continue
             pairs += 1
+            mine += 1
             if a["tokens"] == b["tokens"]:
                 identical += 1
                 # An honoured seed reproduces a sample x with probability P(x) under the reference.
                 rows = ref.rows(req.prompt_ids, a["tokens"], req)
                 # A position the reference leaves out counts as probability 1: `chance` is an upper bound.
-                log_chance += sum(math.log(max(float(row[tok]), 1e-300)) for row, tok in zip(rows, a["tokens"])
-                                  if row is not None)
+                probs = [float(row[tok]) for row, tok in zip(rows, a["tokens"]) if row is not None]
+                log_chance += sum(math.log(max(p, 1e-300)) for p in probs)
+                chances.append(float(raised(probs, noise).sum()))
                 left_out += sum(row is None for row in rows)
+        if mine:
+            repeated += bool(chances)
+            per_prompt.append(min(0.0, math.log(mine) + min(chances)) if chances else 0.0)
     chance = math.exp(log_chance) if pairs else None
+    pvalue = combined_pvalue(per_prompt)
     out = {"pairs": pairs, "identical": identical, "chance": chance, "left_out": left_out,
-           "ignored": bool(pairs and identical == pairs and chance is not None and chance < SEED_LEVEL)}
+           "prompts": len(per_prompt), "repeated_prompts": repeated, "pvalue": pvalue, "noise": noise,
+           "ignored": bool(pairs and pvalue is not None and pvalue < SEED_LEVEL)}
     if control is not None:
         out.update(_against_control(pairs, identical, control))
         out["ignored"] = out["ignored"] or bool(pairs and identical == pairs and out.get("control_p") is not None

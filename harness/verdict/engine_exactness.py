@@ -11,7 +11,11 @@
   and proposed none, or rejected none (its verifier's correction never ran).
 - `seed`: a baseline whose samples at different seeds agree where an honoured seed would almost
   never reproduce them ignores the seed: its draws are not independent, so no test on them can be
-  read (fail). One whose A/A run at the same seed does not reproduce it is named (warn).
+  read (fail). Judged prompt by prompt (harness/run/engine_exactness.py `seed_check`): each
+  identical pair's chance under the reference, each token raised by the measured engine-reference
+  noise, combined over prompts by Fisher's method, below SEED_LEVEL (1e-3); an engine deaf on a
+  share of its prompts is caught without every pair being identical (CALIBRATION.md, "Engine seed
+  gate"). One whose A/A run at the same seed does not reproduce it is named (warn).
 - `candidate seed`: the same for each candidate's own samples (fail): an engine whose speculative
   path ignores the seed gives, token by token, draws the PIT accepts.
 - `temperature`: a candidate whose acceptance does not move with temperature while the
@@ -126,12 +130,23 @@ def _unchecked(seeds: dict, undecided: str, name: str, whose: str) -> GateResult
                       f"reference left out (counted as probability 1): more seeds or items decide")
 
 
+def _repeats(seeds: dict) -> str:
+    """How often the samples at different seeds repeated, and how likely an honoured seed makes that."""
+    if seeds.get("pvalue") is None:  # a result from before the per-prompt test: all pairs identical
+        return (f"identical on all {seeds['pairs']} pair(s), which an honoured seed would give with probability "
+                f"{seeds['chance']:.2g}")
+    return (f"identical on {seeds['identical']} of {seeds['pairs']} pair(s) ({seeds.get('repeated_prompts', 0)} of "
+            f"{seeds.get('prompts', 0)} prompts), which an honoured seed would give with probability "
+            f"{seeds['pvalue']:.2g} (each prompt's chance of the repeat under the reference, every token raised by "
+            f"the measured engine-reference noise {seeds.get('noise', 0.0):.3g} logits, combined over prompts by "
+            f"Fisher's method)")
+
+
 def seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResult]:
     out = []
     if seeds.get("ignored"):
         out.append(GateResult("seed", "fail", f"the baseline engine {seeds.get('of', '')} ignores the request's seed: "
-                              f"its samples at different seeds are identical on all {seeds['pairs']} pair(s), which "
-                              f"an honoured seed would give with probability {seeds['chance']:.2g}; its draws are "
+                              f"its samples at different seeds are {_repeats(seeds)}; its draws are "
                               f"not independent, so no sampled test can be read"))
     elif not seeds.get("pairs"):
         out.append(GateResult("seed", "warn", "the seed was not checked: the profile has one seed (give two)"))
@@ -160,12 +175,14 @@ def candidate_seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResul
                            f"would give that with probability {seeds['chance']:.2g} (outputs too predictable to tell)")]
     if not seeds.get("ignored"):
         return []
-    why = f"which an honoured seed would give with probability {seeds['chance']:.2g}"
-    if seeds.get("control_p") is not None and (seeds["chance"] is None or seeds["control_p"] < seeds["chance"]):
-        why = (f"where the baseline engine {seeds.get('control_of', '')}'s own samples were identical on "
-               f"{seeds['control_identical']} of {seeds['control_pairs']} (Fisher's exact p = {seeds['control_p']:.2g})")
+    own = seeds.get("pvalue") if seeds.get("pvalue") is not None else seeds.get("chance")
+    why = _repeats(seeds)
+    if seeds.get("control_p") is not None and (own is None or seeds["control_p"] < own):
+        why = (f"identical on all {seeds['pairs']} pair(s), where the baseline engine {seeds.get('control_of', '')}'s "
+               f"own samples were identical on {seeds['control_identical']} of {seeds['control_pairs']} (Fisher's "
+               f"exact p = {seeds['control_p']:.2g})")
     return [GateResult("candidate seed", "fail", f"the candidate {seeds.get('of', '')} ignores the request's seed: "
-                       f"its samples at different seeds are identical on all {seeds['pairs']} pair(s), {why}; it "
+                       f"its samples at different seeds are {why}; it "
                        f"repeats one draw per prompt whatever the seed, which a token-by-token fit cannot see")]
 
 
