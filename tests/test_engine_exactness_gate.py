@@ -225,3 +225,32 @@ def test_a_seed_deaf_engine_with_positions_left_out_is_not_only_warned():
     # all positions decided and the samples merely predictable: still a warning
     flat = dict(loose, left_out=0)
     assert _status(gates(_cand(_res(0.4), _res(0.5), seeds=flat), G), "seed") == "warn"
+
+
+def test_an_engine_deaf_on_half_its_prompts_fails_in_words_that_say_so():
+    """Issue 49 (6): the rule needed every pair identical, so an engine deaf on 4 of 8 prompts passed.
+    Each prompt's identical pair is now judged by its chance under the reference (0.9 per token,
+    48 tokens), combined over prompts: 4 repeated prompts are far below 1e-3; 8 honest ones are not."""
+    from types import SimpleNamespace as NS
+    import numpy as np
+    from harness.run.engine_exactness import seed_check
+
+    class Reference:
+        noise = 0.0
+
+        def rows(self, prompt_ids, tokens, request):
+            return [np.array([0.9, 0.1])] * len(tokens)
+
+    rng = np.random.default_rng(7)
+    req = NS(prompt_ids=[1])
+    first = (rng.random((8, 48)) >= 0.9).astype(int)
+    second = (rng.random((8, 48)) >= 0.9).astype(int)
+    found = {}
+    for deaf, ignored in ((4, True), (0, False)):
+        both = np.concatenate([first[:deaf], second[deaf:]])
+        rows = NS(rows=[({"suite": "s", "item_id": f"p{i}", "temperature": 0.7, "seed": s, "tokens": x[i].tolist()},
+                         req) for i in range(8) for s, x in ((0, first), (1, both))])
+        found[deaf] = seeds = seed_check(Reference(), rows, None)
+        assert seeds["ignored"] == ignored and seeds["identical"] == deaf, seeds
+    r = next(r for r in gates(_cand(_res(0.4), _res(0.5), seeds=dict(found[4], of="b")), G) if r.name == "seed")
+    assert r.status == "fail" and "identical on 4 of 8 pair(s) (4 of 8 prompts)" in r.detail and "Fisher" in r.detail

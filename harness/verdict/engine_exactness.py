@@ -135,7 +135,8 @@ def _repeats(seeds: dict) -> str:
     if seeds.get("pvalue") is None:  # a result from before the per-prompt test: all pairs identical
         return (f"identical on all {seeds['pairs']} pair(s), which an honoured seed would give with probability "
                 f"{seeds['chance']:.2g}")
-    return (f"identical on {seeds['identical']} of {seeds['pairs']} pair(s) ({seeds.get('repeated_prompts', 0)} of "
+    share = ("all " if seeds["identical"] == seeds["pairs"] else f"{seeds['identical']} of ") + f"{seeds['pairs']}"
+    return (f"identical on {share} pair(s) ({seeds.get('repeated_prompts', 0)} of "
             f"{seeds.get('prompts', 0)} prompts), which an honoured seed would give with probability "
             f"{seeds['pvalue']:.2g} (each prompt's chance of the repeat under the reference, every token raised by "
             f"the measured engine-reference noise {seeds.get('noise', 0.0):.3g} logits, combined over prompts by "
