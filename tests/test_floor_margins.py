@@ -324,3 +324,12 @@ def test_sampled_pairs_do_not_dilute_the_aa_runs_greedy_divergence_rate(tmp_path
     assert "diverged on 32 of 80 prompts (0.4 > aa_floor_max 0.25)" in level["problems"][0]
     g = identity_gate(cand, config.gates)
     assert g["status"] == "fail" and g["detail"].startswith("inconclusive: the A/A run base~aa is not a valid floor")
+
+
+def test_the_floor_plan_is_printed_before_the_run(tmp_path):
+    """At the assumed noise rate 0.05, 40 greedy prompts cannot pass a correct engine with
+    probability 0.95: the plan says so, and how many would (131, CALIBRATION.md)."""
+    config, suites = setup(tmp_path)
+    text = floor.plan_table(config, suites)
+    assert "at noise rate 0.05 per prompt (assumed)" in text, text
+    assert "mini" in text and "40 greedy prompts" in text and "not enough: about 131 would" in text, text

@@ -164,6 +164,10 @@ def run(args) -> int:
     from harness.verdict import power
     plan = power.plan(config, suites, getattr(args, "plan_from", None))
     print(power.table(plan, config), file=sys.stderr)
+    from harness.run.sweep import is_engine
+    if is_engine(config.baseline) and any(c.kind == "exact" and is_engine(c) for c in config.candidates):
+        from harness.verdict.floor import plan_table
+        print(plan_table(config, suites, getattr(args, "plan_from", None)), file=sys.stderr)
     if getattr(args, "plan_only", False):
         return 0
     from harness.run.store import open_store

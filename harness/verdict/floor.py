@@ -32,7 +32,9 @@ The noise and the rate are measured on greedy pairs (a flip under sampling bound
 from __future__ import annotations
 
 import functools
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 from scipy import stats
@@ -43,6 +45,7 @@ from analysis.paired import NI_CONTINUITY_CORRECTION, ni_sample_size, tango_inte
 MAX_LISTED = 3  # errors and flips named in a message
 PLAN_PASS = 0.95  # "the size is enough": a correct candidate passes with at least this probability
 PLAN_MAX_N = 5000  # prompts the plan searches up to
+PLAN_RATE = 0.05  # the engine's noise rate per prompt assumed before any A/A run measured one
 
 
 # ------------------------------------------------------------------ measuring the A/A run
@@ -202,6 +205,35 @@ def _needed(rate: float, tolerance: float, alpha: float, start: int) -> int | No
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if enough(mid) else (mid, hi)
     return hi
+
+
+def plan_table(config, suites, plan_from: str | None = None) -> str:
+    """Before the run: per suite, what the floor's rule can decide over the greedy prompts the
+    profile runs, at the largest A/A rate a previous run observed (`--plan-from`), else PLAN_RATE."""
+    rate, source = PLAN_RATE, "assumed"
+    if plan_from:
+        try:
+            summary = json.loads((Path(plan_from) / "summary.json").read_text())
+        except (OSError, ValueError):
+            summary = {}
+        rates = [c["floor"]["rate"] for c in summary.get("candidates", {}).values() if (c.get("floor") or {}).get("n")]
+        if rates:
+            rate, source = max(rates), f"observed in {plan_from}"
+    prof, g = config.profile, config.gates
+    runs = len(prof.seeds) if 0.0 in prof.temperatures else 0
+    lines = [f"decodegate: A/A floor plan: exact engine candidates' divergences within the engine's noise pass when "
+             f"the excess rate is shown below {g.aa_excess_tolerance:g} (alpha {g.alpha:g}); at noise rate "
+             f"{rate:.3g} per prompt ({source}):"]
+    for s in suites:
+        n = len(s.select(prof.subset)) * runs if hasattr(s, "select") else 0
+        if not n:
+            continue
+        p = plan(round(rate, 6), n, g.aa_excess_tolerance, g.alpha)
+        verdict = "enough" if p["enough"] else (f"not enough: about {p['needed']} would" if p["needed"]
+                                                 else f"not enough at any size up to {PLAN_MAX_N}")
+        lines.append(f"  {s.name:<12} {n:>5} greedy prompts: P(pass | correct) {p['pass_correct']:.3f}, "
+                     f"P(fail | rate doubled) {p['fail_doubled']:.3f}; {verdict}")
+    return "\n".join(lines)
 
 
 def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float, tolerance: float = 0.10) -> dict:
