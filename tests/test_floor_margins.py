@@ -288,6 +288,9 @@ def test_aa_floor_max_is_validated(tmp_path):
         setup(tmp_path, gates="aa_floor_max = 1.5")
     with pytest.raises(ConfigError, match="aa_noise_max"):
         setup(tmp_path, gates="aa_noise_max = -1")
+    with pytest.raises(ConfigError, match="aa_excess_tolerance"):
+        setup(tmp_path, gates="aa_excess_tolerance = 0")
+    assert setup(tmp_path, gates="aa_excess_tolerance = 0.05")[0].gates.aa_excess_tolerance == 0.05
 
 
 def test_divergences_on_the_prompts_the_aa_run_left_are_not_called_absent(tmp_path):
