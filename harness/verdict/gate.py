@@ -22,7 +22,8 @@ Every verdict says what a test at the stated level showed, and prints the bound 
   must be a numerical near-tie. A sampled identity check needs two seeds, one not 0 (a decoder
   that ignores the seed passes at seed 0 alone): with fewer it warns. An engine's divergences
   are judged against its A/A run (harness.verdict.floor): beyond the engine's own margin noise
-  they fail, within it a rate test decides, and an invalid A/A run makes them inconclusive.
+  they fail, within it a tolerance on the excess rate over the A/A run's decides (with its
+  plan's power), and an invalid A/A run makes them inconclusive.
 - Exactness (rejection sampling): the sequential PIT tests over the sampled tokens and the
   goodness-of-fit windows, Bonferroni at `gates.exactness_pvalue` over those that ran; a token
   of target probability 0 fails outright; a check in which the verifier never rejected a draft
