@@ -271,7 +271,7 @@ def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float, to
         # Planned at the rate pooled over both runs: the one noise rate they share if the candidate
         # is correct (the A/A run's alone reads 0 where it happened to flip nothing).
         out.update(excess_test(b, c, len(mine), n, tolerance, alpha),
-                   plan=plan(round((len(aa) + len(mine)) / (2 * n), 6), n, tolerance, alpha))
+                   plan=dict(plan(round((len(aa) + len(mine)) / (2 * n), 6), n, tolerance, alpha)))
     return out
 
 
