@@ -51,7 +51,7 @@ import numpy as np
 from scipy import stats
 
 from ._common import as_rng, bootstrap_ci, cluster_index
-from .latency import PERCENTILE_METHOD, quantile_interval, speedup_from_arrays
+from .latency import MIN_PROMPTS, PERCENTILE_METHOD, quantile_interval, speedup_from_arrays
 
 QUANTILES = (0.5, 0.9, 0.99)
 SLO_KEYS = {"ttft_p95_s": "ttft", "tpot_p95_s": "tpot", "e2e_p95_s": "e2e"}
@@ -316,8 +316,12 @@ def pays(cand: Mapping[str, Any], speedup: Mapping[str, Any] | None) -> tuple[bo
         return False, f"{cand['repeated']} of its {cand['n']} rows repeat a request already counted"
     if cand.get("errors"):
         return False, f"{cand['errors']} of {cand['n']} requests failed ({cand.get('first_error')})"
-    if not speedup or speedup.get("lower_bound") is None:
+    if not speedup:
         return False, "no speedup interval (fewer than 2 paired requests)"
+    if speedup.get("lower_bound") is None:
+        n = speedup.get("n_prompts") or 0
+        return False, (f"no speedup bound ({n} prompt(s), fewer than the {MIN_PROMPTS} a bound needs)"
+                       if n < MIN_PROMPTS else "no speedup bound (the prompts' speedups do not vary)")
     if speedup["lower_bound"] < 1.0:
         return False, f"speedup lower bound {speedup['lower_bound']:.2f} < 1"
     for key, s in (cand.get("slo") or {}).items():

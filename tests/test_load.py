@@ -167,7 +167,9 @@ def test_speedup_pays_and_the_crossover_statuses():
     slow = [row(i, 0.2, [0.2 + 0.001 * (i % 3)] * 9) for i in range(30)]
     sp = level_speedup(base, fast)
     assert sp["statistic"] > 1.5 and sp["lower_bound"] > 1 and sp["n_prompts"] == 12
-    assert level_speedup(base[:7], fast[:7])["lower_bound"] is None  # 7 prompts: no bound
+    few = level_speedup(base[:7], fast[:7])  # 7 prompts: no bound, and so not shown to pay
+    assert few["lower_bound"] is None and pays(level_metrics(fast[:7], duration_s=10), few) == (
+        False, "no speedup bound (7 prompt(s), fewer than the 8 a bound needs)")
     assert judge_level(base, fast, duration_s=10)["pays"]
     j = judge_level(base, slow, duration_s=10)
     assert not j["pays"] and "lower bound" in j["why"]
