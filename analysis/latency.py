@@ -27,7 +27,11 @@ stragglers and 8-45 prompts of 2-7 pairs, at a wider bound where the skew calls 
 Fewer than ``MIN_PROMPTS`` (8) prompts give no bound (NaN: the gate reads it as inconclusive);
 below that no rule on the grid covered. Lengths log-normal with log-sd 1.5 and no cap, with gains
 falling with length, are beyond any bound from 45 prompts: half the candidate's time comes from
-prompts rarer than 1 in 40 (CALIBRATION.md, "Speedup lower bound"). Beside the total ratio: the
+prompts rarer than 1 in 39, absent from most samples. Their spread shows in the sample, so output
+lengths spread wider than :func:`length_log_sd_limit` (the sample sd of log tokens per pair over
+prompts) give no bound either, and the gate says why; counting that as no pass, every family of the
+grid covers 0.947 or more (CALIBRATION.md, "Speedup lower bound", with what it costs in
+inconclusive gates where lengths are capped). Beside the total ratio: the
 median of the per-prompt speedups and the share of prompts that got slower (a total can be
 carried by a few long prompts while most got slower), and a Wilcoxon signed-rank p-value on
 per-prompt log ratios. The speed gate uses the one-sided lower bound ``lower_bound`` (at
@@ -195,6 +199,8 @@ class SpeedupResult:
     share_prompts_slower: float = float("nan")
     resampled: str = "prompts"
     interval: str = "jackknife"
+    length_log_sd: float = float("nan")
+    length_log_sd_limit: float = float("nan")
 
     def confidence_interval(self) -> ConfidenceInterval:
         return ConfidenceInterval(self.ci_low, self.ci_high)
@@ -256,6 +262,25 @@ MIN_PROMPTS = 8
 # (CALIBRATION.md): where gains fall with length, the bound at 10 prompts covered 0.927 at 1
 # (Hall's second-order term), 0.938 at 3, 0.944 at 5.
 SKEW_FACTOR = 6.0
+# Above length_log_sd_limit(m) the bound is NaN (inconclusive). Where the gain falls with length
+# and lengths are log-normal with log-sd 1.5 uncapped, half the candidate's time comes from prompts
+# rarer than 1 in 39, absent from most samples: the bound covered 0.90-0.95 at 8-45 prompts. The
+# spread itself shows in the sample, and its estimate firms up with the prompts, so the limit rises
+# with them: 1.17 at 8 prompts, 1.49 at 45 (CALIBRATION.md, "Speedup lower bound": with it that
+# family covers 0.95 or more counting no bound as no pass; L 1.75, c 1.5 left 0.949).
+LENGTH_LOG_SD_LIMIT, LENGTH_LOG_SD_SLACK = 1.7, 1.4
+
+
+def length_log_sd_limit(m):
+    """The largest sample log-sd of output lengths over ``m`` prompts that still gets a bound."""
+    return LENGTH_LOG_SD_LIMIT - LENGTH_LOG_SD_SLACK / np.sqrt(np.maximum(np.asarray(m, dtype=float) - 1, 1))
+
+
+def length_log_sd(tokens, pairs=None):
+    """The sample sd (ddof 1) of log tokens per pair over prompts, over the last axis of the
+    per-prompt token sums ``tokens`` and their pair counts ``pairs`` (default: one pair each)."""
+    per_pair = np.asarray(tokens, dtype=float) / (1.0 if pairs is None else np.asarray(pairs, dtype=float))
+    return np.log(per_pair).std(axis=-1, ddof=1)
 
 
 def _jackknife(sums):
@@ -293,7 +318,8 @@ def _t_bounds(estimate, se, df, skew_term, confidence_level, bound_level):
 
 
 def speed_bounds(sums, *, confidence_level: float = 0.95, bound_level: float = 0.95,
-                 skew_factor: float = SKEW_FACTOR, min_prompts: int = MIN_PROMPTS):
+                 skew_factor: float = SKEW_FACTOR, min_prompts: int = MIN_PROMPTS, pairs=None,
+                 limit_spread: bool = True):
     """Interval and one-sided lower bound of the ratio of totals from per-prompt sums
     (bw, bn, cw, cn): arrays of (low, high, bound) over the last axis, so a calibration can run many
     studies at once. What the speed gate uses (see the module docstring).
@@ -301,14 +327,19 @@ def speed_bounds(sums, *, confidence_level: float = 0.95, bound_level: float = 0
     The jackknife of :func:`jackknife_bounds`, with the lower quantiles moved down by a
     Cornish-Fisher term when the pseudo-values are skewed to the left (a few prompts that gain
     less and carry much of the time: the case where the plain jackknife covered 0.80-0.93), scaled
-    by ``skew_factor``; never moved up. Fewer than ``min_prompts`` prompts, or no spread between
-    prompts, give NaN (inconclusive), never a bound of zero width."""
+    by ``skew_factor``; never moved up. Fewer than ``min_prompts`` prompts, no spread between
+    prompts, or output lengths spread wider than :func:`length_log_sd_limit` (log tokens per pair,
+    from the baseline's token sums over ``pairs``, the pair counts per prompt) give NaN
+    (inconclusive), never a bound of zero width."""
     estimate, se, df, skew = _jackknife(sums)
     m = np.shape(sums[0])[-1]
     term = np.maximum(0.0, -skew) * skew_factor / (6 * np.sqrt(m))
     low, high, bound = _t_bounds(estimate, se, df, term, confidence_level, bound_level)
     if m < min_prompts:
         low, high, bound = (np.full(np.shape(estimate), np.nan) for _ in range(3))
+    elif limit_spread:
+        wide = length_log_sd(sums[1], pairs) > length_log_sd_limit(m)
+        low, high, bound = (np.where(wide, np.nan, x) for x in (low, high, bound))
     return low, high, bound
 
 
@@ -370,12 +401,14 @@ def speedup_from_arrays(
         raise ValueError(f"clusters must give one id per pair ({bw.size}), got shape {ids.shape}")
     # The ratio of totals is a ratio of sums: resampling prompts is resampling their sums.
     sums = cluster_sums(ids, bw, bn, cw, cn)
+    pairs = np.bincount(ids, minlength=sums[0].size)
     speedup = float(_ratio_of_rates(bw, bn, cw, cn))
     per_prompt = (sums[0] / sums[1]) / (sums[2] / sums[3])
     log_ratio = np.log(per_prompt)
     pvalue = float(signed_rank_pvalue(log_ratio)) if log_ratio.size > 1 else float("nan")
     if per_prompt.size > 1 and method == "jackknife":
-        low, high, bound = (float(x) for x in speed_bounds(sums, confidence_level=level, bound_level=bound_level))
+        low, high, bound = (float(x) for x in speed_bounds(sums, confidence_level=level, bound_level=bound_level,
+                                                            pairs=pairs))
         ci = ConfidenceInterval(low, high)
     elif per_prompt.size > 1 and method == "studentized":
         ci, bound = studentized_bounds(sums, confidence_level=level, bound_level=bound_level,
@@ -391,6 +424,8 @@ def speedup_from_arrays(
         ci_low=ci.low, ci_high=ci.high, confidence_level=level, n_prompts=int(per_prompt.size),
         lower_bound=bound, lower_bound_level=bound_level, median_prompt_speedup=float(np.median(per_prompt)),
         share_prompts_slower=float(np.mean(per_prompt < 1.0)), resampled=resampled, interval=method,
+        length_log_sd=float(length_log_sd(sums[1], pairs)) if per_prompt.size > 1 else float("nan"),
+        length_log_sd_limit=float(length_log_sd_limit(per_prompt.size)),
     )
 
 

@@ -7,7 +7,8 @@ import pytest
 from analysis import pair_records
 from analysis.calibration import speed
 from analysis.calibration.synthetic import make_record
-from analysis.latency import MIN_PROMPTS, jackknife_bounds, paired_speedup, speed_bounds, speedup_from_arrays
+from analysis.latency import (MIN_PROMPTS, jackknife_bounds, length_log_sd, length_log_sd_limit, paired_speedup,
+                              speed_bounds, speedup_from_arrays)
 from harness.config import Gates
 from harness.verdict.gate import decide
 from harness.verdict.plain import plain
@@ -67,12 +68,14 @@ def test_fewer_prompts_than_the_minimum_give_no_bound_and_the_gate_is_inconclusi
 def test_the_calibration_computes_what_paired_speedup_gives_the_gate():
     design = speed.SpeedDesign(12, (2, 7), 1.5, 0.35, -0.15, 256, 0.05)
     bw, bn, cw, cn, study, prompt = speed.pairs(design, 3, np.random.default_rng(0))
-    sums = speed.world(design, 3, np.random.default_rng(0))
-    low, high, bound = speed_bounds(sums, confidence_level=0.95, bound_level=0.95)
+    sums, pairs = speed.world(design, 3, np.random.default_rng(0), counts=True)
+    low, high, bound = speed_bounds(sums, confidence_level=0.95, bound_level=0.95, pairs=pairs)
     for i in range(3):
         at = study == i
         res = speedup_from_arrays(bw[at], bn[at], cw[at], cn[at], prompt[at])
-        assert (res.ci_low, res.ci_high, res.lower_bound) == pytest.approx((low[i], high[i], bound[i]), rel=1e-12)
+        assert (res.ci_low, res.ci_high, res.lower_bound) == pytest.approx((low[i], high[i], bound[i]), rel=1e-12,
+                                                                            nan_ok=True)
+        assert res.length_log_sd == pytest.approx(length_log_sd(sums[1][i], pairs[i]))
 
 
 def test_the_skew_term_only_lowers_the_bound():
@@ -101,3 +104,30 @@ def test_pairs_of_a_prompt_are_not_independent():
         sums = [np.bincount(study * m + cluster, weights=x).reshape(1000, m) for x in (bw, bn, cw, cn)]
         cover = np.mean(speed_bounds(sums)[2] <= truth)
         assert lo <= cover < hi, cover
+
+
+def test_lengths_spread_too_widely_give_no_bound_and_the_gate_names_the_spread():
+    """12 prompts of 1-3 pairs, lengths 60 exp(sd z) at fixed normal scores z, each prompt 1.4x
+    faster: at log-sd 1.5 uncapped (where a rare long tail can carry the total) paired_speedup gives
+    no bound and the gate reads inconclusive, naming the spread; at log-sd 0.8 a bound is given and
+    passes. Pair counts vary, so the rule must use tokens per pair, not per prompt."""
+    m = 12
+    z = np.array([-1.73, -1.15, -0.81, -0.55, -0.32, -0.1, 0.1, 0.32, 0.55, 0.81, 1.15, 1.73])
+    k = np.array([1, 3, 2, 1, 3, 2, 1, 3, 2, 1, 3, 2])
+    prompt = np.repeat(np.arange(m), k)
+    for sd, bounded in ((1.5, False), (0.8, True)):
+        n = np.floor(60 * np.exp(sd * z))[prompt] + np.arange(prompt.size) % 3
+        bw = 0.05 * n * np.linspace(0.9, 1.1, prompt.size) + 0.05
+        cw = bw / (1.4 * np.linspace(1.05, 0.95, prompt.size))
+        sp = paired_speedup(_records(bw, n, cw, prompt, 0))
+        assert sp.n_prompts == m and sp.statistic > 1.3
+        assert (sp.length_log_sd > length_log_sd_limit(m)) != bounded, sp.length_log_sd
+        assert np.isfinite(sp.lower_bound) == bounded, sp
+        d = decide({"kind": "exact", "decoder": "speculative", "suites": {}, "min_speedup": 1.1,
+                    "speedup": plain(sp)}, Gates())
+        gate = next(g for g in d.results if g.name == "speed")
+        if bounded:
+            assert gate.status == "pass", gate.detail
+        else:
+            assert gate.status == "fail" and "inconclusive" in gate.detail, gate.detail
+            assert f"output lengths spread too widely (log-sd {sp.length_log_sd:.2f} over {m} prompts" in gate.detail

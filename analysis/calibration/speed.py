@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special, stats
 
-from analysis.latency import MIN_PROMPTS, SKEW_FACTOR, jackknife_bounds, speed_bounds
+from analysis.latency import (LENGTH_LOG_SD_LIMIT, LENGTH_LOG_SD_SLACK, MIN_PROMPTS, SKEW_FACTOR, jackknife_bounds,
+                              length_log_sd_limit, speed_bounds)
 
 from .common import Rate
 
@@ -81,12 +82,13 @@ def pairs(design: SpeedDesign, studies: int, rng):
     return bw, n, cw, n.copy(), prompt // m, prompt % m
 
 
-def world(design: SpeedDesign, studies: int, rng):
-    """Per-prompt sums (bw, bn, cw, cn), each (studies, prompts): what the bound is computed from."""
+def world(design: SpeedDesign, studies: int, rng, *, counts: bool = False):
+    """Per-prompt sums (bw, bn, cw, cn), each (studies, prompts): what the bound is computed from;
+    with ``counts``, (sums, pair counts per prompt)."""
     bw, bn, cw, cn, study, prompt = pairs(design, studies, rng)
-    cell = study * design.prompts + prompt
-    return [np.bincount(cell, weights=x, minlength=studies * design.prompts).reshape(studies, design.prompts)
-            for x in (bw, bn, cw, cn)]
+    cell, shape = study * design.prompts + prompt, (studies, design.prompts)
+    sums = [np.bincount(cell, weights=x, minlength=studies * design.prompts).reshape(shape) for x in (bw, bn, cw, cn)]
+    return (sums, np.bincount(cell, minlength=studies * design.prompts).reshape(shape)) if counts else sums
 
 
 def truth(design: SpeedDesign) -> float:
@@ -178,27 +180,30 @@ def bootstrap_t_bound(sums, level=0.95, resamples=499, rng=None):
     return np.exp(lr - np.quantile(ts, level, axis=-1) * se)
 
 
-METHODS = {"shipped": lambda s: speed_bounds(s)[2],
-           "no minimum": lambda s: speed_bounds(s, min_prompts=2)[2],
-           "jackknife (old)": jackknife_old, "log delta, t": delta_t_bound, "log delta, Hall": hall_bound}
+METHODS = {"shipped": lambda s, k: speed_bounds(s, pairs=k)[2],
+           "no spread limit": lambda s, k: speed_bounds(s, pairs=k, limit_spread=False)[2],
+           "no minimum": lambda s, k: speed_bounds(s, min_prompts=2, pairs=k)[2],
+           "jackknife (old)": lambda s, k: jackknife_old(s), "log delta, t": lambda s, k: delta_t_bound(s),
+           "log delta, Hall": lambda s, k: hall_bound(s)}
 
 
 def coverage(design: SpeedDesign, methods=None, *, studies: int = 20_000, rng=None):
-    """{method: (lower-bound coverage Rate, median bound / ratio of totals, share NaN)}. A NaN
-    bound (inconclusive) never passes the gate, so it counts as covering; the median share counts
-    it as 0 (no bound)."""
+    """{method: (lower-bound coverage Rate, median bound / ratio of totals, share NaN, coverage where
+    a bound is given)}. A NaN bound (inconclusive) never passes the gate, so it counts as covering
+    (the false-pass-safe coverage, P(bound <= truth or none)); the median share counts it as 0."""
     rng = np.random.default_rng(rng)
-    sums = world(design, studies, rng)
+    sums, counts = world(design, studies, rng, counts=True)
     true = truth(design)
     ratio = (sums[0].sum(-1) / sums[1].sum(-1)) / (sums[2].sum(-1) / sums[3].sum(-1))
     out = {}
     for name, fn in (methods or METHODS).items():
         with np.errstate(divide="ignore", invalid="ignore"):
-            bound = fn(sums)
+            bound = fn(sums, counts)
         decided = np.isfinite(bound)
         covered = np.where(decided, bound <= true, True)
         share = np.median(np.where(decided, bound, 0.0) / ratio)
-        out[name] = (Rate(float(covered.mean()), studies, None), float(share), float(1 - decided.mean()))
+        given = float(np.mean(bound[decided] <= true)) if decided.any() else float("nan")
+        out[name] = (Rate(float(covered.mean()), studies, None), float(share), float(1 - decided.mean()), given)
     return out
 
 
@@ -234,15 +239,18 @@ def lines(*, studies: int, rng, designs=GRID) -> list[str]:
     rows, worst = [], {}
     for design in designs:
         cov = coverage(design, studies=studies, rng=rng)
-        (new, share, undecided), (free, _, _) = cov["shipped"], cov["no minimum"]
-        old, old_share, _ = cov["jackknife (old)"]
-        rows.append(f"| {design.label()} | {truth(design):.3f} | {new.simulated:.3f} | {share:.2f} | "
-                    f"{undecided:.2f} | {free.simulated:.3f} | {old.simulated:.3f} | {old_share:.2f} | "
+        (new, share, undecided, given), free = cov["shipped"], cov["no minimum"][0]
+        old, old_share = cov["jackknife (old)"][:2]
+        unlimited = cov["no spread limit"][0]
+        rows.append(f"| {design.label()} | {truth(design):.3f} | {new.simulated:.3f} | {given:.3f} | {share:.2f} | "
+                    f"{undecided:.2f} | {unlimited.simulated:.3f} | {free.simulated:.3f} | {old.simulated:.3f} | "
+                    f"{old_share:.2f} | "
                     f"{cov['log delta, t'][0].simulated:.3f} | {cov['log delta, Hall'][0].simulated:.3f} |")
         if design.prompts < MIN_PROMPTS:
             continue
-        w = worst.setdefault(family(design), [1.0, 1.0, 1.0, 1.0])
-        w[:] = min(w[0], new.simulated), min(w[1], old.simulated), min(w[2], share), min(w[3], old_share)
+        w = worst.setdefault(family(design), [1.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+        w[:] = (min(w[0], new.simulated), min(w[1], old.simulated), min(w[2], share), min(w[3], old_share),
+                max(w[4], undecided), min(w[5], unlimited.simulated))
     se = float(np.sqrt(0.95 * 0.05 / studies))
     rare = half_time_rarity(SLOPE_15)
     return [
@@ -257,9 +265,12 @@ def lines(*, studies: int, rng, designs=GRID) -> list[str]:
         "`paired_speedup` and so the gate use: the jackknife over prompts of the ratio of totals, Student's t "
         "at the Satterthwaite df of the prompts' time shares, its quantile moved down (never up) by a "
         f"Cornish-Fisher term for left-skewed pseudo-values scaled by {SKEW_FACTOR:g}; fewer than "
-        f"{MIN_PROMPTS} prompts give no bound (inconclusive, never a pass; counted as covering). `bound / "
-        "ratio`: the median of the bound over the sample's ratio (0 where there is none or it is clipped at "
-        "0), what the coverage costs. `no minimum`: the same bound computed below "
+        f"{MIN_PROMPTS} prompts, or output lengths spread wider than the limit below, give no bound "
+        "(inconclusive, never a pass). `shipped covers`: P(bound <= truth or no bound), the false-pass-safe "
+        "coverage (no bound can never pass); `covers where given`: among the studies with a bound; "
+        "`inconclusive`: the share with none. `bound / ratio`: the median of the bound over the sample's "
+        "ratio (0 where there is none or it is clipped at 0), what the coverage costs. `no spread limit`: the "
+        "shipped bound without the length rule. `no minimum`: the shipped bound computed below "
         f"{MIN_PROMPTS} prompts too, which is why the minimum is {MIN_PROMPTS}. `jackknife before`: the "
         "plain jackknife shipped until now. `log delta`: the ratio-estimator (delta-method) variance of the "
         "log ratio with its covariance terms, t at m - 1 df, without and with Hall's skewness correction.",
@@ -267,29 +278,42 @@ def lines(*, studies: int, rng, designs=GRID) -> list[str]:
         "The audit's finding, reproduced: where the gain falls with length the plain jackknife's bound "
         f"covered {_range(worst, 'falls', 'uncapped', 1)} uncapped and {_range(worst, 'falls', 'capped', 1)} with "
         "lengths capped at 128 or 256 tokens, and held where the gain does not depend on length "
-        f"({_range(worst, 'independent', '', 1)}). Not met: lengths log-normal with log-sd 1.5 and no cap, "
-        f"gains falling with length (shipped {_range(worst, 'falls', 'log-sd 1.5, uncapped', 0)}). There half "
-        f"the candidate's expected time comes from prompts rarer than 1 in {rare:.0f} (slope -0.3): a "
-        f"sample holds none of them in {(1 - 1 / rare) ** 45:.0%} (45 prompts) to {(1 - 1 / rare) ** 8:.0%} "
-        f"({MIN_PROMPTS}) of studies, and such a sample looks like one where the gain does not depend on "
-        "length: no bound from it can tell the two apart. Cap the budget (the shipped profiles do) or run "
-        "more prompts. The bootstrap-t of the log ratio covered 0.918-0.929 even with gains independent of "
-        "length (this section before), so it was not rerun here.",
+        f"({_range(worst, 'independent', '', 1)}). Without a length rule the skew-corrected bound still "
+        "failed with lengths log-normal with log-sd 1.5 and no cap, gains falling with length (`no spread "
+        f"limit`, {_range(worst, 'falls', 'log-sd 1.5, uncapped', 5)}): there half the candidate's expected "
+        f"time comes from prompts rarer than 1 in {rare:.0f} (slope -0.3), a sample holds none of them in "
+        f"{(1 - 1 / rare) ** 45:.0%} (45 prompts) to {(1 - 1 / rare) ** 8:.0%} ({MIN_PROMPTS}) of studies, and "
+        "such a sample looks like one where the gain does not depend on length. The lengths' spread does "
+        "show: the rule, the sample sd of log tokens per pair over prompts above "
+        f"{LENGTH_LOG_SD_LIMIT:g} - {LENGTH_LOG_SD_SLACK:g} / sqrt(m - 1) for m prompts "
+        f"({length_log_sd_limit(8):.2f} at 8, {length_log_sd_limit(20):.2f} at 20, "
+        f"{length_log_sd_limit(45):.2f} at 45) gives no bound; the gate reads it as inconclusive, naming the "
+        "spread (cap the budget or run more prompts). With it that family covers "
+        f"{_range(worst, 'falls', 'log-sd 1.5, uncapped', 0)}, counting no bound as no pass. Its price, the "
+        "share inconclusive (worst over 8-45 prompts; it falls with the prompts, see the rows): "
+        f"{_range(worst, '', 'log-sd 0.8', 4, hi=True)} with log-sd 0.8, "
+        f"{_range(worst, '', 'capped at 128', 4, hi=True)} capped at 128, "
+        f"{_range(worst, '', 'capped at 256', 4, hi=True)} capped at 256, and "
+        f"{_range(worst, '', 'log-sd 1.5, uncapped', 4, hi=True)} with log-sd 1.5 uncapped, where no bound "
+        "is what it should give. The bootstrap-t of the log ratio covered 0.918-0.929 even with gains "
+        "independent of length (this section before), so it was not rerun here.",
         "",
         f"Worst over {MIN_PROMPTS}-45 prompts, per family:",
         "",
-        "| family | shipped, worst coverage | jackknife before, worst | shipped, smallest median bound / ratio "
+        "| family | shipped, worst coverage (no bound counts as covering) | shipped, most often inconclusive | "
+        "without the spread limit, worst | jackknife before, worst | shipped, smallest median bound / ratio "
         "| jackknife before, smallest |",
-        "|---|---|---|---|---|",
-        *(f"| {k} | {v[0]:.3f} | {v[1]:.3f} | {v[2]:.2f} | {v[3]:.2f} |" for k, v in worst.items()),
+        "|---|---|---|---|---|---|---|",
+        *(f"| {k} | {v[0]:.3f} | {v[4]:.2f} | {v[5]:.3f} | {v[1]:.3f} | {v[2]:.2f} | {v[3]:.2f} |"
+          for k, v in worst.items()),
         "",
         "Columns: prompts, pairs per prompt, lengths, length cap, slope of the log gain per log token, gain "
         "log-sd, share of straggler pairs.",
         "",
-        "| prompts | pairs | lengths | cap | slope | gain sd | stragglers | truth | shipped covers | bound / "
-        "ratio | inconclusive | no minimum | jackknife before | its bound / ratio | log delta, t | log delta, "
-        "Hall |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| prompts | pairs | lengths | cap | slope | gain sd | stragglers | truth | shipped covers | covers where "
+        "given | bound / ratio | inconclusive | no spread limit | no minimum | jackknife before | its bound / ratio "
+        "| log delta, t | log delta, Hall |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
     ]
 
@@ -297,13 +321,15 @@ def lines(*, studies: int, rng, designs=GRID) -> list[str]:
 SLOPE_15 = SpeedDesign(45, (2, 7), 1.5, 0.35, -0.3)
 
 
-def _range(worst: dict, trend: str, tail: str, column: int) -> str:
-    """The worst coverage, as a range over the families that match, of one column."""
+def _range(worst: dict, trend: str, tail: str, column: int, *, hi: bool = False) -> str:
+    """The worst coverage (``hi``: the largest share, as a percentage), as a range over the families
+    that match, of one column."""
     values = [v[column] for k, v in worst.items() if trend in k and tail in k and "stragglers" not in k
               and not (tail == "capped" and "uncapped" in k)]
     if not values:
         return "(not on this grid)"
-    return f"{min(values):.3f}" if len(values) == 1 else f"{min(values):.3f}-{max(values):.3f}"
+    low, high = (f"{min(values):.0%}", f"{max(values):.0%}") if hi else (f"{min(values):.3f}", f"{max(values):.3f}")
+    return low if low == high else f"{low}-{high}"
 
 
 def splice(text: str, section: list[str]) -> str:

@@ -376,8 +376,15 @@ def _speed_gate(cand: dict) -> list[GateResult]:
                  f"{sp['share_prompts_slower']:.0%} of {sp.get('n_prompts', '?')} prompts slower")
     if bound is None:
         n = sp.get("n_prompts") or 0
-        why = (f"{n} prompt(s), fewer than the {SPEED_MIN_PROMPTS} a bound needs" if n < SPEED_MIN_PROMPTS else
-               "prompts whose speedups do not vary: no spread to bound it by")
+        spread, limit = sp.get("length_log_sd"), sp.get("length_log_sd_limit")
+        if n < SPEED_MIN_PROMPTS:
+            why = f"{n} prompt(s), fewer than the {SPEED_MIN_PROMPTS} a bound needs"
+        elif _finite(spread) and _finite(limit) and spread > limit:
+            # analysis.latency.length_log_sd_limit: a rare long tail carries the total, unseen
+            why = (f"output lengths spread too widely (log-sd {spread:.2f} over {n} prompts, above {limit:.2f}) "
+                   "for a speed bound: cap the budget or run more prompts")
+        else:
+            why = "prompts whose speedups do not vary: no spread to bound it by"
         return [GateResult("speed", "fail", f"inconclusive: speedup {sp['statistic']:.2f}x has no lower bound ({why}); "
                            f"more prompts decide; minimum {minimum:.2f}x{extra}")]
     ok = bound >= minimum
