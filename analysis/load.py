@@ -51,7 +51,7 @@ import numpy as np
 from scipy import stats
 
 from ._common import as_rng, bootstrap_ci, cluster_index
-from .latency import PERCENTILE_METHOD, quantile_interval, speedup_from_arrays
+from .latency import MIN_PROMPTS, PERCENTILE_METHOD, quantile_interval, speedup_from_arrays
 
 QUANTILES = (0.5, 0.9, 0.99)
 SLO_KEYS = {"ttft_p95_s": "ttft", "tpot_p95_s": "tpot", "e2e_p95_s": "e2e"}
@@ -295,7 +295,9 @@ def level_speedup(base_rows: Sequence[Mapping[str, Any]], cand_rows: Sequence[Ma
                               resampled="prompts")
     return {"statistic": res.statistic, "ci": [_num(res.ci_low), _num(res.ci_high)],
             "lower_bound": _num(res.lower_bound), "lower_bound_level": res.lower_bound_level, "n": res.n,
-            "n_prompts": res.n_prompts, "metric": "E2E seconds per output token, baseline / candidate"}
+            "n_prompts": res.n_prompts, "length_log_sd": _num(res.length_log_sd),
+            "length_log_sd_limit": _num(res.length_log_sd_limit),
+            "metric": "E2E seconds per output token, baseline / candidate"}
 
 
 def repeated(rows: Sequence[Mapping[str, Any]]) -> int:
@@ -316,8 +318,17 @@ def pays(cand: Mapping[str, Any], speedup: Mapping[str, Any] | None) -> tuple[bo
         return False, f"{cand['repeated']} of its {cand['n']} rows repeat a request already counted"
     if cand.get("errors"):
         return False, f"{cand['errors']} of {cand['n']} requests failed ({cand.get('first_error')})"
-    if not speedup or speedup.get("lower_bound") is None:
+    if not speedup:
         return False, "no speedup interval (fewer than 2 paired requests)"
+    if speedup.get("lower_bound") is None:
+        n = speedup.get("n_prompts") or 0
+        spread, limit = speedup.get("length_log_sd"), speedup.get("length_log_sd_limit")
+        if n < MIN_PROMPTS:
+            return False, f"no speedup bound ({n} prompt(s), fewer than the {MIN_PROMPTS} a bound needs)"
+        if spread is not None and limit is not None and spread > limit:
+            return False, (f"no speedup bound (output lengths spread too widely (log-sd {spread:.2f} over {n} "
+                           "prompts) for a speed bound: cap the budget or run more prompts)")
+        return False, "no speedup bound (the prompts' speedups do not vary)"
     if speedup["lower_bound"] < 1.0:
         return False, f"speedup lower bound {speedup['lower_bound']:.2f} < 1"
     for key, s in (cand.get("slo") or {}).items():

@@ -333,12 +333,15 @@ def test_paired_speedup():
     assert res == paired_speedup(pair_records(base, noisy), rng=0, n_resamples=2000)
 
 
-def test_speedup_interval_is_the_jackknife_over_prompts_by_hand():
-    """Three prompts (one with two seeds): the bound from leave-one-prompt-out ratios, computed here
-    with plain loops; Student's t at the Satterthwaite df of the prompts' time shares."""
+def test_speedup_interval_is_the_skew_corrected_jackknife_over_prompts_by_hand():
+    """Ten prompts (one with two seeds): the bound from leave-one-prompt-out ratios, computed here
+    with plain loops; Student's t at the Satterthwaite df of the prompts' time shares, its quantile
+    moved down by the Cornish-Fisher term of the pseudo-values' left skew (analysis.latency)."""
     from scipy import stats
+    from analysis.latency import SKEW_FACTOR
     base, cand = [], []
-    timings = {"a": [(10, 1.0, 0.5), (12, 1.2, 0.5)], "b": [(30, 3.3, 2.0)], "c": [(5, 0.4, 0.3)]}
+    timings = {"a": [(10, 1.0, 0.5), (12, 1.2, 0.5)], "b": [(30, 3.3, 2.9)], "c": [(5, 0.4, 0.3)]}
+    timings |= {f"p{i}": [(8 + i, 0.1 * (8 + i), 0.1 * (8 + i) / (1.2 + 0.1 * i))] for i in range(7)}
     for item, rows in timings.items():
         for seed, (n, bw, cw) in enumerate(rows):
             base.append(make_record(item_id=item, seed=seed, tokens=list(range(n)), wall_s=bw))
@@ -348,18 +351,23 @@ def test_speedup_interval_is_the_jackknife_over_prompts_by_hand():
     def ratio(keys):
         n = sum(sums[k][0] for k in keys)
         return (sum(sums[k][1] for k in keys) / n) / (sum(sums[k][2] for k in keys) / n)
-    keys = list(sums)
+    keys, m = list(sums), len(sums)
     r = ratio(keys)
-    loo = [ratio([k for k in keys if k != out]) for out in keys]
-    mean = sum(loo) / 3
-    estimate = 3 * r - 2 * mean
-    se = (2 / 3 * sum((x - mean) ** 2 for x in loo)) ** 0.5
+    pseudo = [m * r - (m - 1) * ratio([k for k in keys if k != out]) for out in keys]
+    estimate = sum(pseudo) / m
+    var = sum((x - estimate) ** 2 for x in pseudo) / m
+    se = (var / (m - 1)) ** 0.5
+    skew = sum((x - estimate) ** 3 for x in pseudo) / m / var ** 1.5
     tb, tc = sum(v[1] for v in sums.values()), sum(v[2] for v in sums.values())
     share = [0.5 * (v[1] / tb + v[2] / tc) for v in sums.values()]
-    df = sum(a * a for a in share) ** 2 / sum(a ** 4 for a in share) * 2 / 3
-    assert res.interval == "jackknife" and res.n_prompts == 3 and res.statistic == pytest.approx(r)
-    assert res.lower_bound == pytest.approx(max(estimate - stats.t.ppf(0.95, df) * se, 0.0))
-    assert (res.ci_low, res.ci_high) == pytest.approx((max(estimate - stats.t.ppf(0.975, df) * se, 0.0),
+    df = sum(a * a for a in share) ** 2 / sum(a ** 4 for a in share) * (m - 1) / m
+    term = max(0.0, -skew) * SKEW_FACTOR / (6 * m ** 0.5)
+    assert skew < 0  # prompt b: long and hardly faster
+    q = stats.t.ppf(0.95, df) + term * (2 * stats.norm.ppf(0.95) ** 2 + 1)
+    q_low = stats.t.ppf(0.975, df) + term * (2 * stats.norm.ppf(0.975) ** 2 + 1)
+    assert res.interval == "jackknife" and res.n_prompts == m and res.statistic == pytest.approx(r)
+    assert res.lower_bound == pytest.approx(max(estimate - q * se, 0.0))
+    assert (res.ci_low, res.ci_high) == pytest.approx((max(estimate - q_low * se, 0.0),
                                                        estimate + stats.t.ppf(0.975, df) * se))
     assert res.ci_low <= res.lower_bound  # the one-sided bound is the tighter one
     old = paired_speedup(pair_records(base, cand), method="studentized", rng=0, n_resamples=999)

@@ -389,4 +389,11 @@ def test_two_prompts_with_equal_speedups_give_no_bound():
     assert sp["statistic"] == pytest.approx(2.0) and sp["lower_bound"] is None
     d = decide(cand(suites={"s": {"identity": {"T=0": identity()}}}, min_speedup=1.5, speedup=sp), Gates())
     r = next(g for g in d.results if g.name == "speed")
+    assert r.status == "fail" and "inconclusive" in r.detail and "2 prompt(s), fewer than the 8" in r.detail
+    # enough prompts, every one exactly 2x: no spread to bound the ratio by, still no bound
+    base = [make_record(item_id=f"p{i}", tokens=[1] * 10, wall_s=2.0 * (i + 1)) for i in range(8)]
+    fast = [make_record(candidate="c", item_id=f"p{i}", tokens=[1] * 10, wall_s=1.0 * (i + 1)) for i in range(8)]
+    sp = plain(paired_speedup(pair_records(base, fast)))
+    d = decide(cand(suites={"s": {"identity": {"T=0": identity()}}}, min_speedup=1.5, speedup=sp), Gates())
+    r = next(g for g in d.results if g.name == "speed")
     assert r.status == "fail" and "no spread" in r.detail

@@ -68,7 +68,7 @@ def test_gamma_gaps_have_the_mean_and_spread_vllm_bench_serve_gives(burstiness):
 
 def row(i, ttft, gaps, *, item=None, error=None, stats=None):
     times = [ttft, *gaps]
-    r = {"index": i, "suite": "s", "item_id": item or f"i{i % 7}", "ttft_s": ttft, "e2e_s": sum(times),
+    r = {"index": i, "suite": "s", "item_id": item or f"i{i % 12}", "ttft_s": ttft, "e2e_s": sum(times),
          "token_times_s": times, "n_tokens": len(times), "stats": stats or {}, "error": error}
     if error:
         r.update(n_tokens=0, token_times_s=[], e2e_s=None, ttft_s=None)
@@ -162,11 +162,14 @@ def test_slo_fails_closed_when_evidence_is_missing():
 # ------------------------------------------------------------------------------------- crossover
 
 def test_speedup_pays_and_the_crossover_statuses():
-    base = [row(i, 0.1, [0.1] * 9) for i in range(30)]
+    base = [row(i, 0.1, [0.1] * 9) for i in range(30)]   # 12 items: a speed bound needs 8 prompts
     fast = [row(i, 0.05, [0.05 + 0.001 * (i % 3)] * 9) for i in range(30)]
     slow = [row(i, 0.2, [0.2 + 0.001 * (i % 3)] * 9) for i in range(30)]
     sp = level_speedup(base, fast)
-    assert sp["statistic"] > 1.5 and sp["lower_bound"] > 1 and sp["n_prompts"] == 7
+    assert sp["statistic"] > 1.5 and sp["lower_bound"] > 1 and sp["n_prompts"] == 12
+    few = level_speedup(base[:7], fast[:7])  # 7 prompts: no bound, and so not shown to pay
+    assert few["lower_bound"] is None and pays(level_metrics(fast[:7], duration_s=10), few) == (
+        False, "no speedup bound (7 prompt(s), fewer than the 8 a bound needs)")
     assert judge_level(base, fast, duration_s=10)["pays"]
     j = judge_level(base, slow, duration_s=10)
     assert not j["pays"] and "lower bound" in j["why"]

@@ -11,10 +11,7 @@ the same functions with fewer studies.
   independent: they hold different prompts), and simulated.
 - :func:`aa_pass_all`: P(an unchanged candidate passes every suite), each suite at alpha
   (intersection-union; fixed design or the profile's looks) against Holm across the suites.
-- :func:`speedup_coverage`: coverage of the speedup interval over a grid of designs
-  (:class:`SpeedDesign`: prompts, pairs per prompt, spread of prompt lengths and speedups), by the
-  functions the speed gate's bound comes from; the shipped jackknife against the bootstrap-t it
-  replaced and against resampling pairs.
+- the speed gate's bound: :mod:`.speed` (its section of the report comes from there).
 - :func:`p95_below_truth`, :func:`p95_coverage`: bias of the p95 estimate at small n and coverage
   of its order-statistic interval.
 - :func:`pit_rejection`, :func:`gof_rejection`: size and power of the sequential PIT test
@@ -35,10 +32,11 @@ from scipy import stats
 
 from analysis import pit
 from analysis.exactness import goodness_of_fit
-from analysis.latency import PERCENTILE_METHOD, jackknife_bounds, quantile_interval, speedup_from_arrays
+from analysis.latency import PERCENTILE_METHOD, quantile_interval
 from analysis import sequential as seq
 from analysis.paired import mcnemar_pvalue, tango_loss_pvalue, tango_ni_pvalue
 
+from . import speed
 from .common import ALPHA, Rate, pick, trinomial_grid
 from .sequential import simulate_operating
 
@@ -126,90 +124,6 @@ def aa_pass_all(sizes, disc: float, *, margin: float = 0.10, alpha: float = ALPH
         p = np.sort(np.stack(pvals, axis=1), axis=1)
         return Rate(float(np.mean(np.all(p <= alpha / (m - np.arange(m)), axis=1))), studies, None)
     return Rate(float(np.mean(np.all(np.stack(passed, axis=1), axis=1))), studies, exact)
-
-
-# ------------------------------------------------------------------------------- speedup
-
-
-@dataclass(frozen=True)
-class SpeedDesign:
-    """A speed study: ``prompts`` prompts, each giving a number of pairs (seeds, temperatures)
-    drawn uniformly from ``pairs`` (lo, hi); prompt lengths log-normal around 60 tokens with
-    log-sd ``length_sd`` (None: uniform on 20-130 tokens, the design this study started with);
-    per-prompt speedups log-normal around 1.3x with log-sd ``gain_sd``; per-token speed log-sd 0.25."""
-
-    prompts: int
-    pairs: tuple[int, int] = (2, 7)
-    length_sd: float | None = 0.8
-    gain_sd: float = 0.35
-
-    def label(self) -> str:
-        lo, hi = self.pairs
-        lengths = "uniform 20-130" if self.length_sd is None else f"log-sd {self.length_sd:g}"
-        return f"{self.prompts} | {lo if lo == hi else f'{lo}-{hi}'} | {lengths} | {self.gain_sd:g}"
-
-
-STEP_S, STEP_SD, GAIN, NOISE_SD, OVERHEAD_S = 0.06, 0.25, 1.3, 0.05, 0.05
-
-
-def _lengths(design: SpeedDesign, size: int, rng) -> np.ndarray:
-    if design.length_sd is None:
-        return rng.integers(20, 130, size).astype(float)
-    return np.exp(rng.normal(np.log(60), design.length_sd, size))
-
-
-def speed_world(design: SpeedDesign, studies: int, rng):
-    """Paired timings of ``studies`` studies: per-pair (bw, bn, cw, cn), each pair's study and
-    prompt (0..prompts-1); the pairs come study by study, prompt by prompt."""
-    lo, hi = design.pairs
-    m = design.prompts
-    k = rng.integers(lo, hi + 1, studies * m)
-    prompt = np.repeat(np.arange(studies * m), k)
-    step = rng.lognormal(np.log(STEP_S), STEP_SD, studies * m)
-    gain = rng.lognormal(np.log(GAIN), design.gain_sd, studies * m)
-    n = np.maximum((_lengths(design, studies * m, rng)[prompt] * rng.uniform(0.6, 1.4, prompt.size)).astype(int),
-                   2).astype(float)
-    bw = step[prompt] * n * rng.lognormal(0, NOISE_SD, n.size) + OVERHEAD_S
-    cw = (step / gain)[prompt] * n * rng.lognormal(0, NOISE_SD, n.size) + OVERHEAD_S
-    return bw, n, cw, n.copy(), prompt // m, prompt % m
-
-
-def speedup_truth(design: SpeedDesign, rng=20_240_601, samples: int = 2_000_000) -> float:
-    """The population ratio of totals of :func:`speed_world`: E[baseline s] / E[candidate s] per
-    pair, in closed form but for the mean token count (by a large sample)."""
-    rng = np.random.default_rng(rng)
-    n = np.maximum((_lengths(design, samples, rng) * rng.uniform(0.6, 1.4, samples)).astype(int), 2).mean()
-    per_token = STEP_S * np.exp(STEP_SD ** 2 / 2) * np.exp(NOISE_SD ** 2 / 2) * n
-    inverse_gain = np.exp(-np.log(GAIN) + design.gain_sd ** 2 / 2)
-    return float((per_token + OVERHEAD_S) / (per_token * inverse_gain + OVERHEAD_S))
-
-
-def speedup_coverage(design: SpeedDesign, *, method: str = "jackknife", clustered: bool = True,
-                     studies: int = 2000, n_resamples: int = 999, rng=None,
-                     truth: float | None = None) -> tuple[Rate, Rate]:
-    """(two-sided 95% coverage, one-sided 95% lower-bound coverage) of the speedup interval, by the
-    functions the speed gate's bound comes from: the shipped jackknife
-    (:func:`analysis.latency.jackknife_bounds`, all studies at once) or another ``method`` of
-    :func:`analysis.latency.speedup_from_arrays` (study by study). ``clustered=False`` treats every
-    pair as independent (needs a fixed number of pairs per prompt)."""
-    rng = np.random.default_rng(rng)
-    truth = speedup_truth(design) if truth is None else truth
-    bw, bn, cw, cn, study, prompt = speed_world(design, studies, rng)
-    if not clustered:
-        if design.pairs[0] != design.pairs[1]:
-            raise ValueError("clustered=False needs a fixed number of pairs per prompt")
-        prompt = np.arange(prompt.size) % (design.prompts * design.pairs[0])
-    m = int(prompt.max()) + 1
-    sums = [np.bincount(study * m + prompt, weights=x, minlength=studies * m).reshape(studies, m)
-            for x in (bw, bn, cw, cn)]
-    if method == "jackknife":
-        low, high, bound = jackknife_bounds(sums, confidence_level=0.95, bound_level=0.95)
-    else:
-        res = [speedup_from_arrays(*(x[i] for x in sums), np.arange(m), method=method, n_resamples=n_resamples,
-                                   rng=rng) for i in range(studies)]
-        low, high, bound = (np.array([getattr(r, f) for r in res]) for f in ("ci_low", "ci_high", "lower_bound"))
-    two = np.mean((low <= truth) & (truth <= high))
-    return Rate(float(two), studies, None), Rate(float(np.mean(bound <= truth)), studies, None)
 
 
 # ----------------------------------------------------------------------------------- p95
@@ -352,76 +266,6 @@ def _rate(rate: Rate, digits: int = 3) -> str:
     return f"{rate.simulated:.{digits}f} ± {1.96 * rate.mc_se:.{digits}f}"
 
 
-# The speed designs of the report: the issue's grid (10-45 prompts, 2-7 pairs, lengths log-sd 0.8),
-# the design this study started with (7 pairs, uniform lengths), and a wider spread of speedups.
-SPEED_GRID = tuple(SpeedDesign(m, pairs) for m in (10, 20, 30, 38, 45) for pairs in ((2, 7), (2, 2), (7, 7))) + \
-    tuple(SpeedDesign(m, (7, 7), None) for m in (10, 20, 45)) + \
-    tuple(SpeedDesign(m, (2, 7), 0.8, 0.6) for m in (10, 45))
-SPEED_SMALL = (SpeedDesign(10), SpeedDesign(45, (7, 7), None))
-OLD_CELLS = (SpeedDesign(10), SpeedDesign(38), SpeedDesign(45), SpeedDesign(45, (7, 7), None))
-
-
-def speed_lines(*, studies: int, rng, grid: str = "full") -> list[str]:
-    """The CALIBRATION.md section on the speedup interval (the speed gate's lower bound)."""
-    designs = pick(SPEED_GRID, SPEED_SMALL, grid)
-    old_cells = pick(OLD_CELLS, OLD_CELLS[:1], grid)
-    old_studies = pick(max(1000, studies // 10), 100, grid)
-    old_resamples = pick(999, 199, grid)
-    out = [
-        "",
-        "## Speedup lower bound (the speed gate) over the design grid",
-        "",
-        "Each prompt gives 2-7 pairs (seeds, temperatures; drawn uniformly per prompt, or a fixed number); "
-        "prompt lengths log-normal around 60 tokens with log-sd 0.8 (or uniform on 20-130 tokens), per-token "
-        "speed log-sd 0.25 across prompts, per-prompt speedups log-normal around 1.3x with log-sd 0.35 (0.6 in "
-        "the last rows); the truth is the population ratio of totals (closed form). The shipped interval: the "
-        "jackknife over prompts of the ratio of totals (bias-corrected, on the ratio scale) with Student's t at "
-        "the Satterthwaite degrees of freedom of the prompts' time shares (`analysis.latency.jackknife_bounds`, "
-        f"the function `paired_speedup` and so the gate call), {studies:,} studies per row. The speed gate "
-        "passes when the one-sided 95% lower bound reaches `min_speedup`, so a lower-bound coverage of c "
-        "means a candidate whose true speedup equals the minimum passes with probability 1 - c.",
-        "",
-        "| prompts | pairs per prompt | lengths | speedup log-sd | one-sided 95% lower bound covers | "
-        "two-sided 95% covers | median log width, one-sided |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for design in designs:
-        two, one = speedup_coverage(design, studies=studies, rng=rng)
-        out.append(f"| {design.label()} | {_rate(one)} | {_rate(two)} | {_bound_width(design, rng):.3f} |")
-    out += [
-        "",
-        "### The interval it replaced, and resampling pairs",
-        "",
-        "The studentized bootstrap (bootstrap-t) of the log ratio over prompts, the shipped method before, "
-        f"{old_resamples} resamples, {old_studies:,} studies per row (a bootstrap per study); and, on the "
-        "design this study started with, the jackknife treating every pair as independent (the error the "
-        "clustering fixed).",
-        "",
-        "| prompts | pairs per prompt | lengths | speedup log-sd | interval | one-sided 95% lower bound covers | "
-        "two-sided 95% covers |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for design in old_cells:
-        two, one = speedup_coverage(design, method="studentized", studies=old_studies, n_resamples=old_resamples,
-                                    rng=rng)
-        out.append(f"| {design.label()} | bootstrap-t (before) | {_rate(one)} | {_rate(two)} |")
-    design = SpeedDesign(45, (7, 7), None)
-    two, one = speedup_coverage(design, clustered=False, studies=studies, rng=rng)
-    out.append(f"| {design.label()} | jackknife over pairs | {_rate(one)} | {_rate(two)} |")
-    return out
-
-
-def _bound_width(design: SpeedDesign, rng, studies: int = 2000) -> float:
-    """Median log(ratio / lower bound) of the shipped bound: what the coverage costs."""
-    bw, bn, cw, cn, study, prompt = speed_world(design, studies, rng)
-    m = design.prompts
-    sums = [np.bincount(study * m + prompt, weights=x, minlength=studies * m).reshape(studies, m)
-            for x in (bw, bn, cw, cn)]
-    ratio = (sums[0].sum(1) / sums[1].sum(1)) / (sums[2].sum(1) / sums[3].sum(1))
-    bound = jackknife_bounds(sums, confidence_level=0.95, bound_level=0.95)[2]
-    return float(np.median(np.log(ratio / np.maximum(bound, 1e-12))))
-
-
 def report_lines(*, studies: int = 10_000, rng=None, pit_studies: int = 500, grid: str = "full") -> list[str]:
     """The markdown sections of CALIBRATION.md on the gate's verdicts and the exactness checks."""
     rng = np.random.default_rng(rng)
@@ -467,7 +311,8 @@ def report_lines(*, studies: int = 10_000, rng=None, pit_studies: int = 500, gri
         looked = aa_pass_all((217, 72, 84), disc, looks=3, studies=max(1000, studies // 5), rng=rng)
         holm = aa_pass_all((217, 72, 84), disc, holm=True, studies=studies, rng=rng)
         out.append(f"| {disc:.1f} | {_cell(iut)} | {_cell(looked)} | {holm.simulated:.4f} ± {1.96 * holm.mc_se:.4f} |")
-    out += speed_lines(studies=studies, rng=rng, grid=grid)
+    out += speed.lines(studies=max(studies, 20_000) if grid == "full" else 1000, rng=rng,
+                       designs=pick(speed.GRID, speed.SMALL, grid))
     out += [
         "",
         "## p95 at small n (log-normal latencies)",

@@ -33,9 +33,9 @@ Every verdict says what a test at the stated level showed, and prints the bound 
   harness's sampler, and excuses a candidate's failing PIT check only where the candidate is no
   further from the reference (`deviation`) than the baseline; a model draft's proposals not
   explained by the rebuilt q make the residual test inconclusive (the reference is broken).
-- Speed (`min_speedup`): the one-sided (1 - alpha) lower bound of the speedup (jackknife over
-  prompts, analysis.latency) must reach the minimum; the point estimate alone is a coin flip at
-  the threshold.
+- Speed (`min_speedup`): the one-sided (1 - alpha) lower bound of the speedup (skew-corrected
+  jackknife over prompts, analysis.latency) must reach the minimum; the point estimate alone is a
+  coin flip at the threshold. Fewer prompts than the bound needs give no bound: inconclusive.
 - Missing evidence fails: a gated suite without pairs ("no items"), a summary step the records
   could not support ("analysis <step>"), a `min_speedup` without a timed pair, and a lossy
   candidate without any quality test, whatever its speed.
@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 
 from analysis.acceptance_drift import MIN_PROMPTS
+from analysis.latency import MIN_PROMPTS as SPEED_MIN_PROMPTS
 from analysis.paired import below, loss_upper_bound, sign_sample_size
 from harness.config import Gates, sampled_identity_applies
 from harness.verdict import engine_exactness
@@ -375,13 +376,22 @@ def _speed_gate(cand: dict) -> list[GateResult]:
         extra = (f"; per-prompt median {sp['median_prompt_speedup']:.2f}x, "
                  f"{sp['share_prompts_slower']:.0%} of {sp.get('n_prompts', '?')} prompts slower")
     if bound is None:
-        return [GateResult("speed", "fail", f"inconclusive: speedup {sp['statistic']:.2f}x has no lower bound (one "
-                           f"prompt, or prompts whose speedups do not vary: no spread to bound it by); more prompts "
-                           f"decide; minimum {minimum:.2f}x{extra}")]
+        n = sp.get("n_prompts") or 0
+        spread, limit = sp.get("length_log_sd"), sp.get("length_log_sd_limit")
+        if n < SPEED_MIN_PROMPTS:
+            why = f"{n} prompt(s), fewer than the {SPEED_MIN_PROMPTS} a bound needs"
+        elif _finite(spread) and _finite(limit) and spread > limit:
+            # analysis.latency.length_log_sd_limit: a rare long tail carries the total, unseen
+            why = (f"output lengths spread too widely (log-sd {spread:.2f} over {n} prompts, above {limit:.2f}) "
+                   "for a speed bound: cap the budget or run more prompts")
+        else:
+            why = "prompts whose speedups do not vary: no spread to bound it by"
+        return [GateResult("speed", "fail", f"inconclusive: speedup {sp['statistic']:.2f}x has no lower bound ({why}); "
+                           f"more prompts decide; minimum {minimum:.2f}x{extra}")]
     ok = bound >= minimum
     return [GateResult("speed", "pass" if ok else "fail",
                        f"one-sided {_pct(level)} lower bound {bound:.2f}x {'>=' if ok else '<'} minimum {minimum:.2f}x "
-                       f"(speedup {sp['statistic']:.2f}x, ratio of totals, jackknife over prompts){extra}")]
+                       f"(speedup {sp['statistic']:.2f}x, ratio of totals, skew-corrected jackknife over prompts){extra}")]
 
 
 # ------------------------------------------------------------------------- acceptance drift

@@ -63,6 +63,9 @@ def summarize(config, rows: list[dict], levels: list[dict], baseline: str) -> di
             entry["metrics"].update(scheduled=lv.get("requests"), held_back=held_back(mine, rate),
                                     sent_late=sent_late(mine, rate))
             table.append(entry)
+    for entry in table:
+        if entry["role"] == "baseline":
+            entry["metrics"]["after_unanswered"] = _unanswered_before(levels, by, baseline, entry["rate"])
     crossovers = {}
     for name, js in judged.items():
         c = crossover([(rate, paid) for rate, paid, _ in js])
@@ -85,6 +88,31 @@ def summarize(config, rows: list[dict], levels: list[dict], baseline: str) -> di
             "seed": plan.seed, "slo": slo, "alpha": alpha, "levels": table, "crossover": crossovers,
             "overhead": {"rate": top, "by_decoder": overhead, "max_share": max(shares) if shares else None,
                          "limit": OVERHEAD_LIMIT}, "notes": list(NOTES)}
+
+
+# Errors that leave no work on an engine (harness.run.load writes "HTTP <status>: ..." for a
+# refusal and "<exception type>: ..." otherwise): a refusal the engine answered, a connection that
+# never opened, an engine whose process had exited. A timeout or a dropped stream may leave work.
+LEFT_NO_WORK = ("HTTP ", "ConnectError:", "ConnectTimeout:", "PoolTimeout:", "DecoderError:")
+
+
+def _unanswered_before(levels: list[dict], by: dict, baseline: str, rate: float) -> list[dict]:
+    """The decoders played between the baseline's previous level and its level at `rate` (in the
+    order load_levels.jsonl was written, the order played) with requests that ended unanswered (an
+    error not in LEFT_NO_WORK: a timeout, a dropped stream). Their engine may still have been working
+    on them when the baseline played, on an accelerator it may share (harness.verdict.slo)."""
+    since = []
+    for lv in levels:
+        if lv["candidate"] == baseline:
+            if lv["rate"] == rate:
+                return [x for x in since if x["requests"]]
+            since = []
+            continue
+        lost = [r for r in by.get((lv["candidate"], lv["rate"]), [])
+                if r.get("error") and not str(r["error"]).startswith(LEFT_NO_WORK)]
+        since.append({"decoder": lv["candidate"], "rate": lv["rate"], "requests": len(lost),
+                      "first": lost[0]["error"] if lost else None})
+    return []
 
 
 def _words(name: str, c: dict, why: dict, unmeasured: set = frozenset()) -> str:
