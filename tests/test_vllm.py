@@ -17,14 +17,20 @@ What is checked:
 - acceptance from the per-request metrics (α per token and per request, τ, per position) equals
   the Prometheus counters' difference over the same requests, and a request whose drafter
   found no match is "0 drafted", as the server says;
-- a wrong model is refused; the engine's description records its version, speculative config
-  and prefix caching.
+- the seed gate on the plain server's samples (two seeds, the A/A run at the same seeds);
+- a wrong model, and a target whose tokenizer disagrees (the probe through vLLM's /tokenize),
+  are refused; the engine's description records its version, speculative config and prefix
+  caching;
+- load at two rates with the draft-model server killed after its first level (last: it stays
+  down): error rows for that level, the other levels kept.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -35,6 +41,7 @@ from decoders.engines.server import EngineError, EngineServer, EngineSpec
 from decoders.engines.telemetry import flatten, spec_counters, spec_delta
 from harness.cli import main
 from harness.run.engines import model_folder, vllm_tool
+from harness.run.records import read_records
 from tests.test_engine_sampled import _gate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,6 +211,18 @@ def test_vllm_cpu_sampler_fails_the_pit_while_the_control_passes(regress_run, ca
     assert summary["candidates"][candidate]["verdict"] == "fail" and code == 1
 
 
+def test_the_seed_gate_reads_the_plain_server_as_honouring_its_seed(regress_run):
+    """Two seeds per prompt and the A/A run at the same seeds: vLLM's plain server reproduces a
+    sample at the same seed and does not repeat it across seeds, so no seed gate fails or warns
+    (one that ignored the seed would fail every sampled test)."""
+    _, summary, _, _ = regress_run
+    for name in ("vllm-ngram", "vllm-draft"):
+        seeds = summary["candidates"][name]["exactness"]["seeds"]
+        assert seeds["pairs"] == 2 and not seeds["ignored"], seeds
+        assert seeds["same_seed_identical"] == seeds["same_seed_pairs"] == 4, seeds
+        assert not [g for g in summary["candidates"][name]["gates"] if "seed" in g["name"]]
+
+
 def _requests(target) -> list[GenerationRequest]:
     texts = ["Repeat exactly, three times: the cat sat on the mat, the cat sat on the mat.",
              "Write the numbers from 1 to 20 separated by commas.",
@@ -252,3 +271,47 @@ def test_a_wrong_model_and_a_tokenizer_that_disagrees_are_refused(servers, tiny_
     # The tokenizer probe goes through vLLM's /tokenize: a target of another tokenizer is refused.
     with pytest.raises(EngineError, match="tokenizes a probe text differently from the target 'tiny-llama'"):
         make_decoder("vllm", tiny_llama, engine=servers["plain"])
+
+
+def _kill_after_first_level(run_dir: Path, name: str, server: EngineServer, stop: threading.Event,
+                            killed: list) -> None:
+    """SIGKILL `server` (vLLM's API server and engine core: its process group) once `name`'s first
+    load level is written; its second has not started (the baseline's plays in between)."""
+    while not stop.is_set():
+        if (run_dir / "load_levels.jsonl").exists() and any(
+                lv["candidate"] == name for lv in read_records(run_dir, "load_levels.jsonl")):
+            os.killpg(server.proc.pid, signal.SIGKILL)
+            killed.append(server.proc.pid)
+            return
+        time.sleep(0.05)
+
+
+def test_load_with_a_server_killed_mid_run_keeps_the_other_levels(servers, tmp_path):
+    """Open-loop load at two rates, the draft-model server SIGKILLed after its first level: its
+    second level is error rows, its first and the baseline's levels are kept, and the run ends
+    with a verdict. Last in this file: the draft server does not come back."""
+    cfg = _config(tmp_path, servers)
+    text = cfg.read_text().replace('\n[[candidates]]\nname = "vllm-ngram"\ndecoder = "vllm"\nkind = "exact"\n'
+                                   'options = { engine = "ngram" }\n', "")
+    text = text.replace("temperatures = [0.0, 0.7]", "temperatures = [0.0]").replace("seeds = [0, 1]", "seeds = [0]")
+    cfg.write_text(text.replace("max_new_tokens = 32", "max_new_tokens = 4\nrates = [0.5, 1]\nload_requests = 6\n"
+                                "refine_levels = 0"))
+    run_dir, stop, killed = tmp_path / "run", threading.Event(), []
+    watcher = threading.Thread(target=_kill_after_first_level,
+                               args=(run_dir, "vllm-draft", servers["draft"], stop, killed), daemon=True)
+    watcher.start()
+    try:
+        code = main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-tracking", "--no-progress",
+                     "--baseline-store", str(tmp_path / "store")])
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+    assert killed, "the draft-model server was never killed"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    by = {(e["decoder"], e["rate"]): e["metrics"] for e in summary["load"]["levels"]}
+    assert by[("vllm", 0.5)]["errors"] == by[("vllm", 1.0)]["errors"] == 0
+    assert by[("vllm-draft", 0.5)]["errors"] == 0 and by[("vllm-draft", 0.5)]["n"] == 6
+    assert by[("vllm-draft", 1.0)]["errors"] == 6
+    errs = next(g for g in summary["candidates"]["vllm-draft"]["gates"] if g["name"] == "load errors")
+    assert errs["status"] == "fail" and "1 req/s: the candidate failed 6 of 6" in errs["detail"], errs
+    assert code == 1
