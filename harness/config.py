@@ -106,6 +106,9 @@ class Profile:
     # "target" (the harness's own copy of the weights, teacher-forced) or "engine:NAME" (that
     # engine's own logprobs over the candidate's output).
     exactness_reference: str = "target"
+    # The top-k cut at sampling temperatures (0: none). Every decoder gets it in its request;
+    # engines pass it on (vLLM/OpenAI `top_k`, llama.cpp `top_k`), in-process samplers apply it.
+    top_k: int = 0
 
 
 LOAD_KEYS = {"rates", "burstiness", "max_in_flight", "load_requests", "load_seed", "refine_levels", "slo"}
@@ -465,7 +468,7 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
                           f"got {profiles[profile]!r}")
     p = _take(profiles[profile], {"subset", "suites", "temperatures", "sample_suites", "seeds", "max_new_tokens",
                                   "exactness_prompts", "exactness_samples", "exactness_reference", "concurrency", "looks",
-                                  "speed_items", "candidates", *LOAD_KEYS}, f"{path} [profiles.{profile}]")
+                                  "speed_items", "candidates", "top_k", *LOAD_KEYS}, f"{path} [profiles.{profile}]")
     where = f"{path} [profiles.{profile}]"
     for key in ("suites", "sample_suites"):
         _names(p, key, where)
@@ -506,6 +509,9 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
         v = p.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
             raise ConfigError(f"{where}: {key} must be an integer >= {low}, got {v!r}")
+    top_k = p.get("top_k")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise ConfigError(f"{where}: top_k must be an integer >= 1 (leave it out for no top-k cut), got {top_k!r}")
     if "candidates" in p:
         _typed(p, "candidates", list, where, "a list of candidate names")
         known = [c.name for c in candidates]
@@ -523,7 +529,8 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
                    max_new_tokens=p.get("max_new_tokens"), exactness_prompts=int(p.get("exactness_prompts", 2)),
                    exactness_samples=int(p.get("exactness_samples", 200)), concurrency=tuple(levels),
                    as_logged=as_logged, looks=p.get("looks", 1), speed_items=p.get("speed_items", 30),
-                   load=_load(p, where), exactness_reference=p.get("exactness_reference", "target"))
+                   load=_load(p, where), exactness_reference=p.get("exactness_reference", "target"),
+                   top_k=top_k or 0)
     if prof.subset not in ("smoke", "full"):
         raise ConfigError(f"{path} [profiles.{profile}]: subset must be 'smoke' or 'full'")
     gates = _gates(raw.get("gates", {}), f"{path} [gates]")

@@ -160,6 +160,9 @@ ENGINE = '\n[engines.e]\nbase_url = "http://127.0.0.1:9"\n'
     ("seeds = [0]\n", "seeds = [0]\nexactness_samples = 2.5\n", "exactness_samples must be an integer >= 1"),
     ("seeds = [0]\n", "seeds = [0]\nmax_new_tokens = true\n", "max_new_tokens must be a positive integer"),
     (SMOKE, SMOKE + ENGINE.replace('"http://127.0.0.1:9"', "5"), "'base_url' must be a string"),
+    ("seeds = [0]\n", "seeds = [0]\ntop_k = 0\n", "top_k must be an integer >= 1"),
+    ("seeds = [0]\n", "seeds = [0]\ntop_k = 2.5\n", "top_k must be an integer >= 1"),
+    ("seeds = [0]\n", "seeds = [0]\ntop_k = true\n", "top_k must be an integer >= 1"),
 ])
 def test_a_config_value_of_the_wrong_shape_or_type_is_named(tmp_path, capsys, old, new, needle):
     cfg = _setup(tmp_path)
@@ -250,3 +253,18 @@ def test_generate_refuses_an_infinite_temperature_and_an_empty_stop_string(capsy
     assert main(["generate", "--target", "tiny-llama", "--prompt", "Tell me about cats", "--max-new-tokens", "3",
                  *argv]) == 2
     _one_line_error(capsys, needle)
+
+
+def test_a_profile_top_k_reaches_every_sampled_request_and_no_greedy_one(tmp_path, tiny_llama):
+    """`top_k` in a profile is the top-k cut of its sampled requests (every decoder's
+    GenerationRequest; engines pass it on); greedy requests carry none."""
+    from harness.run.work import make_request, work_items
+    from suites import load_suite
+    cfg = _setup(tmp_path)
+    cfg.write_text(cfg.read_text().replace("temperatures = [0.0]", "temperatures = [0.0, 0.7]")
+                   .replace("seeds = [0]\n", "seeds = [0, 1]\ntop_k = 20\n", 1))
+    config = load_config(cfg, "smoke")
+    assert config.profile.top_k == 20
+    suite = load_suite(config.suites["s"].path)
+    reqs = [(w.temperature, make_request(config, tiny_llama, w).top_k) for w in work_items(config, [suite])]
+    assert sorted(set(reqs)) == [(0.0, 0), (0.7, 20)], reqs

@@ -52,6 +52,12 @@ def test_the_stream_asks_for_the_usage_chunk():
     assert args["stream_options"] == {"include_usage": True} and args["stream"] is True
 
 
+def test_a_top_k_request_sends_top_k_in_the_body():
+    cut = GenerationRequest((1, 2, 3), max_new_tokens=4, temperature=0.7, top_k=20)
+    assert openai_compat.top_k_field(cut) == {"top_k": 20}
+    assert openai_compat.top_k_field(GenerationRequest((1, 2, 3), max_new_tokens=4, temperature=0.7)) == {}
+
+
 def test_completion_stream_tokens_margins_and_usage():
     tokens, margins, final = streamed("ngram-completion-stream.json")
     assert len(tokens) == final["usage"]["completion_tokens"] == 8 and tokens[-1] == 2   # <|im_end|>

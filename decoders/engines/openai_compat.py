@@ -142,6 +142,13 @@ def final_stats(final: dict) -> dict:
     return stats
 
 
+def top_k_field(request: GenerationRequest) -> dict:
+    """`top_k` is not an OpenAI parameter, but the compatible servers (vLLM, SGLang, llama.cpp)
+    read it from the body: sent when the request cuts, so that a server that cannot is refused
+    by its own error rather than sampling without the cut."""
+    return {"top_k": request.top_k} if request.top_k else {}
+
+
 def completion_args(model: str, request: GenerationRequest, extra_body: dict) -> dict:
     """The openai client's `completions.create` arguments for one request. `include_usage`: the
     final chunk then carries `usage` (the engine's prompt token count) and, on vLLM, the
@@ -159,7 +166,7 @@ class OpenAICompletionsDecoder(EngineDecoder):
     needs = "the route returned no top logprobs (it must honour logprobs = 2)"
 
     def extra_body(self, request: GenerationRequest) -> dict:
-        return dict(self.extra)
+        return {**top_k_field(request), **self.extra}
 
     async def open_session(self):
         import openai

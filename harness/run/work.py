@@ -66,6 +66,7 @@ def make_request(config: RegressConfig, target, work: WorkItem) -> GenerationReq
     return GenerationRequest(tuple(ids), max_new_tokens=budget, temperature=work.temperature,
                              top_p=(logged(item, "top_p")[0] if config.profile.as_logged else config.top_p)
                              if work.temperature > 0 else 1.0,
+                             top_k=config.profile.top_k if work.temperature > 0 else 0,
                              stop_token_ids=target.stop_token_ids(), stop_strings=tuple(item.stop),
                              seed=work.seed, messages=messages)
 
