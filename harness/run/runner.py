@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decoders.base import DecoderError
+from decoders.engines.server import EngineDown
 from harness.build import build_decoder, get_model
 from harness.config import DecoderSpec, RegressConfig
 from harness.run.faults import (BROKEN, BaselineBroken, Policy, garbage, item_limit, raised, results,
@@ -327,15 +328,31 @@ def run_decoder(ctx: Context, spec: DecoderSpec, block: list) -> None:
     base = spec.name in ledger.base_names
     limits = [item_limit(ctx.policy, None if base else ledger.baseline_wall(w)) for w in items]
     vocab = vocabulary(target)
+    answered = set()
     with ctx.inflight.item(spec.name, items, None if None in limits else sum(limits), lineup.fingerprints[spec.name]):
-        for i, result in results(decoder, requests, ctx.policy.keep_going):
-            if isinstance(result, Exception) and not isinstance(result, DecoderError):
-                result = broke(ctx, spec, items[i], result, decoder)
-                if result is None:  # the candidate stops here
-                    break
-            elif not isinstance(result, DecoderError) and (why := garbage(result, requests[i], vocab)):
-                result = DecoderError(f"a result that cannot be judged: {why}")
-            record(ctx, spec, items[i], result, found[i])
+        try:
+            if getattr(decoder, "engine_down", None):
+                raise decoder.engine_down
+            for i, result in results(decoder, requests, ctx.policy.keep_going):
+                answered.add(i)
+                if isinstance(result, Exception) and not isinstance(result, DecoderError):
+                    result = broke(ctx, spec, items[i], result, decoder)
+                    if result is None:  # the candidate stops here
+                        break
+                elif not isinstance(result, DecoderError) and (why := garbage(result, requests[i], vocab)):
+                    result = DecoderError(f"a result that cannot be judged: {why}")
+                record(ctx, spec, items[i], result, found[i])
+        except EngineDown as e:
+            if not candidate_alone_on(ctx, spec):
+                raise  # the baseline's engine: nothing left to compare against; the run stops to resume
+            # A candidate's own engine died (e.g. a request that kills it): its items are errors
+            # naming why, and the run goes on with the others.
+            if not getattr(decoder, "engine_down", None):
+                print(f"decodegate: {spec.name}: {str(e).splitlines()[0]}; its items are errors", file=sys.stderr)
+            decoder.engine_down = e
+            for i, w in enumerate(items):
+                if i not in answered:
+                    record(ctx, spec, w, DecoderError(str(e)), found[i])
     batch = getattr(decoder, "last_batch", None)
     if batch and batch.get("proposed"):
         ledger.batches.write({"candidate": spec.name, **batch})
@@ -353,6 +370,13 @@ def record(ctx: Context, spec: DecoderSpec, w: WorkItem, result, found) -> None:
         ctx.take.generated(spec, w, row, found)
     elif ctx.fail_fast:
         check_divergence(ctx.config, ctx.lineup.targets[spec.name], spec, row, ledger)
+
+
+def candidate_alone_on(ctx: Context, spec: DecoderSpec) -> bool:
+    """A candidate whose engine neither the baseline nor its A/A run uses."""
+    base = ctx.config.baseline.options
+    return spec.name not in ctx.ledger.base_names and spec.options.get("engine") not in (
+        base.get("engine"), base.get("aa_engine"))
 
 
 def broke(ctx: Context, spec: DecoderSpec, w: WorkItem, exc: Exception, decoder) -> DecoderError | None:
