@@ -17,6 +17,9 @@ What is checked:
 - acceptance from the per-request metrics (α per token and per request, τ, per position) equals
   the Prometheus counters' difference over the same requests, and a request whose drafter
   found no match is "0 drafted", as the server says;
+- the same records judged against vLLM's own `prompt_logprobs` (`engine:plain`, top 1000 with
+  `--max-logprobs 1000`): the candidates FAIL, the control passes; a server that allows fewer
+  logprobs is asked for what it allows;
 - the seed gate on the plain server's samples (two seeds, the A/A run at the same seeds);
 - a wrong model, and a target whose tokenizer disagrees (the probe through vLLM's /tokenize),
   are refused; the engine's description records its version, speculative config and prefix
@@ -65,7 +68,7 @@ def vllm_launch(*extra: str) -> tuple[str, ...]:
         pytest.fail(str(e), pytrace=False)
     return (exe, "serve", model_folder("smollm2-135m"), "--served-model-name", "smollm2-135m",
             "--host", "127.0.0.1", "--port", "{port}", "--dtype", "float32", "--max-model-len", "2048",
-            "--no-enable-prefix-caching", "-O0", *extra)
+            "--no-enable-prefix-caching", "-O0", "--max-logprobs", "1000", *extra)
 
 
 def launch_commands() -> dict:
@@ -177,8 +180,14 @@ inconclusive = "fail"
 
 
 @pytest.fixture(scope="module")
-def regress_run(servers, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("vllm-regress")
+def regress_dir(servers, tmp_path_factory) -> Path:
+    """The folder of the one regress run: its config (vllm.toml) and run folder (run/)."""
+    return tmp_path_factory.mktemp("vllm-regress")
+
+
+@pytest.fixture(scope="module")
+def regress_run(servers, regress_dir):
+    tmp = regress_dir
     def hits() -> float:
         r = httpx.get(servers["plain"].base_url + "/metrics", timeout=60)
         r.raise_for_status()
@@ -212,6 +221,55 @@ def test_vllm_cpu_sampler_fails_the_pit_while_the_control_passes(regress_run, ca
     pit = _gate(summary, candidate, "exactness PIT all")
     assert pit["status"] == "fail" and "not the target's distribution" in pit["detail"], pit
     assert summary["candidates"][candidate]["verdict"] == "fail" and code == 1
+
+
+def judged_against_the_engine(regress_dir: Path, reference: str) -> dict:
+    """The regress run's records judged again, `exactness_reference` set to `reference`, through
+    the run's own checks and gates: {candidate: (its result, its gates)}."""
+    import dataclasses
+    from harness.config import load_config
+    from harness.run import engine_exactness, runner
+    from harness.run.engines import started
+    from harness.verdict.engine_exactness import gates
+    config = load_config(regress_dir / "vllm.toml", "smoke")
+    config = dataclasses.replace(config, profile=dataclasses.replace(config.profile, exactness_reference=reference))
+    suites = runner.load_suites(config)
+    with started(config, regress_dir / "run") as engines:
+        lineup = runner.Lineup(config, engines)
+        res = engine_exactness.run_checks(config, regress_dir / "run", lineup, suites, engines, progress=False)
+    return {name: (r, gates({"exactness": r}, config.gates)) for name, r in res.items()}
+
+
+def test_the_pit_against_vllms_own_prompt_logprobs_fails_the_candidates_and_passes_the_control(
+        regress_run, regress_dir):
+    """The same finding with vLLM as its own reference (`engine:plain`: the plain server's
+    `prompt_logprobs`, no in-process copy): launched with `--max-logprobs 1000`, the reference sees
+    the whole top-p nucleus at most positions (top-20, vLLM's default, left 36 of 80 tokens out
+    and could not decide), so the tokens of probability 0 are seen and the PIT fails, while the
+    plain server's own samples pass against its own logprobs."""
+    judged = judged_against_the_engine(regress_dir, "engine:plain")
+    for name in ("vllm-ngram", "vllm-draft"):
+        result, gate_list = judged[name]
+        pit, ctrl = result["pit"]["subsets"]["all"], result["pit"]["control"]
+        print(name, {k: pit.get(k) for k in ("pvalue", "tokens", "left_out", "zero_prob", "n")},
+              {k: ctrl.get(k) for k in ("pvalue", "tokens", "left_out", "n")}, result["pit"]["reference"])
+        by = {g.name: g for g in gate_list}
+        assert "top-1000" in result["pit"]["reference"], result["pit"]["reference"]
+        assert by["exactness control"].status == "pass", by["exactness control"]
+        assert by["exactness PIT all"].status == "fail", by["exactness PIT all"]
+        assert "not the target's distribution" in by["exactness PIT all"].detail, by["exactness PIT all"]
+
+
+def test_a_server_that_allows_fewer_prompt_logprobs_is_asked_for_what_it_allows(servers, smollm2, capsys):
+    """A vLLM whose `--max-logprobs` is below what the reference asks refuses with HTTP 400 naming
+    its limit: the flavour asks again for what it allows, once, and says so; nothing fails."""
+    dec = make_decoder("vllm", smollm2, engine=servers["plain"])
+    dec.reference_top_k = 1500
+    context, tokens = list(smollm2.encode("Name one colour.")), list(smollm2.encode(" Blue, or red."))
+    rows = dec.prompt_logprobs(context, tokens, 1500)
+    assert dec.reference_top_k == 1000 and len(rows) == len(tokens)
+    assert all(20 < len(row) <= 1000 for row in rows), [len(r) for r in rows]
+    assert "allows top-1000 prompt logprobs, not 1500" in capsys.readouterr().err
 
 
 def test_the_seed_gate_reads_the_plain_server_as_honouring_its_seed(regress_run):
@@ -288,20 +346,7 @@ def test_load_figures_agree_with_vllm_bench_serve(servers, tmp_path):
     ITL and E2E medians agree within the measured spread."""
     from suites import load_suite
     cfg = tmp_path / "load.toml"
-    cfg.write_text(_engines_and_baseline(servers) + """[[candidates]]
-name = "vllm-again"
-decoder = "vllm"
-kind = "exact"
-options = { engine = "plain" }
-[profiles.load]
-subset = "smoke"
-suites = ["factual"]
-temperatures = [0.0]
-seeds = [0]
-max_new_tokens = 8
-rates = [1]
-load_requests = 20
-""")
+    cfg.write_text((ROOT / "scripts" / "vllm-plain.toml").read_text().replace("{base_url}", servers["plain"].base_url))
     main(["regress", "--config", str(cfg), "--profile", "load", "--run-dir", str(tmp_path / "run"), "--no-tracking",
           "--no-progress", "--baseline-store", str(tmp_path / "store")])
     prompts = tmp_path / "prompts.jsonl"

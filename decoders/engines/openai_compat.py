@@ -14,6 +14,8 @@
 """
 from __future__ import annotations
 
+import re
+import sys
 from typing import AsyncIterator
 
 import httpx
@@ -96,6 +98,15 @@ def parse_prompt_logprobs(choice: dict, start: int, n: int, k: int) -> list[dict
         out.append({int(t): float(e["logprob"]) for t, e in (row or {}).items()
                     if e.get("rank") is None or int(e["rank"]) <= k})
     return out
+
+
+def max_logprobs_allowed(response: httpx.Response) -> int | None:
+    """The limit a vLLM 400 names ("Requested prompt logprobs of 1000, which is greater than max
+    allowed: 20"); None for any other refusal."""
+    if response.status_code != 400:
+        return None
+    m = re.search(r"greater than max allowed: (\d+)", response.text)
+    return int(m.group(1)) if m else None
 
 
 # vLLM 0.32's `metrics.speculative_decoding` (on the final usage chunk of a stream, with
@@ -202,11 +213,30 @@ class VLLMDecoder(OpenAICompletionsDecoder):
     def drafts_expected(self) -> bool:
         return bool(self.server.info.get("speculative"))
 
+    # Top-k asked of vLLM as an exactness reference. At T = 0.7 and top-p 0.95, smollm2's nucleus
+    # reaches past the top 20 at many positions, and the reference must see the whole nucleus to
+    # test a token (docs/vllm.md, "The engine as the reference"); vLLM allows 20 unless launched
+    # with `--max-logprobs`, and then answers with what it allows (`prompt_logprobs`).
+    reference_top_k = 1000
+
     def prompt_logprobs(self, context: list[int], tokens: list[int], k: int) -> list[dict[int, float]]:
-        """One request: the whole sequence as the prompt, `prompt_logprobs: k` (vLLM's extension)."""
+        """One request: the whole sequence as the prompt, `prompt_logprobs: k` (vLLM's extension).
+        A server that allows fewer (its `--max-logprobs`, 20 by default) is asked for what it
+        allows, once, with a note: fewer positions are decided, none is judged wrongly."""
+        k = min(int(k), self.reference_top_k)
         body = {"model": self.server.served_model, "prompt": list(context) + list(tokens), "max_tokens": 1,
-                "temperature": 0.0, "prompt_logprobs": int(k)}
-        data = self.server.post_json("/v1/completions", body, timeout=self.timeout)
+                "temperature": 0.0, "prompt_logprobs": k}
+        try:
+            data = self.server.post_json("/v1/completions", body, timeout=self.timeout)
+        except httpx.HTTPStatusError as e:
+            allowed = max_logprobs_allowed(e.response)
+            if allowed is None or not 2 <= allowed < k:
+                raise
+            print(f"decodegate: engine {self.server.spec.name!r} allows top-{allowed} prompt logprobs, not {k}: "
+                  f"positions whose nucleus reaches past them are left out (launch it with --max-logprobs {k} "
+                  f"to decide more)", file=sys.stderr)
+            self.reference_top_k = k = allowed
+            data = self.server.post_json("/v1/completions", {**body, "prompt_logprobs": k}, timeout=self.timeout)
         return parse_prompt_logprobs((data.get("choices") or [{}])[0], len(context), len(tokens), k)
 
     def tokenize(self, text: str) -> list[int]:

@@ -44,7 +44,8 @@ from harness.run import reference
 from harness.run.exactness import sampled_rows
 from harness.run.reference import output_size, shaped_probs, teacher_forced_logits
 
-TOP_K = 20            # logprobs asked of an engine reference per position
+TOP_K = 20            # logprobs asked of an engine reference per position, unless its flavour
+                      # says how many it can give (`reference_top_k`: vLLM's prompt_logprobs)
 MASS_TOL = 1e-4       # the nucleus boundary's own rounding, on top of the measured noise
 SEED_LEVEL = 1e-3     # the combined p-value of the identical different-seed pairs, below which the seed is ignored
 KEEP_BYTES = 1 << 30  # in-process logits held from the noise pass for the control's (~130 samples
@@ -84,11 +85,17 @@ class Reference:
         self._cache: dict = {}
         self._kept = 0  # bytes of in-process logits in _cache
 
+    @property
+    def top_k(self) -> int:
+        """Logprobs asked per position: the flavour's own where it says (a server that allows
+        fewer lowers it on its first answer), else TOP_K."""
+        return int(getattr(self.engine, "reference_top_k", TOP_K))
+
     def describe(self) -> str:
         if self.engine is None:
             return ("the target's own weights in-process, teacher-forced, shaped by transformers' "
                     "TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper (float64)")
-        return (f"engine {self.engine.server.spec.name!r}'s own top-{TOP_K} raw logprobs over each output, shaped "
+        return (f"engine {self.engine.server.spec.name!r}'s own top-{self.top_k} raw logprobs over each output, shaped "
                 f"where they decide the nucleus")
 
     def raw_many(self, context, outputs: list, keep: bool = False) -> list:
@@ -102,7 +109,7 @@ class Reference:
         if self.engine is None:
             got = dict(zip(todo, teacher_forced_logits(self.target, context, [list(t) for t in todo]) if todo else []))
         else:
-            got = {t: self.engine.prompt_logprobs(list(context), list(t), TOP_K) for t in todo}
+            got = {t: self.engine.prompt_logprobs(list(context), list(t), self.top_k) for t in todo}
         for t, raw in got.items():
             if self.engine is not None:  # top-k dicts: small, and each position cost a request
                 self._cache[(context, t)] = raw
