@@ -26,6 +26,18 @@ def test_an_engine_deaf_on_half_its_prompts_is_caught():
     assert before.simulated < 0.1, before
 
 
+def test_at_a_real_engines_noise_both_rates_hold():
+    """At 1 logit of engine-reference noise (llama.cpp's Q4_1 server read 0.48 against its own
+    prompt logprobs), each in its hard direction: an honest engine 1 logit more peaked than the
+    reference is not called seed-deaf, and one deaf on half its prompts whose reference is 1 logit
+    more peaked than it is still caught at >= 0.8 (top 0.9, 8 prompts x 48 tokens)."""
+    rng = np.random.default_rng(3)
+    honest, _ = cal.alarms(cal.shifted(0.9, 1.0), 0.9, 8, 48, 0, 300, rng)
+    assert honest.simulated == 0.0, honest
+    deaf, _ = cal.alarms(0.9, cal.shifted(0.9, 1.0), 8, 48, 4, 100, rng)
+    assert deaf.simulated >= 0.8, deaf
+
+
 def test_the_noise_raises_each_token_and_fisher_combines_prompts():
     """0.98 raised by the 3.02 logits between 0.999 and 0.98 is 0.999; with no noise it stays; a
     prompt whose pairs differ (log p 0) only adds degrees of freedom."""

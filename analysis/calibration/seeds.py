@@ -43,6 +43,11 @@ def noise_between(engine_top: float, ref_top: float) -> float:
     return abs(logit(engine_top) - logit(ref_top))
 
 
+def shifted(p: float, noise: float) -> float:
+    """The probability whose logit is `noise` above p's."""
+    return 1.0 / (1.0 + (1.0 - p) / p * math.exp(-noise))
+
+
 def alarms(engine_top: float, ref_top: float, prompts: int, tokens: int, deaf: int, studies: int, rng,
            noise: float | None = None) -> tuple[Rate, Rate]:
     """(P(the gate calls the seed ignored), P(the rule before did)) over ``studies`` studies with
@@ -93,4 +98,25 @@ def report_lines(*, rng, grid: str = "full") -> list[str]:
         deaf = round(share * 8)
         now, before = alarms(pe, pr, 8, tokens, deaf, n_deaf, rng)
         out.append(f"| {pe:g} | {pr:g} | {noise_between(pe, pr):.2f} | 8 | {deaf} | {_ci(now)} | {_ci(before)} |")
+    return out + [""] + noise_lines(rng=rng, grid=grid)
+
+
+def noise_lines(*, rng, grid: str) -> list[str]:
+    """Both rates at the engine-reference noise real engines show (0.1-1 logits), each in its hard
+    direction: an honest engine more peaked than its reference by the noise (it repeats itself
+    more often than the reference says), and a deaf one whose reference is more peaked than it by
+    the noise (the raise by the noise then makes its repeats look likelier than they are)."""
+    noises, tops = pick((0.1, 0.25, 0.5, 1.0), (0.5,), grid), pick((0.9, 0.95), (0.9,), grid)
+    n_honest, n_deaf = pick(10_000, 300, grid), pick(2000, 100, grid)
+    out = ["### At real engines' noise (0.1-1 logits, e.g. 0.48 between llama.cpp's Q4_1 server and its own "
+           "prompt logprobs): honest engine more peaked than the reference, deaf engine less peaked", "",
+           f"False alarms at {n_honest:,} studies per row, detection (deaf on 4 of 8 prompts) at {n_deaf:,}; "
+           f"8 prompts x 48 tokens.", "",
+           "| top (reference, honest; engine, deaf) | noise (logits) | honest: false alarm | deaf on 4 of 8: detected |",
+           "|---|---|---|---|"]
+    for top in tops:
+        for noise in noises:
+            honest, _ = alarms(shifted(top, noise), top, 8, 48, 0, n_honest, rng)
+            deaf, _ = alarms(top, shifted(top, noise), 8, 48, 4, n_deaf, rng)
+            out.append(f"| {top:g} | {noise:g} | {_ci(honest)} | {_ci(deaf)} |")
     return out + [""]
