@@ -327,35 +327,41 @@ def run_decoder(ctx: Context, spec: DecoderSpec, block: list) -> None:
                             + (f" (+{len(items) - 1})" if len(items) > 1 else ""), refresh=False)
     base = spec.name in ledger.base_names
     limits = [item_limit(ctx.policy, None if base else ledger.baseline_wall(w)) for w in items]
-    vocab = vocabulary(target)
-    answered = set()
     with ctx.inflight.item(spec.name, items, None if None in limits else sum(limits), lineup.fingerprints[spec.name]):
-        try:
-            if getattr(decoder, "engine_down", None):
-                raise decoder.engine_down
-            for i, result in results(decoder, requests, ctx.policy.keep_going):
-                answered.add(i)
-                if isinstance(result, Exception) and not isinstance(result, DecoderError):
-                    result = broke(ctx, spec, items[i], result, decoder)
-                    if result is None:  # the candidate stops here
-                        break
-                elif not isinstance(result, DecoderError) and (why := garbage(result, requests[i], vocab)):
-                    result = DecoderError(f"a result that cannot be judged: {why}")
-                record(ctx, spec, items[i], result, found[i])
-        except EngineDown as e:
-            if not candidate_alone_on(ctx, spec):
-                raise  # the baseline's engine: nothing left to compare against; the run stops to resume
-            # A candidate's own engine died (e.g. a request that kills it): its items are errors
-            # naming why, and the run goes on with the others.
-            if not getattr(decoder, "engine_down", None):
-                print(f"decodegate: {spec.name}: {str(e).splitlines()[0]}; its items are errors", file=sys.stderr)
-            decoder.engine_down = e
-            for i, w in enumerate(items):
-                if i not in answered:
-                    record(ctx, spec, w, DecoderError(str(e)), found[i])
+        generate_rows(ctx, spec, decoder, items, requests, found, vocabulary(target))
     batch = getattr(decoder, "last_batch", None)
     if batch and batch.get("proposed"):
         ledger.batches.write({"candidate": spec.name, **batch})
+
+
+def generate_rows(ctx: Context, spec: DecoderSpec, decoder, items: list, requests: list, found: list, vocab) -> None:
+    """Generate and write each item's row: a result, a per-item error, or a result that cannot be
+    judged (named as such). A candidate's own engine that stops answering makes its unanswered
+    items errors; the baseline's raises EngineDown."""
+    answered = set()
+    try:
+        if getattr(decoder, "engine_down", None):
+            raise decoder.engine_down
+        for i, result in results(decoder, requests, ctx.policy.keep_going):
+            answered.add(i)
+            if isinstance(result, Exception) and not isinstance(result, DecoderError):
+                result = broke(ctx, spec, items[i], result, decoder)
+                if result is None:  # the candidate stops here
+                    break
+            elif not isinstance(result, DecoderError) and (why := garbage(result, requests[i], vocab)):
+                result = DecoderError(f"a result that cannot be judged: {why}")
+            record(ctx, spec, items[i], result, found[i])
+    except EngineDown as e:
+        if not candidate_alone_on(ctx, spec):
+            raise  # the baseline's engine: nothing left to compare against; the run stops to resume
+        # A candidate's own engine died (e.g. a request that kills it): its items are errors
+        # naming why, and the run goes on with the others.
+        if not getattr(decoder, "engine_down", None):
+            print(f"decodegate: {spec.name}: {str(e).splitlines()[0]}; its items are errors", file=sys.stderr)
+        decoder.engine_down = e
+        for i, w in enumerate(items):
+            if i not in answered:
+                record(ctx, spec, w, DecoderError(str(e)), found[i])
 
 
 def record(ctx: Context, spec: DecoderSpec, w: WorkItem, result, found) -> None:
