@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${1:-vllm-measure}"); REPEATS=${2:-3}; RATE=${3:-1}
-PY=${PY:-/tmp/fresh2/.venv/bin/python}; VLLM=${VLLM:-.venv-vllm/bin/vllm}; PORT=${PORT:-8470}
+PY=${PY:-.venv/bin/python}; VLLM=${VLLM:-.venv-vllm/bin/vllm}; PORT=${PORT:-8470}
 mkdir -p "$OUT"
 MODEL=$(PYTHONPATH=$PWD "$PY" -c "from harness.run.engines import model_folder; print(model_folder('smollm2-135m'))")
 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 "$VLLM" serve "$MODEL" \
@@ -28,35 +28,8 @@ until curl -sf "127.0.0.1:$PORT/health" >/dev/null; do
 for _ in 1 2 3; do curl -sf "127.0.0.1:$PORT/v1/completions" -H 'content-type: application/json' \
   -d '{"model":"smollm2-135m","prompt":"Hi","max_tokens":8}' >/dev/null; done
 
-cat > "$OUT/config.toml" <<EOF
-target = "smollm2-135m"
-[engines.plain]
-base_url = "http://127.0.0.1:$PORT"
-model = "smollm2-135m"
-[baseline]
-name = "vllm"
-decoder = "vllm"
-options = { engine = "plain" }
-[[candidates]]
-name = "vllm-again"
-decoder = "vllm"
-kind = "exact"
-options = { engine = "plain" }
-[profiles.aa]
-subset = "smoke"
-suites = ["factual", "code", "refusal"]
-temperatures = [0.0]
-seeds = [0]
-max_new_tokens = 32
-[profiles.load]
-subset = "smoke"
-suites = ["factual"]
-temperatures = [0.0]
-seeds = [0]
-max_new_tokens = 8
-rates = [$RATE]
-load_requests = 20
-EOF
+sed -e "s|{base_url}|http://127.0.0.1:$PORT|" -e "s|^rates = \[1\]|rates = [$RATE]|" scripts/vllm-plain.toml \
+  > "$OUT/config.toml"
 regress() { PYTHONPATH=$PWD "$PY" -m harness.cli regress --config "$OUT/config.toml" --no-tracking --no-progress "$@" || true; }
 [ -n "${SKIP_AA:-}" ] || regress --profile aa --run-dir "$OUT/aa" --baseline-store "$OUT/aa-store"
 
