@@ -107,4 +107,26 @@ def report_lines(*, rng, grid: str = "full") -> list[str]:
     needed = ", ".join(f"{r:g}: {floor.plan(r, 10, tol, ALPHA)['needed']}" for r in rates)
     out += ["", f"Prompts the plan asks for (a correct engine passes with probability >= {floor.PLAN_PASS}), by "
             f"noise rate: {needed}.", ""]
-    return out
+    return out + planned_size_lines(rates, sizes, studies, rng)
+
+
+def planned_size_lines(rates, sizes, studies: int, rng) -> list[str]:
+    """The noise rates no grid size is enough for, at the size the plan asks for: a correct
+    engine's false fails there are the plan's own 1 - P(pass), by construction near 0.05."""
+    tol = GATES.aa_excess_tolerance
+    rows = []
+    for r in rates:
+        n = floor.plan(r, max(sizes), tol, ALPHA)["needed"]
+        if n is None or n <= max(sizes):
+            continue
+        p = floor.plan(r, n, tol, ALPHA)
+        ok, bug, wide = (fail_rate(r, n, shape, studies, rng) for shape in ("correct", "small-margins", "wider-noise"))
+        rows.append(f"| {r:g} | {n} | {p['pass_correct']:.4f} | {ok.simulated:.4f} ± {1.96 * ok.mc_se:.4f} | "
+                    f"{p['fail_doubled']:.4f} | {bug.simulated:.4f} ± {1.96 * bug.mc_se:.4f} | "
+                    f"{wide.simulated:.4f} ± {1.96 * wide.mc_se:.4f} |")
+    if not rows:
+        return []
+    return [f"### At the size the plan asks for, where no grid size up to {max(sizes)} prompts is enough", "",
+            "| noise rate | prompts (plan) | plan P(pass) correct | simulated fail: correct | plan P(fail) doubled "
+            "| simulated fail: small-margin bug | simulated fail: wider-noise bug |",
+            "|---|---|---|---|---|---|---|", *rows, ""]
