@@ -103,7 +103,7 @@ def smollm2():
 # after f11f2a5, the default model already converted by `make install` (the first ones start
 # together, one per worker, so their order among them does not matter).
 LONG_FIRST = (
-    "test_vllm.py",                      # ~490-575 s at load 9-15: two real vLLM servers (~90 s to start), one regress
+    "test_vllm.py",                      # ~370-420 s quiet, ~600 s under load: three vLLM servers (~90 s to start), four regress runs
     "test_watch_engine.py",              # ~400-660 s at load 9-15: a real llama.cpp regress, then watch runs
     "test_exactness_int8.py",            # ~200 s: real smollm2 + int8 draft, two regress runs
     "test_engine_sampled.py",            # ~195 s: five real llama.cpp candidates, three seeds
