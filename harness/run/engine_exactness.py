@@ -305,14 +305,15 @@ def seed_check(ref: Reference, base: Seqs, aa: Seqs | None, control: dict | None
     identical pair has p-value its sample's chance under the reference, each token's probability
     raised by the measured engine-reference noise (`ref.noise`: an engine more peaked than the
     reference repeats itself more often than the reference says), times the prompt's pairs
-    (Bonferroni); a prompt whose pairs differ gives 1. `ignored` when Fisher's combination over the
+    (Bonferroni); a prompt whose pairs differ gives 1, and so does a repeat holding a token of
+    probability 0 under the reference (`off_reference`). `ignored` when Fisher's combination over the
     prompts is below SEED_LEVEL. `control`: the baseline engine's own seed_check, for a candidate
     (see `_against_control`)."""
     noise = float(getattr(ref, "noise", 0.0) or 0.0)
     by_key: dict = {}
     for r, req in base.rows:
         by_key.setdefault((r["suite"], r["item_id"], r["temperature"]), []).append((r, req))
-    pairs, identical, log_chance, left_out, per_prompt, repeated = 0, 0, 0.0, 0, [], 0
+    pairs, identical, log_chance, left_out, per_prompt, repeated, off_reference = 0, 0, 0.0, 0, [], 0, 0
     for group in by_key.values():
         mine, chances = 0, []
         for (a, req), (b, _) in zip(group, group[1:]):
@@ -326,15 +327,22 @@ def seed_check(ref: Reference, base: Seqs, aa: Seqs | None, control: dict | None
                 rows = ref.rows(req.prompt_ids, a["tokens"], req)
                 # A position the reference leaves out counts as probability 1: `chance` is an upper bound.
                 probs = [float(row[tok]) for row, tok in zip(rows, a["tokens"]) if row is not None]
+                left_out += sum(row is None for row in rows)
+                if min(probs, default=1.0) <= 0.0:
+                    # A token the reference calls impossible: the engine does not sample from the
+                    # reference there (the PIT's finding), so the reference cannot score how likely
+                    # the repeat was. vLLM-CPU's draft-model candidate repeated 32 such tokens at
+                    # two seeds, and "probability 0" read as a certain ignored seed.
+                    off_reference += 1
+                    continue
                 log_chance += sum(math.log(max(p, 1e-300)) for p in probs)
                 chances.append(float(raised(probs, noise).sum()))
-                left_out += sum(row is None for row in rows)
         if mine:
             repeated += bool(chances)
             per_prompt.append(min(0.0, math.log(mine) + min(chances)) if chances else 0.0)
     chance = math.exp(log_chance) if pairs else None
     pvalue = combined_pvalue(per_prompt)
-    out = {"pairs": pairs, "identical": identical, "chance": chance, "left_out": left_out,
+    out = {"pairs": pairs, "identical": identical, "chance": chance, "left_out": left_out, "off_reference": off_reference,
            "prompts": len(per_prompt), "repeated_prompts": repeated, "pvalue": pvalue, "noise": noise,
            "ignored": bool(pairs and pvalue is not None and pvalue < SEED_LEVEL)}
     if control is not None:

@@ -122,12 +122,16 @@ def _unchecked(seeds: dict, undecided: str, name: str, whose: str) -> GateResult
     """Identical samples at every pair of seeds that the chance bound cannot call ignored because
     positions the reference left out count as probability 1 (the bound is loose, not the engine
     honest): inconclusive, not a warning, or a seed-deaf engine passes on a run with a loose bound."""
-    if not seeds.get("left_out") or seeds.get("ignored") or seeds["identical"] != seeds["pairs"]:
+    off = seeds.get("off_reference") or 0
+    if not (seeds.get("left_out") or off) or seeds.get("ignored") or seeds["identical"] != seeds["pairs"]:
         return None
+    why = [f"{seeds['left_out']} position(s) the reference left out (counted as probability 1)"] if seeds.get("left_out") else []
+    if off:
+        why.append(f"{off} repeat(s) holding a token the reference gives probability 0, which it cannot score "
+                   f"(the engine does not sample from it there)")
     return GateResult(name, undecided, f"inconclusive: {whose} samples at different seeds are "
                       f"identical on all {seeds['pairs']} pair(s); an honoured seed would give that with probability "
-                      f"at most {seeds['chance']:.2g}, a bound loosened by {seeds['left_out']} position(s) the "
-                      f"reference left out (counted as probability 1): more seeds or items decide")
+                      f"at most {seeds['chance']:.2g}, a bound loosened by {' and '.join(why)}: more seeds or items decide")
 
 
 def _repeats(seeds: dict) -> str:
