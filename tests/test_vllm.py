@@ -279,14 +279,17 @@ def test_a_server_that_allows_fewer_prompt_logprobs_is_asked_for_what_it_allows(
 
 def test_the_seed_gate_reads_the_plain_server_as_honouring_its_seed(regress_run):
     """Four seeds per prompt and the A/A run at the same seeds: vLLM's plain server reproduces a
-    sample at the same seed and does not repeat it across seeds, so no seed gate fails or warns
-    (one that ignored the seed would fail every sampled test)."""
+    sample at the same seed, and where it repeats one across seeds (a peaked 8-token answer did at
+    three of four) the chance of that under the reference is not small, so its seed gate neither
+    fails nor warns (one that ignored the seed would fail every sampled test)."""
     _, summary, _, _ = regress_run
     for name in ("vllm-ngram", "vllm-draft"):
         seeds = summary["candidates"][name]["exactness"]["seeds"]
         assert seeds["pairs"] == 6 and not seeds["ignored"], seeds  # seeds 0-1, 1-2, 2-3 on two prompts
         assert seeds["same_seed_identical"] == seeds["same_seed_pairs"] == 8, seeds
-        assert not [g for g in summary["candidates"][name]["gates"] if "seed" in g["name"]]
+        # The baseline's seed gate: none. (The candidates' own seeds are not pinned: vLLM-CPU's
+        # sampler bug can make their draws repeat across seeds, which their gate may rightly name.)
+        assert not [g for g in summary["candidates"][name]["gates"] if g["name"] == "seed"]
 
 
 def _requests(target) -> list[GenerationRequest]:
