@@ -343,9 +343,11 @@ def test_a_wrong_model_and_a_tokenizer_that_disagrees_are_refused(servers, tiny_
 
 
 # decodegate's load p50s over `vllm bench serve`'s, on the same server, prompts, rate and token
-# budget, agree within this factor: the largest ratio between two runs of one tool in six
-# interleaved repeats on this shared 2-core machine (docs/vllm.md, "Load figures").
-BENCH_TOLERANCE = 2.1
+# budget, agree within this factor. On a quiet machine they agreed within 2%; over six repeats on a
+# shared one, one tool's own p50 moved by up to 2.07x; inside `make test`, with the other worker's
+# tests loading both cores, decodegate read up to 2.59x the benchmark's (docs/vllm.md, "Load
+# figures"). The factor is the largest ratio measured where this test runs, rounded up.
+BENCH_TOLERANCE = 3.0
 
 
 def test_load_figures_agree_with_vllm_bench_serve(servers, tmp_path):
