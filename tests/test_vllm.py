@@ -232,7 +232,7 @@ def test_vllm_cpu_ngram_accepts_no_draft_past_the_first_at_t_above_0(regress_run
     """The same bug on the n-gram candidate, as its acceptance telemetry shows it in every run: at
     T = 0.7 no draft past position 0 is ever accepted, while at T = 0 later positions are. Whether
     its sampled tokens also leave the target's distribution depends on the uninitialised memory of
-    that server's run: its PIT failed in 6 of 8 runs on 2026-12-05 (8-15 tokens of probability 0
+    that server's run: its PIT failed in 7 of 9 runs on 2026-12-05 (8-16 tokens of probability 0
     at four seeds) and passed in 2 (p = 0.064 over 77 tokens, p = 0.151 over 179, none of
     probability 0), so the PIT verdict is
     not pinned here; the control passes in every run. A vLLM that fixes its sampler accepts later
