@@ -215,7 +215,7 @@ class VLLMDecoder(OpenAICompletionsDecoder):
 
     # Top-k asked of vLLM as an exactness reference. At T = 0.7 and top-p 0.95, smollm2's nucleus
     # reaches past the top 20 at many positions, and the reference must see the whole nucleus to
-    # test a token (docs/vllm.md, "The engine as the reference"); vLLM allows 20 unless launched
+    # test a token (docs/vllm.md, "Against the other reference"); vLLM allows 20 unless launched
     # with `--max-logprobs`, and then answers with what it allows (`prompt_logprobs`).
     reference_top_k = 1000
 
