@@ -24,7 +24,7 @@ LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
                     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
                     -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-server-only.cmake
 
-.PHONY: install llama-server tools vllm vllm-own setup check test calibrate regress decide regress-engine regress-vllm bench ui clean
+.PHONY: install llama-server tools vllm vllm-own setup check test docs calibrate regress decide regress-engine regress-vllm bench ui clean
 
 install: $(STAMP)
 
@@ -113,6 +113,12 @@ test: setup
 # broken verifier, gate or sandbox layer (docs/test-suite.md names the tests). No llama.cpp build.
 check: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=10 -m "not full" tests
+
+# The regress config's JSON Schema (regress.schema.json, which the shipped configs' #:schema line
+# names) and docs/configuration.md's key tables, written from harness/config_schema.py; a quick
+# test (tests/test_config_schema.py) fails when either is stale.
+docs: $(STAMP)
+	$(BIN)/decodegate config-schema --output regress.schema.json --docs docs/configuration.md
 
 # The calibration studies' full grids (minutes): regenerates analysis/calibration/CALIBRATION.md.
 calibrate: $(STAMP)

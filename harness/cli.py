@@ -24,6 +24,7 @@ COMMANDS = {
     "watch": ("harness.commands.watch", "watch a live engine's acceptance against the verdict's; alarm on a drop"),
     "export-monitoring": ("harness.commands.monitoring", "Prometheus alert rules and a Grafana dashboard from a run's acceptance"),
     "exit-frontier": ("harness.exits.frontier", "early-exit threshold sweep: speed against quality, Pareto figure"),
+    "config-schema": ("harness.commands.config_schema", "print the regress config's JSON Schema (editors validate with it)"),
 }
 
 # Our input errors are ValueError subclasses defined in these packages.
