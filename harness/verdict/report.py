@@ -15,23 +15,49 @@ HEADER = ("candidate", "suite", "identity T=0", "quality delta (lower bound)", "
           "verdict")
 
 
+def _identity_cell(ident: dict | None) -> str:
+    if not ident:
+        return "–"
+    return (f"{ident['identical']}/{ident['n']}" + (f" ({ident['near_ties']} tie)" if ident["near_ties"] else "")
+            + (f" ({ident['errored']} errored)" if ident.get("errored") else ""))
+
+
+def _quality_cell(q: dict | None) -> str:
+    """The bound the gate decides on: one-sided, at the level of the non-inferiority test; under
+    looks the repeated bound at the look's boundary."""
+    if not q:
+        return "–"
+    seq = q.get("sequential")
+    if seq and seq["looks"] and seq["looks"][-1].get("lower_bound") is not None:
+        return f"{q['statistic']:+.3f} (>= {seq['looks'][-1]['lower_bound']:+.3f}, look {seq['look']}/{seq['of']})"
+    return (f"{q['statistic']:+.3f} (>= {q['non_inferiority']['lower_bound']:+.3f}, "
+            f"{1 - q['non_inferiority']['alpha']:.0%})")
+
+
+def _suite_gates(cand: dict, suite: str) -> list[dict]:
+    return [g for g in cand["gates"] if f" {suite} " in f" {g['name']} "   # whole words: not code in code_long
+            or (suite == "refusal" and g["name"] == "refusal behaviour")]
+
+
+def _worst(gates: list[dict]) -> str:
+    return next((g["status"] for g in gates if g["status"] == "fail"),
+                next((g["status"] for g in gates if g["status"] != "pass"), "pass" if gates else "–"))
+
+
+def _all_cell(cand: dict) -> str:
+    """The candidate's verdict, naming the gates that no suite row shows (speed, the A/A floor,
+    coverage, ...) when one of them is what failed or warned: a row of "pass" and an ALL of "FAIL"
+    then say why, rather than contradict each other."""
+    shown = {id(g) for suite in cand["suites"] for g in _suite_gates(cand, suite)}
+    run_level = [g["name"] for g in cand["gates"] if id(g) not in shown and g["status"] != "pass"]
+    return cand["verdict"].upper() + (f" (run-level: {', '.join(dict.fromkeys(run_level))})" if run_level else "")
+
+
 def verdict_rows(summary: dict) -> list[tuple]:
     """The verdict table's rows (no header): per candidate and suite, then the candidate's ALL row."""
     rows = []
     for name, cand in summary["candidates"].items():
         for suite, s in cand["suites"].items():
-            ident = s.get("identity", {}).get("T=0")
-            ident_s = (f"{ident['identical']}/{ident['n']}" + (f" ({ident['near_ties']} tie)" if ident["near_ties"] else "")
-                       + (f" ({ident['errored']} errored)" if ident.get("errored") else "")) if ident else "–"
-            q = s.get("quality")
-            # The bound the gate decides on: one-sided, at the level of the non-inferiority test.
-            q_s = (f"{q['statistic']:+.3f} (>= {q['non_inferiority']['lower_bound']:+.3f}, "
-                   f"{1 - q['non_inferiority']['alpha']:.0%})") if q else "–"
-            seq = (q or {}).get("sequential")
-            if seq and seq["looks"] and seq["looks"][-1].get("lower_bound") is not None:
-                # Under looks the bound that holds is the repeated one at the look's boundary.
-                q_s = (f"{q['statistic']:+.3f} (>= {seq['looks'][-1]['lower_bound']:+.3f}, "
-                       f"look {seq['look']}/{seq['of']})")
             sp = s.get("speedup")
             sp_s = f"{sp['statistic']:.2f}x" if sp and "statistic" in sp else "–"  # not a step that lacked data
             extra = "–"
@@ -40,12 +66,9 @@ def verdict_rows(summary: dict) -> list[tuple]:
                 extra = f"α={_fmt(a['alpha'])} τ={_fmt(a['tau'])}"
             elif "mean_layers" in s.get("exits", {}):
                 extra = f"{s['exits']['mean_layers']:.1f}/{s['exits']['num_layers']} layers"
-            mine = [g for g in cand["gates"] if f" {suite} " in f" {g['name']} "   # whole words: not code in code_long
-                    or (suite == "refusal" and g["name"] == "refusal behaviour")]
-            verdict = next((g["status"] for g in mine if g["status"] == "fail"),
-                           next((g["status"] for g in mine if g["status"] != "pass"), "pass" if mine else "–"))
-            rows.append((name, suite, ident_s, q_s, sp_s, extra, verdict))
-        rows.append((name, "ALL", "", "", _speedup(cand.get("speedup")), "", cand["verdict"].upper()))
+            rows.append((name, suite, _identity_cell(s.get("identity", {}).get("T=0")), _quality_cell(s.get("quality")),
+                         sp_s, extra, _worst(_suite_gates(cand, suite))))
+        rows.append((name, "ALL", "", "", _speedup(cand.get("speedup")), "", _all_cell(cand)))
     return rows
 
 
@@ -110,11 +133,27 @@ def _named(name: str, gate: str | None, detail: str) -> str:
     return f"{name}: {gate}: {detail}" if gate else f"{name}: {detail}"
 
 
+def bound_words(sp: dict) -> str:
+    """The speedup's one-sided lower bound as what it means: a figure, or why there is none (too
+    few prompts; lengths too spread; an interval that reaches down to 0, which bounds nothing)."""
+    from analysis.latency import MIN_PROMPTS
+    bound, n = sp.get("lower_bound"), sp.get("n_prompts") or 0
+    spread, limit = sp.get("length_log_sd"), sp.get("length_log_sd_limit")
+    if bound is not None and bound > 0:
+        return f">= {bound:.2f}x"
+    if bound is not None:
+        return f"no bound: the interval over {n} prompts reaches 0; more prompts narrow it"
+    if n < MIN_PROMPTS:
+        return f"no bound: {n} prompt{'s' * (n != 1)}, {MIN_PROMPTS} needed"
+    if spread is not None and limit is not None and spread > limit:
+        return f"no bound: output lengths too spread (log-sd {spread:.2f} > {limit:.2f} at {n} prompts)"
+    return f"no bound: no spread between the {n} prompts' speedups to bound it by"
+
+
 def _speedup(sp: dict | None) -> str:
     if not sp or "statistic" not in sp:
         return "–"
-    bound = sp.get("lower_bound")
-    return f"{sp['statistic']:.2f}x" + (f" (>= {bound:.2f})" if bound is not None else "")
+    return f"{sp['statistic']:.2f}x ({bound_words(sp)})"
 
 
 def _p95(per: dict) -> str:
@@ -141,7 +180,7 @@ def statistics_lines(summary: dict) -> str:
         sp = cand.get("speedup")
         if sp and sp.get("median_prompt_speedup") is not None:
             lines.append(f"speedup {name}: {sp['statistic']:.2f}x (ratio of totals), one-sided "
-                         f"{_fmt(sp.get('lower_bound_level'), '.0%')} lower bound {_fmt(sp.get('lower_bound'))}x "
+                         f"{_fmt(sp.get('lower_bound_level'), '.0%')}: {bound_words(sp)} "
                          f"({sp.get('interval', 'jackknife')} over {sp.get('n_prompts')} prompts, {sp['n']} pairs); "
                          f"per-prompt median "
                          f"{sp['median_prompt_speedup']:.2f}x, {sp['share_prompts_slower']:.0%} of prompts slower")

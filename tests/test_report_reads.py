@@ -1,0 +1,46 @@
+"""The report read cold (issue 61, `make regress-vllm` tried as a new user would): each suite row
+said "pass" while the ALL row said "FAIL" (the failing gate was a run-level one, which no row
+named), and a speedup's lower bound that means "none" printed as "(>= 0.00)"."""
+from __future__ import annotations
+
+from harness.verdict import report
+
+
+def _gate(name: str, status: str) -> dict:
+    return {"name": name, "status": status, "detail": f"{name} detail"}
+
+
+def _summary(gates: list[dict], verdict: str, speedup: dict | None = None) -> dict:
+    suite = {"identity": {"T=0": {"identical": 6, "n": 6, "near_ties": 0}}}
+    return {"verdict": verdict, "candidates": {"spec": {
+        "suites": {"factual": suite, "code": suite}, "gates": gates, "verdict": verdict,
+        "speedup": speedup or {"statistic": 1.4, "lower_bound": 1.1, "lower_bound_level": 0.95, "n_prompts": 12}}}}
+
+
+def test_a_run_level_failure_is_named_on_the_all_row_the_suite_rows_pass():
+    gates = [_gate("identity factual", "pass"), _gate("identity code", "pass"), _gate("speed", "fail"),
+             _gate("aa floor", "warn")]
+    rows = report.verdict_rows(_summary(gates, "fail"))
+    assert [r[-1] for r in rows if r[1] != "ALL"] == ["pass", "pass"]
+    assert rows[-1][-1] == "FAIL (run-level: speed, aa floor)"  # before: "FAIL", beside rows of "pass"
+    md = report.markdown(_summary(gates, "fail"))
+    assert "FAIL (run-level: speed, aa floor)" in md
+
+
+def test_a_failing_suite_row_is_not_repeated_as_run_level():
+    gates = [_gate("identity factual", "fail"), _gate("identity code", "pass")]
+    rows = report.verdict_rows(_summary(gates, "fail"))
+    assert rows[0][-1] == "fail" and rows[-1][-1] == "FAIL"
+
+
+def test_a_speedup_bound_that_is_none_says_why_never_a_bare_zero():
+    cases = [({"lower_bound": None, "n_prompts": 6}, "no bound: 6 prompts, 8 needed"),
+             ({"lower_bound": 0.0, "n_prompts": 12}, "no bound: the interval over 12 prompts reaches 0; more prompts narrow it"),
+             ({"lower_bound": None, "n_prompts": 40, "length_log_sd": 1.2, "length_log_sd_limit": 0.9},
+              "no bound: output lengths too spread (log-sd 1.20 > 0.90 at 40 prompts)"),
+             ({"lower_bound": 1.07, "n_prompts": 12}, ">= 1.07x")]
+    for sp, words in cases:
+        sp = {"statistic": 1.3, "lower_bound_level": 0.95, **sp}
+        cell = report.verdict_rows(_summary([], "pass", sp))[-1][4]
+        assert cell == f"1.30x ({words})", cell
+        assert "(>= 0.00)" not in cell
