@@ -229,8 +229,12 @@ def plan_table(config, suites, plan_from: str | None = None) -> str:
         if not n:
             continue
         p = plan(round(rate, 6), n, g.aa_excess_tolerance, g.alpha)
-        verdict = "enough" if p["enough"] else (f"not enough: about {p['needed']} would" if p["needed"]
-                                                 else f"not enough at any size up to {PLAN_MAX_N}")
+        # A plan that predicts a refusal says so, and what would decide (not a bare probability).
+        likely = (f"; with {n}, a correct candidate likely ends inconclusive (it passes "
+                  f"{p['pass_correct']:.0%} of the time)" if p["pass_correct"] < 0.5 else "")
+        verdict = "enough" if p["enough"] else (
+            f"not enough: about {p['needed']} would decide (more seeds or prompts){likely}" if p["needed"]
+            else f"not enough at any size up to {PLAN_MAX_N}{likely}")
         lines.append(f"  {s.name:<12} {n:>5} greedy prompts: P(pass | correct) {p['pass_correct']:.3f}, "
                      f"P(fail | rate doubled) {p['fail_doubled']:.3f}; {verdict}")
     return "\n".join(lines)
