@@ -22,9 +22,11 @@ def test_a_run_level_failure_is_named_on_the_all_row_the_suite_rows_pass():
              _gate("aa floor", "warn")]
     rows = report.verdict_rows(_summary(gates, "fail"))
     assert [r[-1] for r in rows if r[1] != "ALL"] == ["pass", "pass"]
-    assert rows[-1][-1] == "FAIL (run-level: speed, aa floor)"  # before: "FAIL", beside rows of "pass"
+    assert rows[-1][-1] == "FAIL (run-level fail: speed; warn: aa floor)"  # before: "FAIL", beside rows of "pass"
     md = report.markdown(_summary(gates, "fail"))
-    assert "FAIL (run-level: speed, aa floor)" in md
+    assert "FAIL (run-level fail: speed; warn: aa floor)" in md
+    passed = report.verdict_rows(_summary([_gate("identity factual", "pass"), _gate("aa floor", "warn")], "pass"))
+    assert passed[-1][-1] == "PASS (warn: aa floor)"
 
 
 def test_a_failing_suite_row_is_not_repeated_as_run_level():

@@ -49,8 +49,11 @@ def _all_cell(cand: dict) -> str:
     coverage, ...) when one of them is what failed or warned: a row of "pass" and an ALL of "FAIL"
     then say why, rather than contradict each other."""
     shown = {id(g) for suite in cand["suites"] for g in _suite_gates(cand, suite)}
-    run_level = [g["name"] for g in cand["gates"] if id(g) not in shown and g["status"] != "pass"]
-    return cand["verdict"].upper() + (f" (run-level: {', '.join(dict.fromkeys(run_level))})" if run_level else "")
+    run_level = [g for g in cand["gates"] if id(g) not in shown and g["status"] != "pass"]
+    parts = [f"{label}: {', '.join(dict.fromkeys(g['name'] for g in run_level if (g['status'] == 'fail') == failed))}"
+             for label, failed in (("run-level fail", True), ("warn", False))
+             if any((g["status"] == "fail") == failed for g in run_level)]
+    return cand["verdict"].upper() + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def verdict_rows(summary: dict) -> list[tuple]:
@@ -187,9 +190,10 @@ def statistics_lines(summary: dict) -> str:
         pit = ((cand.get("exactness") or {}).get("pit") or {})
         for subset, res in (pit.get("subsets") or {}).items():
             det = res.get("detectable_tv")
+            reach = (f"detects a top-two distortion of TV >= {det:.3f} with 80% power" if det is not None else
+                     "too few tokens to detect any top-two distortion with 80% power")
             lines.append(f"exactness {name} PIT {subset}: {res.get('n', 0)} tokens, p={_fmt(res.get('pvalue'), '.3g')}"
-                         f", {res.get('rejected', 0)} rejected drafts; detects a top-two distortion of TV >= "
-                         f"{_fmt(det, '.3f', 'none')} with 80% power")
+                         f", {res.get('rejected', 0)} rejected drafts; {reach}")
         if pit.get("reference"):
             lines.append(f"exactness {name} reference: {pit['reference']}")
         for control, what in (("control", "the baseline's own samples"), ("draft_control", "the draft's proposals "

@@ -219,6 +219,99 @@ def acceptance_by_temperature(pairs, rng) -> dict:
     return out
 
 
+def _header(config: RegressConfig, suites: list, base_rows: list[dict], numerics: dict | None) -> dict:
+    """The run's part of the summary: what ran, the near-tie threshold, the baseline's latency."""
+    fresh = [r for r in base_rows if r.get("tokens") and not r.get("reused")]
+    return {"target": config.target, "profile": config.profile.name, "baseline": config.baseline.name,
+            "seeds": list(config.profile.seeds), "temperatures": list(config.profile.temperatures),
+            "near_tie_epsilon": near_tie_epsilon(config, numerics),
+            "labels": config.labels,
+            "suites": {s.name: {"version": s.version, "hash": s.hash, "n_items": len(s.select(config.profile.subset))}
+                       for s in suites},
+            "baseline_latency": step(analysis.latency_summary, fresh) if fresh else None,
+            "candidates": {}}
+
+
+def _pairs(spec, base_rows: list[dict], rows: list[dict], stops: list[dict]) -> tuple[list, list[dict]]:
+    """The candidate's pairs with the baseline, and the baseline rows it is paired against: where
+    the runner stopped it early, only the items it ran."""
+    mine = [r for r in base_rows if spec.suites is None or r["suite"] in spec.suites]
+    if stops:
+        cut = {st["suite"] for st in stops}
+        ran = {(r["suite"], r["item_id"], r["seed"], r["temperature"]) for r in rows}
+        mine = [r for r in mine if not ({"*", r["suite"]} & cut)
+                or (r["suite"], r["item_id"], r["seed"], r["temperature"]) in ran]
+    # Nothing on either side (every suite empty): no pairs, which the gates fail by suite
+    # ("no items"); records on one side only are a pairing error, raised.
+    return (analysis.pair_records(mine, rows) if mine or rows else []), mine
+
+
+def _suites(config: RegressConfig, spec, suites: list, pairs, rng, head: float, eps, stopped: bool) -> dict:
+    per_suite = {}
+    for suite in suites:
+        ps = [p for p in pairs if p.key.suite == suite.name]
+        if ps:
+            per_suite[suite.name] = candidate_suite_summary(ps, spec, config.suites[suite.name], config, rng, head,
+                                                            eps=eps)
+            seq = _sequential(config, spec, suite, ps)
+            if seq and "quality" in per_suite[suite.name]:
+                per_suite[suite.name]["quality"]["sequential"] = seq
+        elif suite.name in gated_suites(config, spec):
+            # A gated suite that yielded nothing must not drop out of the verdict silently.
+            per_suite[suite.name] = {"n_pairs": 0, "no_items": no_items(config, suite, stopped)}
+    return per_suite
+
+
+def _acceptance(cand: dict, spec, pairs, rng) -> None:
+    """α and τ of a drafting candidate: greedy overall and by category, and by temperature."""
+    if not (spec.decoder == "speculative" or any(p.candidate.get("stats", {}).get("proposed") for p in pairs)):
+        return
+    greedy = [p for p in pairs if p.key.temperature == 0 and p.candidate.get("stats", {}).get("proposed")
+              and p.baseline.get("tokens")]
+    if greedy:
+        try:
+            cand["acceptance"] = _plain(analysis.acceptance_summary(greedy, rng=rng))
+            cand["acceptance_by_category"] = {
+                g: _plain(a) for g, a in analysis.acceptance_by_group(greedy, by="category", rng=rng).items()}
+        except ValueError as e:  # telemetry too thin for the statistics (e.g. no draft length)
+            cand["acceptance"] = {"error": str(e)}
+    by_temp = acceptance_by_temperature(pairs, rng)
+    if len(by_temp) > 1 or any(t != "0" for t in by_temp):
+        cand["acceptance_by_temperature"] = by_temp
+
+
+def _candidate(config: RegressConfig, spec, pairs, rows: list[dict], mine: list[dict], per_suite: dict,
+               stops: list[dict], exactness: dict | None, head: float, rng) -> dict:
+    """One candidate's summary, from its pairs and its suites' summaries (the rng's draws in the
+    order they always were: speedup, then acceptance)."""
+    cand = {"decoder": spec.decoder, "kind": spec.kind, "options": spec.options,
+            "target": spec.target or config.target, "labels": spec.labels, "min_speedup": spec.min_speedup,
+            "suites": per_suite}
+    if stops:
+        cand["stopped"] = stops
+    timed = timed_pairs(pairs)
+    if timed:
+        cand["speedup"] = step(analysis.paired_speedup, timed, rng=rng, alpha=config.gates.alpha)
+        cand["speedup"]["rests_on"] = speed_basis(timed, pairs)
+    if any(p.candidate.get("tokens") for p in pairs):
+        cand["latency"] = step(analysis.latency_summary, [p.candidate for p in pairs if p.candidate.get("tokens")])
+    _acceptance(cand, spec, pairs, rng)
+    if spec.decoder == "early-exit":
+        cand["exits"] = exits_step([p.candidate for p in pairs], head)
+    if exactness and spec.name in exactness:
+        cand["exactness"] = _plain(exactness[spec.name])
+    cand["exactness_expected"] = spec.decoder == "speculative" and spec.options.get("verify") == "rejection"
+    if isinstance(spec.options.get("engine"), str) and spec.kind == "exact":
+        # An exact engine's sampled records must have been tested (harness/run/engine_exactness.py).
+        cand["sampled_records"] = sum(1 for r in rows if r.get("temperature", 0) > 0 and r.get("tokens"))
+    if any(r.get("compare_on") == "text" for r in rows + mine):
+        # An engine that returns text only: identity is judged on our tokenization of its text,
+        # and no near-tie forensics are possible (it gave no logprobs tied to token ids).
+        cand["compare_on"] = "text"
+    cand["metrics"] = headline_metrics(cand)
+    return cand
+
+
 def summarize(config: RegressConfig, records: list[dict], suites: list, exactness: dict | None = None,
               rng_seed: int = 0, lm_head_cost: dict | None = None, numerics: dict | None = None,
               stops: list[dict] | None = None) -> dict:
@@ -230,79 +323,16 @@ def summarize(config: RegressConfig, records: list[dict], suites: list, exactnes
     rng = np.random.default_rng(rng_seed)
     by_cand = analysis.split_by_candidate(records)
     base_rows = by_cand.get(config.baseline.name, [])
-    summary = {"target": config.target, "profile": config.profile.name, "baseline": config.baseline.name,
-               "seeds": list(config.profile.seeds), "temperatures": list(config.profile.temperatures),
-               "near_tie_epsilon": near_tie_epsilon(config, numerics),
-               "labels": config.labels,
-               "suites": {s.name: {"version": s.version, "hash": s.hash, "n_items": len(s.select(config.profile.subset))}
-                          for s in suites},
-               "baseline_latency": step(analysis.latency_summary, [r for r in base_rows if r.get("tokens")
-                                                                  and not r.get("reused")])
-               if any(r.get("tokens") and not r.get("reused") for r in base_rows) else None,
-               "candidates": {}}
+    summary = _header(config, suites, base_rows, numerics)
     for spec in config.candidates:
         rows = by_cand.get(spec.name, [])
-        mine = [r for r in base_rows if spec.suites is None or r["suite"] in spec.suites]
         my_stops = [st for st in stops or () if st["candidate"] == spec.name]
-        if my_stops:
-            cut = {st["suite"] for st in my_stops}
-            ran = {(r["suite"], r["item_id"], r["seed"], r["temperature"]) for r in rows}
-            mine = [r for r in mine if not ({"*", r["suite"]} & cut)
-                    or (r["suite"], r["item_id"], r["seed"], r["temperature"]) in ran]
-        # Nothing on either side (every suite empty): no pairs, which the gates fail by suite
-        # ("no items"); records on one side only are a pairing error, raised.
-        pairs = analysis.pair_records(mine, rows) if mine or rows else []
+        pairs, mine = _pairs(spec, base_rows, rows, my_stops)
         head = (lm_head_cost or {}).get(spec.name, 0.0)
-        per_suite = {}
-        for suite in suites:
-            ps = [p for p in pairs if p.key.suite == suite.name]
-            if ps:
-                per_suite[suite.name] = candidate_suite_summary(ps, spec, config.suites[suite.name], config, rng, head,
-                                                                eps=summary["near_tie_epsilon"]["value"])
-                seq = _sequential(config, spec, suite, ps)
-                if seq and "quality" in per_suite[suite.name]:
-                    per_suite[suite.name]["quality"]["sequential"] = seq
-            elif suite.name in gated_suites(config, spec):
-                # A gated suite that yielded nothing must not drop out of the verdict silently.
-                per_suite[suite.name] = {"n_pairs": 0, "no_items": no_items(config, suite, bool(my_stops))}
-        cand = {"decoder": spec.decoder, "kind": spec.kind, "options": spec.options,
-                "target": spec.target or config.target, "labels": spec.labels, "min_speedup": spec.min_speedup,
-                "suites": per_suite}
-        if my_stops:
-            cand["stopped"] = my_stops
-        timed = timed_pairs(pairs)
-        if timed:
-            cand["speedup"] = step(analysis.paired_speedup, timed, rng=rng, alpha=config.gates.alpha)
-            cand["speedup"]["rests_on"] = speed_basis(timed, pairs)
-        if any(p.candidate.get("tokens") for p in pairs):
-            cand["latency"] = step(analysis.latency_summary, [p.candidate for p in pairs if p.candidate.get("tokens")])
-        if spec.decoder == "speculative" or any(p.candidate.get("stats", {}).get("proposed") for p in pairs):
-            greedy = [p for p in pairs if p.key.temperature == 0 and p.candidate.get("stats", {}).get("proposed")
-                      and p.baseline.get("tokens")]
-            if greedy:
-                try:
-                    cand["acceptance"] = _plain(analysis.acceptance_summary(greedy, rng=rng))
-                    cand["acceptance_by_category"] = {
-                        g: _plain(a) for g, a in analysis.acceptance_by_group(greedy, by="category", rng=rng).items()}
-                except ValueError as e:  # telemetry too thin for the statistics (e.g. no draft length)
-                    cand["acceptance"] = {"error": str(e)}
-            by_temp = acceptance_by_temperature(pairs, rng)
-            if len(by_temp) > 1 or any(t != "0" for t in by_temp):
-                cand["acceptance_by_temperature"] = by_temp
-        if spec.decoder == "early-exit":
-            cand["exits"] = exits_step([p.candidate for p in pairs], head)
-        if exactness and spec.name in exactness:
-            cand["exactness"] = _plain(exactness[spec.name])
-        cand["exactness_expected"] = spec.decoder == "speculative" and spec.options.get("verify") == "rejection"
-        if isinstance(spec.options.get("engine"), str) and spec.kind == "exact":
-            # An exact engine's sampled records must have been tested (harness/run/engine_exactness.py).
-            cand["sampled_records"] = sum(1 for r in rows if r.get("temperature", 0) > 0 and r.get("tokens"))
-        if any(r.get("compare_on") == "text" for r in rows + mine):
-            # An engine that returns text only: identity is judged on our tokenization of its text,
-            # and no near-tie forensics are possible (it gave no logprobs tied to token ids).
-            cand["compare_on"] = "text"
-        cand["metrics"] = headline_metrics(cand)
-        summary["candidates"][spec.name] = cand
+        per_suite = _suites(config, spec, suites, pairs, rng, head, summary["near_tie_epsilon"]["value"],
+                            bool(my_stops))
+        summary["candidates"][spec.name] = _candidate(config, spec, pairs, rows, mine, per_suite, my_stops,
+                                                      exactness, head, rng)
     return summary
 
 
@@ -338,22 +368,7 @@ def headline_metrics(cand: dict) -> dict:
         m["avg_layers"] = cand["exits"]["mean_layers"]
         m["exit_theoretical_speedup"] = cand["exits"]["theoretical_speedup"]
     for suite, s in cand["suites"].items():
-        for t, ident in s.get("identity", {}).items():
-            if not ident.get("n"):  # every pair errored: identity was not measured, which is not 0 divergences
-                continue
-            m[f"{suite}.identity.{t}"] = ident["rate"]
-            m[f"{suite}.real_divergences.{t}"] = ident["real_divergences"]
-        if "quality" in s:
-            q = s["quality"]
-            m[f"{suite}.quality_delta"] = q["statistic"]
-            m[f"{suite}.quality_delta_ci_low"], m[f"{suite}.quality_delta_ci_high"] = q["ci_low"], q["ci_high"]
-            m[f"{suite}.quality_pvalue"] = q["pvalue"]
-            m[f"{suite}.ni_pvalue"] = q["non_inferiority"]["pvalue"]
-            m[f"{suite}.baseline_pass_rate"], m[f"{suite}.candidate_pass_rate"] = q["baseline_mean"], q["candidate_mean"]
-        if ok(s, "speedup"):
-            m[f"{suite}.speedup"] = s["speedup"]["statistic"]
-        if s.get("grade_errors"):
-            m[f"{suite}.grade_errors"] = s["grade_errors"]["n"]
+        m.update(_suite_metrics(suite, s))
     if "exactness" in cand:
         ex = cand["exactness"]
         m["exactness_min_pvalue"] = min((e["pvalue"] for e in ex.get("tests", []) if e.get("pvalue") is not None),
@@ -367,3 +382,25 @@ def headline_metrics(cand: dict) -> dict:
             m[f"exactness_{control}_pvalue"] = res.get("pvalue")
             m[f"exactness_{control}_impossible"] = res.get("impossible")
     return {k: v for k, v in m.items() if isinstance(v, (int, float))}
+
+
+def _suite_metrics(suite: str, s: dict) -> dict:
+    """One suite's metrics, named SUITE.METRIC."""
+    m: dict = {}
+    for t, ident in s.get("identity", {}).items():
+        if not ident.get("n"):  # every pair errored: identity was not measured, which is not 0 divergences
+            continue
+        m[f"{suite}.identity.{t}"] = ident["rate"]
+        m[f"{suite}.real_divergences.{t}"] = ident["real_divergences"]
+    if "quality" in s:
+        q = s["quality"]
+        m[f"{suite}.quality_delta"] = q["statistic"]
+        m[f"{suite}.quality_delta_ci_low"], m[f"{suite}.quality_delta_ci_high"] = q["ci_low"], q["ci_high"]
+        m[f"{suite}.quality_pvalue"] = q["pvalue"]
+        m[f"{suite}.ni_pvalue"] = q["non_inferiority"]["pvalue"]
+        m[f"{suite}.baseline_pass_rate"], m[f"{suite}.candidate_pass_rate"] = q["baseline_mean"], q["candidate_mean"]
+    if "speedup" in s and not s["speedup"].get("error"):
+        m[f"{suite}.speedup"] = s["speedup"]["statistic"]
+    if s.get("grade_errors"):
+        m[f"{suite}.grade_errors"] = s["grade_errors"]["n"]
+    return m
