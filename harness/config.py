@@ -8,7 +8,9 @@ objects a run uses (harness.config_objects, re-exported here). Everything is che
 that a typo fails in a second, not after an hour of generation.
 
 A new key is one line in its table's class in harness.config_schema (type, range, default,
-meaning), read where it is used; `make docs` then rewrites the schema file and the docs' tables.
+meaning) and, under the same name, one field on the object that carries it (RegressConfig,
+Profile, EngineSpec; Gates and Slo are made from the schema and need none); `make docs` then
+rewrites the schema file and the docs' tables. A rule that spans keys goes in config_resolve.
 """
 from __future__ import annotations
 
@@ -42,6 +44,6 @@ def load_config(path: str | Path, profile: str = "smoke") -> RegressConfig:
     resolve.check_across(doc, baseline, candidates, engines, prof, path)
     gates = doc.gates.model_dump() | {"near_tie_epsilon": None if doc.gates.near_tie_epsilon == "auto"
                                       else doc.gates.near_tie_epsilon}
-    return RegressConfig(path=str(path), target=doc.target, device=doc.device, chat=doc.chat, top_p=float(doc.top_p),
-                         baseline=baseline, candidates=candidates, suites=suites, profile=prof, gates=Gates(**gates),
-                         labels=dict(doc.labels), engines=engines, log_text=doc.log_text, trace_limit=doc.trace_limit)
+    made = dict(path=str(path), baseline=baseline, candidates=candidates, suites=suites, profile=prof,
+                gates=Gates(**gates), labels=dict(doc.labels), engines=engines)
+    return RegressConfig(**made, **resolve.as_given(RegressConfig, doc, made))  # target, device, chat, top_p, ...

@@ -4,6 +4,7 @@ candidates exist, an engine a decoder names is defined, exactly one of base_url 
 Each rule names the table and the keys it concerns."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 import tomllib
@@ -19,6 +20,13 @@ def hint(name, known) -> str:
     close = difflib.get_close_matches(str(name), list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
+
+
+def as_given(cls, table: schema.Table, made: dict) -> dict:
+    """The fields of `cls` (a resolved object) that its schema table holds as they are: a key
+    added to both (same name) reaches the run without a line here."""
+    return {f.name: getattr(table, f.name) for f in dataclasses.fields(cls)
+            if f.name not in made and f.name in type(table).model_fields}
 
 
 def read(path: Path) -> dict:
@@ -156,12 +164,11 @@ def profile(name: str, p: schema.Profile, suites: dict, candidates: tuple, where
     subset = p.subset or name
     if subset not in ("smoke", "full"):
         raise ConfigError(f"{where}: subset must be 'smoke' or 'full'")
-    prof = Profile(name=name, subset=subset, suites=suite_names, temperatures=temps,
-                   sample_suites=tuple(p.sample_suites if p.sample_suites is not None else suite_names),
-                   seeds=tuple(p.seeds), max_new_tokens=p.max_new_tokens, exactness_prompts=p.exactness_prompts,
-                   exactness_samples=p.exactness_samples, concurrency=tuple(levels),
-                   as_logged=p.temperatures == AS_LOGGED, looks=p.looks, speed_items=p.speed_items,
-                   load=_load(p, where), exactness_reference=p.exactness_reference, top_k=p.top_k or 0)
+    made = dict(name=name, subset=subset, suites=suite_names, temperatures=temps,
+                sample_suites=tuple(p.sample_suites if p.sample_suites is not None else suite_names),
+                seeds=tuple(p.seeds), concurrency=tuple(levels), as_logged=p.temperatures == AS_LOGGED,
+                load=_load(p, where), top_k=p.top_k or 0)
+    prof = Profile(**made, **as_given(Profile, p, made))
     _check_seeds(prof, where)
     return prof, candidates
 

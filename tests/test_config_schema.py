@@ -121,3 +121,23 @@ def test_the_schema_is_strict_where_the_loader_was():
     for bad in ({"log_text": 1}, {"trace_limit": "1"}, {"trace_limit": True}, {"top_p": True}):
         with pytest.raises(Exception):
             Regress.model_validate({"target": "t", **bad})
+
+
+def test_every_key_reaches_the_run():
+    """A key added to the schema but to no object would be accepted and then dropped: each one is
+    a field of the object that carries it, or one of the keys resolved into another shape."""
+    import dataclasses
+
+    from decoders.engines.server import EngineSpec
+    from harness import config_schema as schema
+    from harness.config import DecoderSpec, Gates, Profile, RegressConfig, Slo, SuiteSpec
+    resolved = {  # schema table -> (object, keys it resolves into other fields)
+        schema.Regress: (RegressConfig, {"profiles"}),
+        schema.Profile: (Profile, {"candidates", "rates", "burstiness", "max_in_flight", "load_requests",
+                                   "load_seed", "refine_levels", "slo"}),
+        schema.Decoder: (DecoderSpec, set()), schema.Suite: (SuiteSpec, set()), schema.Gates: (Gates, set()),
+        schema.Slo: (Slo, set()), schema.Engine: (EngineSpec, {"launch", "api_key_env"}),
+    }
+    for table, (obj, other) in resolved.items():
+        fields = {f.name for f in dataclasses.fields(obj)}
+        assert set(table.model_fields) - other <= fields, (table.__name__, set(table.model_fields) - other - fields)
