@@ -22,7 +22,7 @@ hidden state after decoder layers 0 .. l-1, so 1 <= l < num_layers. The loader v
 marker, version, hidden size, layer range and tensor shapes, and refuses non-finite values.
 
 Provenance: `decodegate train-exits` (harness/exits/train.py) writes `target_fingerprint`
-(`model_fingerprint`: architecture and a hash of every weight), `target`, `num_layers`, the data
+(`model_fingerprint`: architecture, output-shaping config and a hash of every weight), `target`, `num_layers`, the data
 hash, steps and seed. Heads that carry a fingerprint are refused on any other model, naming
 both. `save_exit_heads` writes into a temporary folder and renames it into place, so a folder
 that has an exit_heads.json is always complete.
@@ -218,15 +218,23 @@ def _replace_dir(src: Path, dst: Path) -> None:
         os.replace(src, dst)
 
 
+# Config values that change a model's output without touching a weight: heads trained (or
+# continuations cached) for one value are not the other's.
+OUTPUT_CONFIG = ("rms_norm_eps", "rope_parameters", "rope_scaling", "rope_theta", "head_dim", "num_attention_heads",
+                 "num_key_value_heads", "sliding_window", "use_sliding_window", "hidden_act")
+
+
 def model_fingerprint(model) -> str:
-    """A short hash of a model's architecture (type, layers, sizes) and every weight tensor.
-    Cached on the module (weights here are frozen once loaded)."""
+    """A short hash of a model's architecture (type, layers, sizes), the config values that shape
+    its output (OUTPUT_CONFIG) and every weight tensor. Cached on the module (weights here are
+    frozen once loaded)."""
     cached = getattr(model, "_decodegate_fingerprint", None)
     if cached is not None:
         return cached
     cfg = model.config
     h = hashlib.sha256(json.dumps([getattr(cfg, "model_type", "?"), cfg.num_hidden_layers, cfg.hidden_size,
-                                   cfg.vocab_size]).encode())
+                                   cfg.vocab_size, {k: getattr(cfg, k, None) for k in OUTPUT_CONFIG}],
+                                  sort_keys=True, default=str).encode())
     with torch.no_grad():
         for name, t in model.state_dict().items():
             h.update(name.encode())

@@ -115,19 +115,37 @@ def tiny_tokenizer():
 TINY_VOCAB = 3 + 256
 
 
+# Every config value the code reads is set away from transformers' default (and from SmolLM2's),
+# so that code which hard-codes one (a norm eps, a rope base, hidden / heads for a head size, an
+# untied head) is wrong on a test model, not only on a real one where baseline and candidates share
+# the mistake (tests/test_tiny_models.py). The configs differ per family, so each field takes more
+# than one value across the three.
+TINY_OVERRIDES = {
+    "llama": {"rms_norm_eps": 3e-5, "attention_bias": True, "head_dim": 24, "tie_word_embeddings": True,
+              "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0}},
+    "qwen2": {"rms_norm_eps": 2e-6, "tie_word_embeddings": False,
+              "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128,
+                                  "rope_theta": 25000.0}},
+    "mistral": {"rms_norm_eps": 4e-5, "head_dim": 8, "tie_word_embeddings": True, "sliding_window": None,
+                "rope_parameters": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                                    "rope_theta": 100000.0}},
+}
+
+
 def tiny_config(family: str, vocab_size: int = TINY_VOCAB, layers: int = 4, hidden: int = 64,
-                max_positions: int = 256):
+                max_positions: int = 256, **overrides):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
     classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
     if family not in classes:
         raise ModelError(f"unknown tiny family {family!r}; known: {sorted(classes)}")
-    return classes[family](
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=max_positions, tie_word_embeddings=False,
+    return classes[family](**{
+        "vocab_size": vocab_size, "hidden_size": hidden, "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": max_positions,
         # A wide init gives peaked logits, so greedy choices are not numerical near-ties.
-        initializer_range=0.2, eos_token_id=2, pad_token_id=0, bos_token_id=None,
-    )
+        "initializer_range": 0.2, "eos_token_id": 2, "pad_token_id": 0, "bos_token_id": None,
+        **TINY_OVERRIDES[family], **overrides})
 
 
 def build_tiny(family: str = "llama", seed: int = 0, **config_kwargs) -> LoadedModel:

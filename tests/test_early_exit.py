@@ -55,12 +55,19 @@ def _rotate_half(x):
 
 
 def _rope(cfg, head_dim, n):
+    """cos and sin of the rotary embedding, with the config's base and scaling (the tiny models
+    set both: harness.models.TINY_OVERRIDES); a scaled rope's frequencies from transformers' own
+    formulas (an implementation the decoder under test does not share)."""
     params = getattr(cfg, "rope_parameters", None) or {}
     theta = params.get("rope_theta") or getattr(cfg, "rope_theta", 10000.0)
+    kind, scale = params.get("rope_type", "default"), 1.0
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    f = torch.arange(n, dtype=torch.float32)[:, None] * inv[None]
+    if kind != "default":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        inv, scale = ROPE_INIT_FUNCTIONS[kind](cfg, None)
+    f = torch.arange(n, dtype=torch.float32)[:, None] * inv.float()[None]
     emb = torch.cat([f, f], dim=-1)
-    return emb.cos(), emb.sin()  # (T, D)
+    return emb.cos() * scale, emb.sin() * scale  # (T, D)
 
 
 def _layer(layer, cfg, h, cos, sin):
