@@ -123,11 +123,19 @@ def test_dynamic_int8_draft_is_teacher_forced_incrementally(tiny_llama, items):
     draft = Draft("tiny-llama", tiny_llama, None)
     draft.model, draft.incremental = int8, True
     outputs = baseline_outputs(tiny_llama, items, run_dir=None, suite_name="t", cap=None)
-    rows = [PromptEstimate(it.id, (), *estimate_item(tiny_llama, draft, *outputs[it.id], k=3, temperature=0.0))
-            for it in items]
-    alpha_hat = \
-        summarize_estimates(rows, k=3, c=None, rng=0)["all"].alpha
-    assert abs(alpha_hat - measured_alpha(tiny_llama, int8, items, 3)) < 0.03
+    def alpha_hat():
+        rows = [PromptEstimate(it.id, (), *estimate_item(tiny_llama, draft, *outputs[it.id], k=3, temperature=0.0))
+                for it in items]
+        return summarize_estimates(rows, k=3, c=None, rng=0)["all"].alpha
+    incremental = alpha_hat()
+    draft.incremental = False
+    whole, measured = alpha_hat(), measured_alpha(tiny_llama, int8, items, 3)
+    # One token at a time is still an approximation: after a rejection the decoder feeds the
+    # draft two tokens in one forward (decoders.drafters.DraftModel), which dynamic quantization
+    # scales together. Its error depends on the model: 0.003 on default-config tiny models, 0.033
+    # on the current ones (tied embeddings), where the whole-output forward misses by 0.072.
+    assert abs(incremental - measured) < 0.05 and abs(incremental - measured) < abs(whole - measured), \
+        (incremental, whole, measured)
 
 
 def test_estimate_reports_the_measured_verify_cost_beside_the_formula(tiny_llama, items, capsys):
