@@ -32,7 +32,8 @@ def _type(prop: dict, defs: dict) -> str:
     kind = {"number": "number", "integer": "integer", "string": "string", "boolean": "bool",
             "array": "list", "object": "table"}.get(prop.get("type"), "any")
     if kind == "list":
-        return f"list of {_type(prop.get('items', {}), defs)}s".replace("ss", "s")
+        item = _type(prop.get("items", {}), defs)
+        return f"list of {item}s" if " " not in item else f"list, each {item}"
     low = ("(" if "exclusiveMinimum" in prop else "[") + str(prop.get("exclusiveMinimum", prop.get("minimum", "")))
     high = str(prop.get("exclusiveMaximum", prop.get("maximum", ""))) + (")" if "exclusiveMaximum" in prop else "]")
     if low[1:] and high[:-1]:
@@ -56,7 +57,7 @@ def table(name: str) -> str:
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for key, info in model.model_fields.items():
         prop = js["properties"][key]
-        desc = (info.description or "").removeprefix("required: ").replace("|", "\\|")
+        desc = (info.description or "").removeprefix("required: ").replace("|", "\\|").replace("*", "\\*")
         rows.append(f"| `{key}` | {_type(prop, js.get('$defs', {}))} | {_default(key, info)} | {desc} |")
     return "\n".join(rows) + "\n"
 
