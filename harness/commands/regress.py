@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-factor", type=positive, default=HANG_FACTOR, metavar="F",
                    help=f"a candidate's item counts as hung after F times the baseline's time on it (at least "
                         f"{HANG_FLOOR_S:g} s; default: %(default)g)")
+    p.add_argument("--worker-memory", type=positive, metavar="GB",
+                   help="cap each decoder's worker process at GB gibibytes of address space beyond what it starts "
+                        "with (RLIMIT_AS); a decoder that exceeds it fails as crashed, out of memory")
     p.add_argument("--plan-from", metavar="RUN_DIR",
                    help="a previous run folder: plan sample sizes from the discordance it observed")
     p.add_argument("--plan-only", action="store_true",
@@ -181,11 +184,15 @@ def run(args) -> int:
     # refuse the corrected one, nor look like a run (engine logs stay, to be read).
     with started(config, run_dir, on_failed_start=lambda: forget_if_nothing_ran(run_dir)) as servers:
         try:
-            lineup = runner.Lineup(config, servers)
+            lineup = runner.Lineup(config, servers, worker_memory=getattr(args, "worker_memory", None))
         except ValueError:
             forget_if_nothing_ran(run_dir)
             raise
-        meta = check_fingerprints(run_dir, meta, lineup)
+        try:
+            meta = check_fingerprints(run_dir, meta, lineup)
+        except BaseException:
+            lineup.close()
+            raise
         from harness.run.reuse import Reuse
         reuse = Reuse(store, lineup, run_dir, meta["run_uid"])
         try:
@@ -359,6 +366,8 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
             print(f"decodegate: warning: MLflow logging failed ({e}); results are kept in {run_dir}; "
                   f"upload later with: decodegate sync {run_dir}", file=sys.stderr)
     print(f"decodegate: results in {run_dir}", file=sys.stderr)
-    if not all_pass:
-        return 1
-    return 0 if ci_written else 2   # a pass whose JUnit file CI cannot read is no clean pass
+    from harness.verdict.exit_code import exit_code
+    code, why = exit_code(run_dir)
+    if why:
+        print(f"decodegate: {why}", file=sys.stderr)
+    return 2 if code == 0 and not ci_written else code  # a pass whose JUnit file CI cannot read is no clean pass
