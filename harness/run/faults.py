@@ -1,14 +1,15 @@
-"""When a decoder breaks: an exception, a result that is garbage, a native crash, a hang.
+"""When a decoder breaks: an exception, a result that is garbage, a death, a hang.
 
 decodegate tests decoders that are new, and new decoders break. A break is the decoder's verdict,
-never decodegate's crash, and nothing generated before it is lost:
-- `raised`: an exception from a decoder's generate on an item, with the innermost frame in the
-  decoder's own code (file:line), its one line, and its traceback in the run folder;
+never decodegate's crash, and nothing generated before it is lost. The stop rows, each with its
+one line and a file in tracebacks/ of the run folder:
+- `raised`: an exception on an item (taken where it was raised: harness.run.worker.exc_info),
+  named with the innermost frame in the decoder's own code (file:line), or a broken
+  `generate_many` contract;
+- `crashed`: a worker that died on an item (exit status or signal, its stderr's last lines) or
+  hung (`hung`), and `load_failed`: a decoder that raised while it was built;
 - `garbage`: why a result cannot be judged (non-finite margins, a token id outside the
-  vocabulary, more tokens than asked, a malformed result), or None;
-- `InFlight`: the note in the run folder of which decoder and item are generating, written before
-  each item, so that a run killed by the decoder's native code (a segfault cannot be caught) is
-  named by the next run (`previous_death`); and the watchdog that ends a hung item.
+  vocabulary, more tokens than asked, a malformed result), or None: that item's error.
 """
 from __future__ import annotations
 
@@ -119,7 +120,9 @@ def crashed(name: str, w: WorkItem | None, death, run_dir: Path, ran: int, plann
     where = item_label(w) if w is not None else "load"
     verb = "hung" if death.hung else "crashed"
     line = f"{name}: {verb} on {where}: {death.how}; {ran} of {planned} items ran"
-    last = next((x.strip() for x in reversed(death.tail.splitlines()) if x.strip()), "")
+    lines = [x.strip() for x in death.tail.splitlines() if x.strip()]
+    # faulthandler's report ends with a list of extension modules: its first line names the signal.
+    last = next((x for x in lines if x.startswith("Fatal Python error")), lines[-1] if lines else "")
     if last and not death.hung:
         line += f"; its stderr ends: {last[:300]}"
     _write_trace(run_dir, name, f"{line}\n\nthe worker's last output:\n{death.tail or '(none)'}\n")

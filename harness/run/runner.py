@@ -7,10 +7,12 @@ reads what is there and skips it (resume); the analysis then sees the same rows.
 Decoders run interleaved per work item (baseline, cand-1, cand-2, baseline, ...) so that machine
 noise and thermal drift hit all of them alike: latency comparisons stay paired.
 
-`run` reads as its stages: plan the work (harness.run.work), read what the folder holds (Ledger),
-the baseline's store side (harness.run.store_take), then block by block the baseline and each
-candidate generating (with --fail-fast's check on exact candidates), the looks after each stage,
-and the records.
+`run` reads as its stages: plan the work (harness.run.work, plan.json), read what the folder holds
+(Ledger), the baseline's store side (harness.run.store_take), then block by block the baseline and
+each candidate generating (with --fail-fast's check on exact candidates), the looks after each
+stage, and the records. Generation happens in each decoder's worker process (harness.run.worker,
+started by Lineup); this process validates what comes back, writes every row and stop, and judges
+nothing: judging is harness.commands.regress.finish, over the records alone.
 """
 from __future__ import annotations
 
@@ -320,6 +322,7 @@ def load_stops(lineup: Lineup, ledger: Ledger) -> None:
         stop = (load_failed(name, failure, ledger.run_dir, fp) if isinstance(failure, dict)
                 else crashed(name, None, failure, ledger.run_dir, 0, ledger.planned[name], fp))
         if name in ledger.base_names:
+            ledger.stops.add(**stop)
             raise BaselineBroken(f"{stop['detail']}; the baseline did not load, so no candidate can be judged "
                                  f"(traceback in {ledger.run_dir / stop['traceback']})")
         if ledger.stops.stopped(name, "*"):
@@ -544,11 +547,15 @@ def broke(ctx: Context, batch: Batch, i: int, kind: str, payload) -> bool:
     if spec.name in ledger.base_names:
         if stop.get("ours"):
             raise RuntimeError(f"{stop['detail']} ({where})")
+        ledger.stops.add(**stop)  # remembered: the next run stops too, until --retry-broken or a fix
         raise BaselineBroken(f"{stop['detail']}; the baseline broke, so no candidate can be judged ({where}; "
                              f"every finished row is kept in {ledger.run_dir})")
     print(f"decodegate: {stop['detail']} ({where})", file=sys.stderr)
+    if kind == "died" and payload.hung:
+        print(f"the worker's Python stack when it was stopped:\n{payload.tail}", file=sys.stderr)
     if ctx.policy.keep_going and kind == "raised":
-        record(ctx, spec, w, DecoderError(stop["detail"]), batch.found[i])
+        if w.key(spec.name) not in ledger.done:  # not after its row (a raise past its last answer)
+            record(ctx, spec, w, DecoderError(stop["detail"]), batch.found[i])
         return True
     ledger.stops.add(**stop)
     return False

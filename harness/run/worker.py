@@ -257,7 +257,11 @@ class Worker:
                 return
             pending.remove(i)
             yield kind, i, msg[2]
-        self._next(limit)  # the call's "done"
+        end = self._next(limit)  # the call's "done", or a break after its last answer
+        if isinstance(end, Death):
+            yield "died", len(requests) - 1, end
+        elif end[0] in ("raised", "contract"):
+            yield end[0], len(requests) - 1 if end[1] is None else end[1], end[2]
 
     def _next(self, limit: float | None):
         deadline = None if limit is None else time.monotonic() + limit
