@@ -108,6 +108,9 @@ class Faulty(StandardDecoder):
             time.sleep(10 ** 6)
         if f == "hang-gil":
             ctypes.PyDLL(None).sleep(10 ** 6)  # libc sleep(3) called holding the GIL
+        if f == "eat-memory":
+            # 16 GiB, never touched: without the cap it costs nothing, under it the allocation fails
+            self.hoard = np.empty(2 ** 34, dtype=np.uint8)  # FAULT LINE memory
         if f == "leaked-thread":
             threading.Thread(target=time.sleep, args=(10 ** 6,)).start()
         if f == "nan-margins":
@@ -137,6 +140,8 @@ CANDIDATE = {
     "unprintable": ("raised", "raised Unprintable on s/{item}"),
     "hang": ("hung", "hung on s/{item} (T={t}, seed 0): no result after"),
     "hang-gil": ("hung", "hung on s/{item} (T={t}, seed 0): no result after"),
+    "eat-memory": ("crashed", f"crashed (out of memory: MemoryError) on s/{{item}} (T={{t}}, seed 0) at "
+                              f"faulty.py:{LINES['memory']}"),
     "leaked-thread": None,
     "nan-margins": ("errors", "margin nan at position 0"),
     "oov": ("errors", "token id 1000000 at position 0 is outside the vocabulary"),
@@ -156,6 +161,7 @@ ITEMS = {1: "a", 2: "b", 3: "c"}
 PROFILES = {"greedy": "temperatures = [0.0]\nseeds = [0]\n",
             "sampled": 'temperatures = [0.7]\nseeds = [0]\nsample_suites = ["s"]\n'}
 ITEM_TIMEOUT = "10"  # seconds: the tiny model's items take milliseconds, even on a loaded machine
+WORKER_MEMORY = "2"  # GiB beyond what a worker inherits: the tiny model needs a few MiB
 
 
 @pytest.fixture
@@ -188,7 +194,7 @@ def _config(root: Path, profile: str, baseline: dict, candidates: dict[str, dict
 
 def _regress(cfg: Path, run_dir: Path) -> int:
     return main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress", "--no-tracking",
-                 "--item-timeout", ITEM_TIMEOUT])
+                 "--item-timeout", ITEM_TIMEOUT, "--worker-memory", WORKER_MEMORY])
 
 
 def _rows(run_dir: Path) -> list[str]:
