@@ -160,7 +160,7 @@ POSITIONS = {"first": 1, "middle": 2, "last": 3}
 ITEMS = {1: "a", 2: "b", 3: "c"}
 PROFILES = {"greedy": "temperatures = [0.0]\nseeds = [0]\n",
             "sampled": 'temperatures = [0.7]\nseeds = [0]\nsample_suites = ["s"]\n'}
-ITEM_TIMEOUT = "10"  # seconds: the tiny model's items take milliseconds, even on a loaded machine
+ITEM_TIMEOUT = "5"  # seconds: the tiny model's items take milliseconds (below 1 s on a loaded 2-core machine)
 WORKER_MEMORY = "2"  # GiB beyond what a worker inherits: the tiny model needs a few MiB
 
 
@@ -267,7 +267,7 @@ def test_every_fault_as_a_candidate_on_its_middle_item(faulty):
     _candidate_case(faulty, "greedy", 2, ALL_FAULTS + ["raise-on-load"])
 
 
-@pytest.mark.parametrize("fault", ["raise", "os-exit-0", "sigkill", "hang-gil", "exit-on-load"])
+@pytest.mark.parametrize("fault", ["sys-exit", "sigkill", "exit-on-load"])
 def test_a_baseline_fault_stops_the_run(faulty, fault):
     _baseline_case(faulty, "greedy", 1 if fault == "exit-on-load" else 2, fault)
 

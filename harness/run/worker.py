@@ -88,6 +88,8 @@ def _isolate(stderr_path: str, memory: float | None) -> None:
     """What makes the worker a boundary: its own output file, no Ctrl-C, death with the parent,
     a stack dump on SIGUSR1 (even while the GIL is held), and its memory cap."""
     import faulthandler
+    import gc
+    gc.freeze()  # the parent's objects, as forked: a collection here must not touch (and copy) their pages
     for conn in _PARENT_ENDS:
         conn.close()
     fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
