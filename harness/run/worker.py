@@ -38,7 +38,7 @@ from harness.run.faults import OUR_PACKAGES, raised_at
 
 _PARENT_ENDS: list = []        # the parent's ends of every live worker's pipe (closed in each new worker)
 STACK_WAIT_S = 2.0             # how long a hung worker gets to write its Python stack before SIGKILL
-TAIL_LINES = 12                # lines of a dead worker's stderr kept in its stop row
+TAIL_LINES = 12                # lines of a worker's stderr read by default
 MEMORY_WORDS = ("MemoryError", "can't allocate memory", "Cannot allocate memory", "bad_alloc", "out of memory")
 
 
@@ -285,7 +285,7 @@ class Worker:
 
     def _died(self) -> Death:
         self.proc.join(5)
-        code, tail = self.proc.exitcode, self.tail()
+        code, tail = self.proc.exitcode, self.tail(lines=200)  # faulthandler's report, whole
         if code is None:
             self.proc.kill()
             self.proc.join()
