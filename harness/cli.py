@@ -94,14 +94,29 @@ def main(argv=None) -> int:
         return 130
     except Exception as e:  # noqa: BLE001 - input errors become one line and exit 2
         if is_input_error(e):
-            print(f"decodegate: error: {e}", file=sys.stderr)
+            print(f"decodegate: error: {_text(e)}", file=sys.stderr)
             return 2
         # Never exit 1 on a crash: CI would read it as "a gate failed".
         import traceback
-        traceback.print_exc()
+        try:
+            traceback.print_exc()
+        except Exception:  # noqa: BLE001 - an exception whose __str__ raises
+            pass
         from harness.run.faults import whose
-        print(f"decodegate: internal error: {type(e).__name__}: {e} ({whose(e)})", file=sys.stderr)
+        print(f"decodegate: internal error: {type(e).__name__}: {_text(e)} ({whose(e)})", file=sys.stderr)
         return 3
+    except BaseException as e:  # noqa: BLE001 - SystemExit and its kin: never their code, never a pass
+        from harness.run.faults import whose
+        print(f"decodegate: internal error: {type(e).__name__}({_text(e)}) escaped the command, no verdict "
+              f"({whose(e)})", file=sys.stderr)
+        return 3
+
+
+def _text(e: BaseException) -> str:
+    try:
+        return str(e)
+    except Exception:  # noqa: BLE001
+        return f"<{type(e).__name__} whose str() raised>"
 
 
 if __name__ == "__main__":

@@ -104,13 +104,16 @@ def test_second_run_reuses_the_baseline_and_reaches_the_same_verdicts(tmp_path, 
     assert first["baseline_store"]["reused_rows"] == 0
     assert first["baseline_store"]["stored"] == N_ITEMS
 
-    # Count the baseline's generations in the second run: only the re-timed subset may run.
+    # Count the baseline's generations in the second run: only the re-timed subset may run. They
+    # run in the decoders' worker processes (forked after this patch), so the count is a file.
     import decoders.standard as standard
-    calls = []
     real = standard.StandardDecoder.generate
+    tally = tmp_path / "calls"
+    tally.write_text("")
 
     def counting(self, request):
-        calls.append(request)
+        with open(tally, "a") as f:
+            f.write("1\n")
         return real(self, request)
 
     monkeypatch.setattr(standard.StandardDecoder, "generate", counting)
@@ -121,7 +124,7 @@ def test_second_run_reuses_the_baseline_and_reaches_the_same_verdicts(tmp_path, 
     assert st["retimed"] == 10 and st["retimed_disagreed"] == []
     assert st["from_runs"] == [first["run_uid"]]
     # 10 fresh baseline generations + 60 of the lossy candidate (also `standard`), none more.
-    assert len(calls) == 10 + N_ITEMS
+    assert len(tally.read_text().splitlines()) == 10 + N_ITEMS
     assert verdicts(second) == verdicts(first)
     q1, q2 = (s["candidates"]["lossy-same"]["suites"]["echo"]["quality"] for s in (first, second))
     assert (q1["n"], q1["statistic"], q1["wins"], q1["losses"]) == (q2["n"], q2["statistic"], q2["wins"], q2["losses"])

@@ -285,3 +285,23 @@ def test_frontier_margin_is_checked_before_the_run_folder(tmp_path, capsys, marg
     err = _err(capsys, "--margin must be a drop in pass rate in (0, 1]")
     assert "frontier.toml" not in err  # before: the error named the generated config
     assert not run_dir.exists()  # before: the folder was left behind
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no str")
+
+
+@pytest.mark.parametrize("escape", [SystemExit(0), SystemExit(), _Unprintable(), GeneratorExit()])
+def test_anything_escaping_a_command_is_exit_3_in_one_line(monkeypatch, capsys, escape):
+    """Before issue 57 a SystemExit from a decoder's library exited 0 (CI green, no verdict), and an
+    exception whose __str__ raises escaped the handler."""
+    from harness.commands import bench
+
+    def escapes(args):
+        raise escape
+
+    monkeypatch.setattr(bench, "run_bench", escapes)
+    assert main(BENCH) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("decodegate: internal error: ") and type(escape).__name__ in err[-1]

@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-factor", type=positive, default=HANG_FACTOR, metavar="F",
                    help=f"a candidate's item counts as hung after F times the baseline's time on it (at least "
                         f"{HANG_FLOOR_S:g} s; default: %(default)g)")
+    p.add_argument("--worker-memory", type=positive, metavar="GB",
+                   help="cap each decoder's worker process at GB gibibytes of address space beyond what it starts "
+                        "with (RLIMIT_AS); a decoder that exceeds it fails as crashed, out of memory")
     p.add_argument("--plan-from", metavar="RUN_DIR",
                    help="a previous run folder: plan sample sizes from the discordance it observed")
     p.add_argument("--plan-only", action="store_true",
@@ -146,9 +149,30 @@ def run(args) -> int:
     ci = getattr(args, "junit_xml", None), getattr(args, "summary_md", None)
     report.check_ci_paths(*ci)
     report.placeholder_ci(*ci)
+    checked = check_input(args)
+    if checked is None:  # --plan-only
+        return 0
+    config, suites, refs, plan = checked
+    from harness.run.store import open_store
+    store = open_store(getattr(args, "baseline_store", None), getattr(args, "fresh_baseline", False), args.tracking_uri)
+    run_dir, meta = open_run_dir(args, config, suites)
+    print(f"decodegate: run folder {run_dir}", file=sys.stderr)
+    from harness.run.engines import started
+    # An engine that cannot start (a launch that dies with SIGILL, a wrong model) or a decoder that
+    # cannot be built: nothing ran, so the folder must not hold this config's fingerprint and
+    # refuse the corrected one, nor look like a run (engine logs stay, to be read).
+    with started(config, run_dir, on_failed_start=lambda: forget_if_nothing_ran(run_dir)) as servers:
+        meta, records, suites, checks = generate(args, config, suites, run_dir, meta, store, servers)
+        meta = {**meta, "plan": plan}
+    return finish(config, run_dir, meta, records, suites, checks["exactness"], args, checks["head_cost"],
+                  checks["numerics"], refs)
+
+
+def check_input(args):
+    """Everything that can be wrong with the input, found before any model is loaded: (config,
+    suites, acceptance references, sample-size plan), or None after --plan-only's table."""
     from harness.config import load_config
     config = load_config(args.config, args.profile)
-    # Everything that can be wrong with the input is found before any model is loaded.
     from harness.run import runner
     suites = runner.load_suites(config)
     # lm-eval tasks run after every other suite: a misspelt task, a wrong include_path or a code
@@ -168,53 +192,59 @@ def run(args) -> int:
     if is_engine(config.baseline) and any(c.kind == "exact" and is_engine(c) for c in config.candidates):
         from harness.verdict.floor import plan_table
         print(plan_table(config, suites, getattr(args, "plan_from", None)), file=sys.stderr)
-    if getattr(args, "plan_only", False):
-        return 0
-    from harness.run.store import open_store
-    store = open_store(getattr(args, "baseline_store", None), getattr(args, "fresh_baseline", False), args.tracking_uri)
-    run_dir, meta = open_run_dir(args, config, suites)
-    print(f"decodegate: run folder {run_dir}", file=sys.stderr)
+    return None if getattr(args, "plan_only", False) else (config, suites, refs, plan)
+
+
+def generate(args, config, suites, run_dir: Path, meta: dict, store, servers) -> tuple:
+    """The generation stage: the lineup (each decoder's worker), the records, then the checks that
+    run after it (lm-eval tasks, load, exactness windows, margin noise). (meta, records, suites,
+    checks)."""
     from decoders.engines.server import EngineDown
-    from harness.run.engines import started
-    # An engine that cannot start (a launch that dies with SIGILL, a wrong model) or a decoder that
-    # cannot be built: nothing ran, so the folder must not hold this config's fingerprint and
-    # refuse the corrected one, nor look like a run (engine logs stay, to be read).
-    with started(config, run_dir, on_failed_start=lambda: forget_if_nothing_ran(run_dir)) as servers:
-        try:
-            lineup = runner.Lineup(config, servers)
-        except ValueError:
-            forget_if_nothing_ran(run_dir)
-            raise
+    from harness.run import runner
+    try:
+        lineup = runner.Lineup(config, servers, worker_memory=getattr(args, "worker_memory", None))
+    except ValueError:
+        forget_if_nothing_ran(run_dir)
+        raise
+    try:
         meta = check_fingerprints(run_dir, meta, lineup)
         from harness.run.reuse import Reuse
         reuse = Reuse(store, lineup, run_dir, meta["run_uid"])
-        try:
-            from harness.verdict.looks import LookPlan
-            looks = LookPlan(config, lineup.specs, lineup.baseline_names, suites)
-            records = runner.run(config, run_dir, lineup, suites, progress=not args.no_progress, reuse=reuse,
-                                 fail_fast=getattr(args, "fail_fast", False), looks=looks, policy=policy(args))
-        except EngineDown as e:
-            kept = len(read_records(run_dir))
-            raise EngineDown(f"{e}\n{kept} finished records are kept in {run_dir}; once the engine is back, "
-                             f"rerun with --run-dir {run_dir} to resume") from None
-        if any(n.startswith("lmeval:") for n in config.profile.suites):
-            suites = suites + runner.run_lmeval(config, run_dir, lineup, progress=not args.no_progress)
-            records = read_records(run_dir)
-        if config.profile.load is not None:  # open-loop arrivals at each rate (harness.run.load)
-            from harness.run import load as load_run
-            load_run.run(config, run_dir, lineup, suites, progress=not args.no_progress)
-        from harness.run import exactness as exactness_run
-        exactness = exactness_run.run_checks(config, run_dir, lineup, suites, progress=not args.no_progress)
-        from harness.run import engine_exactness
-        exactness.update(engine_exactness.run_checks(config, run_dir, lineup, suites, servers,
-                                                     progress=not args.no_progress))
-        numerics = exactness_run.margin_noise(config, lineup, suites, records)
-        from harness.models import lm_head_cost_in_layers
-        head_cost = {s.name: lm_head_cost_in_layers(lineup.targets[s.name].model) for s in lineup.specs
-                     if s.decoder == "early-exit"}
-        meta = {**meta, "engines": {name: server.info for name, server in servers.items()},
-                "baseline_store": store_summary(reuse, records, lineup), "plan": plan}
-    return finish(config, run_dir, meta, records, suites, exactness, args, head_cost, numerics, refs)
+        from harness.verdict.looks import LookPlan
+        looks = LookPlan(config, lineup.specs, lineup.baseline_names, suites)
+        records = runner.run(config, run_dir, lineup, suites, progress=not args.no_progress, reuse=reuse,
+                             fail_fast=getattr(args, "fail_fast", False), looks=looks, policy=policy(args))
+    except EngineDown as e:
+        kept = len(read_records(run_dir))
+        raise EngineDown(f"{e}\n{kept} finished records are kept in {run_dir}; once the engine is back, "
+                         f"rerun with --run-dir {run_dir} to resume") from None
+    finally:
+        lineup.close()  # the workers (runner.run stops them too)
+    suites, records, checks = after_generation(args, config, run_dir, lineup, suites, records, servers)
+    meta = {**meta, "engines": {name: server.info for name, server in servers.items()},
+            "baseline_store": store_summary(reuse, records, lineup)}
+    return meta, records, suites, checks
+
+
+def after_generation(args, config, run_dir: Path, lineup, suites, records, servers) -> tuple:
+    """lm-eval tasks, load levels, exactness windows and margin noise, in this process."""
+    from harness.run import runner
+    progress = not args.no_progress
+    if any(n.startswith("lmeval:") for n in config.profile.suites):
+        suites = suites + runner.run_lmeval(config, run_dir, lineup, progress=progress)
+        records = read_records(run_dir)
+    if config.profile.load is not None:  # open-loop arrivals at each rate (harness.run.load)
+        from harness.run import load as load_run
+        load_run.run(config, run_dir, lineup, suites, progress=progress)
+    from harness.run import exactness as exactness_run
+    exactness = exactness_run.run_checks(config, run_dir, lineup, suites, progress=progress)
+    from harness.run import engine_exactness
+    exactness.update(engine_exactness.run_checks(config, run_dir, lineup, suites, servers, progress=progress))
+    numerics = exactness_run.margin_noise(config, lineup, suites, records)
+    from harness.models import lm_head_cost_in_layers
+    head_cost = {s.name: lm_head_cost_in_layers(lineup.targets[s.name].model) for s in lineup.specs
+                 if s.decoder == "early-exit"}
+    return suites, records, {"exactness": exactness, "head_cost": head_cost, "numerics": numerics}
 
 
 def policy(args) -> Policy:
@@ -292,8 +322,24 @@ def summarize_levels(config, records, suites, exactness, head_cost=None, numeric
 
 def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, head_cost=None,
            numerics=None, refs=None) -> int:
-    from harness.verdict import report
-    from harness.verdict.gate import decide
+    """The judging stage, over the records alone: the summary and its verdicts, the run folder's
+    reports, CI's files, MLflow; then the exit code, read back from the run folder."""
+    summary = build_summary(config, run_dir, meta, records, suites, exactness, args, head_cost, numerics, refs)
+    judge(summary, config, run_dir)
+    ci_written = write_reports(summary, records, run_dir, args)
+    if not getattr(args, "no_tracking", False):
+        track(run_dir, args)
+    print(f"decodegate: results in {run_dir}", file=sys.stderr)
+    from harness.verdict.exit_code import exit_code
+    code, why = exit_code(run_dir)
+    if why:
+        print(f"decodegate: {why}", file=sys.stderr)
+    return 2 if code == 0 and not ci_written else code  # a pass whose JUnit file CI cannot read is no clean pass
+
+
+def build_summary(config, run_dir: Path, meta: dict, records, suites, exactness, args, head_cost, numerics,
+                  refs) -> dict:
+    """Every level's analysis, the stops, the acceptance reference and the run's own record."""
     from harness.run.runner import STOPS
     summary = summarize_levels(config, records, suites, exactness, head_cost, numerics,
                                stops=read_records(run_dir, STOPS))
@@ -312,6 +358,12 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
             name = (cand.get("options") or {}).get("engine")
             if name in meta["engines"]:
                 cand["engine"] = meta["engines"][name]
+    return summary
+
+
+def judge(summary: dict, config, run_dir: Path) -> None:
+    """Each candidate's gates and verdict, the load verdict, and the run's verdict."""
+    from harness.verdict.gate import decide
     all_pass = True
     for cand in summary["candidates"].values():
         if cand.get("role") == "aa-floor":
@@ -325,6 +377,12 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
         from harness.verdict import load as load_verdict
         all_pass &= load_verdict.apply(summary, config, run_dir)
     summary["verdict"] = "pass" if all_pass else "fail"
+
+
+def write_reports(summary: dict, records, run_dir: Path, args) -> bool:
+    """summary.json, per_prompt.csv, figures, report.txt/.md and CI's files; False where CI's
+    files could not be written."""
+    from harness.verdict import report
     if "sweep" in summary:
         from harness.run.sweep import figure
         (run_dir / "figures").mkdir(exist_ok=True)
@@ -349,16 +407,16 @@ def finish(config, run_dir: Path, meta: dict, records, suites, exactness, args, 
         print(f"decodegate: error: the CI files were not written ({e}); the verdict is in {run_dir}",
               file=sys.stderr)
     print(text)
-    if not getattr(args, "no_tracking", False):
-        from harness.run import tracking
-        try:
-            tracking.log_run(run_dir, args.tracking_uri)
-            print(f"decodegate: logged to MLflow at {tracking.resolve_uri(args.tracking_uri)}; review: "
-                  f"{json.loads((run_dir / tracking.STATE).read_text())['review_url']}", file=sys.stderr)
-        except Exception as e:  # noqa: BLE001 - tracking is a copy; the run folder has everything
-            print(f"decodegate: warning: MLflow logging failed ({e}); results are kept in {run_dir}; "
-                  f"upload later with: decodegate sync {run_dir}", file=sys.stderr)
-    print(f"decodegate: results in {run_dir}", file=sys.stderr)
-    if not all_pass:
-        return 1
-    return 0 if ci_written else 2   # a pass whose JUnit file CI cannot read is no clean pass
+    return ci_written
+
+
+def track(run_dir: Path, args) -> None:
+    """A copy in MLflow; the run folder has everything, so a failure here is a warning."""
+    from harness.run import tracking
+    try:
+        tracking.log_run(run_dir, args.tracking_uri)
+        print(f"decodegate: logged to MLflow at {tracking.resolve_uri(args.tracking_uri)}; review: "
+              f"{json.loads((run_dir / tracking.STATE).read_text())['review_url']}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - tracking is a copy; the run folder has everything
+        print(f"decodegate: warning: MLflow logging failed ({e}); results are kept in {run_dir}; "
+              f"upload later with: decodegate sync {run_dir}", file=sys.stderr)

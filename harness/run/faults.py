@@ -1,14 +1,15 @@
-"""When a decoder breaks: an exception, a result that is garbage, a native crash, a hang.
+"""When a decoder breaks: an exception, a result that is garbage, a death, a hang.
 
 decodegate tests decoders that are new, and new decoders break. A break is the decoder's verdict,
-never decodegate's crash, and nothing generated before it is lost:
-- `raised`: an exception from a decoder's generate on an item, with the innermost frame in the
-  decoder's own code (file:line), its one line, and its traceback in the run folder;
+never decodegate's crash, and nothing generated before it is lost. The stop rows, each with its
+one line and a file in tracebacks/ of the run folder:
+- `raised`: an exception on an item (taken where it was raised: harness.run.worker.exc_info),
+  named with the innermost frame in the decoder's own code (file:line), or a broken
+  `generate_many` contract;
+- `crashed`: a worker that died on an item (exit status or signal, its stderr's last lines) or
+  hung (`hung`), and `load_failed`: a decoder that raised while it was built;
 - `garbage`: why a result cannot be judged (non-finite margins, a token id outside the
-  vocabulary, more tokens than asked, a malformed result), or None;
-- `InFlight`: the note in the run folder of which decoder and item are generating, written before
-  each item, so that a run killed by the decoder's native code (a segfault cannot be caught) is
-  named by the next run (`previous_death`); and the watchdog that ends a hung item.
+  vocabulary, more tokens than asked, a malformed result), or None: that item's error.
 """
 from __future__ import annotations
 
@@ -96,20 +97,56 @@ def item_label(w: WorkItem) -> str:
     return f"{w.suite.name}/{w.item.id} (T={w.temperature:g}, seed {w.seed})"
 
 
-def raised(name: str, w: WorkItem, exc: BaseException, decoder, run_dir: Path, ran: int, planned: int,
-           fingerprint: dict) -> dict:
-    """The stop row of a decoder that raised on an item: its one line, the item, the exception,
-    and its traceback written to tracebacks/<name>.txt in the run folder."""
-    at, ours = raised_at(exc, decoder)
-    line = (f"{name}: raised {type(exc).__name__} on {item_label(w)} at {at}; "
-            f"{ran} of {planned} items ran")
+def raised(name: str, w: WorkItem, info: dict, run_dir: Path, ran: int, planned: int, fingerprint: dict) -> dict:
+    """The stop row of a decoder that raised on an item (`info`: harness.run.worker.exc_info, taken
+    where it raised): its one line, the item, the exception, and its traceback written to
+    tracebacks/<name>.txt in the run folder. Out of memory (MemoryError, an allocator's refusal
+    under the worker's cap) is a crash."""
+    oom = info.get("out_of_memory")
+    what = f"crashed (out of memory: {info['exception']})" if oom else f"raised {info['exception']}"
+    line = f"{name}: {what} on {item_label(w)} at {info['at']}; {ran} of {planned} items ran"
+    if info.get("contract"):
+        line = f"{name}: broke the generate_many contract on {item_label(w)}: {info['message']}; {ran} of {planned} items ran"
+    _write_trace(run_dir, name, line + "\n\n" + info["traceback"])
+    return {"candidate": name, "suite": "*", "reason": "crashed" if oom else "raised", "detail": line,
+            "item": f"{w.suite.name}/{w.item.id}", "seed": w.seed, "temperature": w.temperature,
+            "exception": info["exception"], "message": info["message"], "at": info["at"], "ours": info["ours"],
+            "traceback": f"{TRACEBACKS}/{name}.txt", "fingerprint": fingerprint}
+
+
+def crashed(name: str, w: WorkItem | None, death, run_dir: Path, ran: int, planned: int, fingerprint: dict) -> dict:
+    """The stop row of a decoder whose worker died or hung (`death`: harness.run.worker.Death) on
+    an item, or (w None) failed to load: the line, and its stderr's last lines in the traceback file."""
+    where = item_label(w) if w is not None else "load"
+    verb = "hung" if death.hung else "crashed"
+    line = f"{name}: {verb} on {where}: {death.how}; {ran} of {planned} items ran"
+    lines = [x.strip() for x in death.tail.splitlines() if x.strip()]
+    # faulthandler's report ends with a list of extension modules: its first line names the signal.
+    last = next((x for x in lines if x.startswith("Fatal Python error")), lines[-1] if lines else "")
+    if last and not death.hung:
+        line += f"; its stderr ends: {last[:300]}"
+    _write_trace(run_dir, name, f"{line}\n\nthe worker's last output:\n{death.tail or '(none)'}\n")
+    row = {"candidate": name, "suite": "*", "reason": verb, "detail": line, "stderr": death.tail[-4000:],
+           "traceback": f"{TRACEBACKS}/{name}.txt", "fingerprint": fingerprint}
+    if w is not None:
+        row.update(item=f"{w.suite.name}/{w.item.id}", seed=w.seed, temperature=w.temperature)
+    return row
+
+
+def load_failed(name: str, info: dict, run_dir: Path, fingerprint: dict) -> dict:
+    """The stop row of a decoder that raised while it was built (its __init__, its draft's load)."""
+    line = f"{name}: crashed on load: {info['exception']}: {info['message'].splitlines()[0] if info['message'] else ''}"
+    line = line.rstrip(": ") + f" (at {info['at']})"
+    _write_trace(run_dir, name, line + "\n\n" + info["traceback"])
+    return {"candidate": name, "suite": "*", "reason": "crashed", "detail": line, "item": "load",
+            "exception": info["exception"], "message": info["message"], "at": info["at"],
+            "traceback": f"{TRACEBACKS}/{name}.txt", "fingerprint": fingerprint}
+
+
+def _write_trace(run_dir: Path, name: str, body: str) -> None:
     folder = Path(run_dir) / TRACEBACKS
     folder.mkdir(exist_ok=True)
-    (folder / f"{name}.txt").write_text(line + "\n\n" + "".join(traceback.format_exception(exc)))
-    return {"candidate": name, "suite": "*", "reason": "raised", "detail": line,
-            "item": f"{w.suite.name}/{w.item.id}", "seed": w.seed, "temperature": w.temperature,
-            "exception": type(exc).__name__, "message": str(exc)[:2000], "at": at, "ours": ours,
-            "traceback": f"{TRACEBACKS}/{name}.txt", "fingerprint": fingerprint}
+    (folder / f"{name}.txt").write_text(body)
 
 
 def garbage(result, request, vocab: int | None) -> str | None:

@@ -249,7 +249,8 @@ def code_fingerprint(decoder) -> str:
     change to a decoder the baseline does not run does not."""
     import inspect
     root = Path(DECODERS_DIR).resolve()
-    own = Path(inspect.getfile(type(decoder))).resolve()
+    cls = decoder if isinstance(decoder, type) else type(decoder)  # a class: a decoder built in its worker
+    own = Path(inspect.getfile(cls)).resolve()
     if _engines_dir().parent in own.parents:
         own = root / own.relative_to(_engines_dir().parent)
     files = _imported_sources(own, root) | _imported_sources(root / "base.py", root)

@@ -1,15 +1,14 @@
 """What is generating now, kept in the run folder so that a run that dies is named by the next.
 
-A decoder's native code can kill the process (a segfault, an abort): that cannot be caught in
-Python. Before each item the runner writes `inflight.json` (atomically) naming the decoder and
-the item, and removes it when the item is done; faulthandler writes the crash's signal and Python
-stack to `fatal.log`. The next run on the folder finds the note (`previous_death`), names the
-decoder, the item and the signal, and leaves that decoder out unless it changed or `--retry-broken`.
-
-A hang is bounded the same way: a watchdog thread ends the run when one item runs past its limit
-(harness.run.faults.item_limit), after writing the decoder, the item and the Python stack; the
-note stays for the next run. faulthandler's own timer, a little later, ends a hang that holds
-the GIL, where no Python thread can run.
+Decoders that run code in process generate in workers (harness.run.worker): their deaths and
+hangs are seen by the parent at once and become stop rows in the same run. What is left here is
+the parent's own side: before each item the runner writes `inflight.json` (atomically) naming
+the decoder and the item, and removes it when the item is done. A parent killed from outside
+(SIGKILL, a CI timeout) leaves the note and no crash report: the next run says so, blames no
+decoder and resumes. An engine decoder (an HTTP client, in process) is still bounded by the
+watchdog thread here, which ends the run when one of its items runs past its limit
+(harness.run.faults.item_limit), and faulthandler writes a native crash's signal to `fatal.log`,
+so that `previous_death` names it.
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def spec_fingerprints(lineup, spec) -> dict:
     from harness.build import get_model, is_model_draft
     import hashlib
     import json
-    dec = lineup.decoders[spec.name]
+    dec = lineup.decoders.get(spec.name)  # built here only for an engine; the others run in workers
     server = getattr(dec, "server", None)
     if server is not None and hasattr(server, "info"):
         eng = fpr.engine_fingerprint(server)
@@ -40,7 +40,7 @@ def spec_fingerprints(lineup, spec) -> dict:
                "code_fingerprint": fpr.engine_client_fingerprint(type(dec))}
     else:
         out = {"target_fingerprint": fpr.model_fingerprint(lineup.targets[spec.name]),
-               "code_fingerprint": fpr.code_fingerprint(dec)}
+               "code_fingerprint": fpr.code_fingerprint(lineup.decoder_type(spec.name))}
     draft = spec.options.get("draft")
     if isinstance(draft, str) and is_model_draft(draft):
         target = lineup.targets[spec.name]
@@ -100,7 +100,7 @@ class Reuse:
 
     def _spec_parts(self, spec) -> dict:
         if spec.name not in self._base:
-            dec, target = self.lineup.decoders[spec.name], self.lineup.targets[spec.name]
+            dec, target = self.lineup.decoders.get(spec.name), self.lineup.targets[spec.name]
             options = {k: v for k, v in spec.options.items() if k not in ("engine", "aa_engine")}
             parts = {"format": fpr.FORMAT, "decoder": spec.decoder, "options": options,
                      **spec_fingerprints(self.lineup, spec)}
@@ -118,7 +118,7 @@ class Reuse:
                             f"the deployment behind it, so its rows are generated, not reused (set "
                             f"reuse_baseline = true in [engines.{server.spec.name}] where that deployment is pinned)")
             else:
-                parts.update(code=fpr.code_fingerprint(dec), dtype=str(target.dtype), **fpr.environment(target.device))
+                parts.update(code=fpr.code_fingerprint(self.lineup.decoder_type(spec.name)), dtype=str(target.dtype), **fpr.environment(target.device))
             self._base[spec.name] = parts
         return self._base[spec.name]
 

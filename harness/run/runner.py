@@ -7,10 +7,12 @@ reads what is there and skips it (resume); the analysis then sees the same rows.
 Decoders run interleaved per work item (baseline, cand-1, cand-2, baseline, ...) so that machine
 noise and thermal drift hit all of them alike: latency comparisons stay paired.
 
-`run` reads as its stages: plan the work (harness.run.work), read what the folder holds (Ledger),
-the baseline's store side (harness.run.store_take), then block by block the baseline and each
-candidate generating (with --fail-fast's check on exact candidates), the looks after each stage,
-and the records.
+`run` reads as its stages: plan the work (harness.run.work, plan.json), read what the folder holds
+(Ledger), the baseline's store side (harness.run.store_take), then block by block the baseline and
+each candidate generating (with --fail-fast's check on exact candidates), the looks after each
+stage, and the records. Generation happens in each decoder's worker process (harness.run.worker,
+started by Lineup); this process validates what comes back, writes every row and stop, and judges
+nothing: judging is harness.commands.regress.finish, over the records alone.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from harness.config import DecoderSpec, RegressConfig
 from harness.run.faults import (BROKEN, BaselineBroken, Policy, garbage, item_limit, raised, results,
                                 vocabulary)
 from harness.run.inflight import INFLIGHT, InFlight, in_flight, previous_death
-from harness.run.records import RECORDS, RecordWriter, read_records, record_key  # noqa: F401 - re-exported
+from harness.run.records import PLAN, RECORDS, RecordWriter, read_records, record_key  # noqa: F401 - re-exported
 from harness.run.store_take import StoreTake
 from harness.run.work import (WorkItem, expand, make_request, make_row, runs_on,  # noqa: F401 - re-exported
                               staged_work, work_items)
@@ -49,29 +51,27 @@ def load_suites(config: RegressConfig) -> list:
 
 
 class Lineup:
-    """The baseline and candidates, built once, with their targets. `engines`: started servers
-    by name (harness.run.engines.started), for engine decoders."""
+    """The baseline and candidates with their targets. Each decoder that runs code in process
+    generates in a worker process of its own (harness.run.worker), forked first, before this
+    process loads any model; engine decoders (`engines`: started servers by name,
+    harness.run.engines.started) are built here. `decoders[name]` builds an in-process copy on
+    first use, for the stages after generation (exactness windows, load, lm-eval)."""
 
-    def __init__(self, config: RegressConfig, engines: dict | None = None):
-        from harness.run.sweep import all_specs
+    def __init__(self, config: RegressConfig, engines: dict | None = None, worker_memory: float | None = None):
+        from harness.run.sweep import all_specs, is_engine
         self.config = config
         # The baseline and candidates, at each concurrency level, plus the A/A run of an engine
         # baseline (harness.run.sweep); without a sweep and an engine: [baseline, *candidates].
         self.specs: list[DecoderSpec] = all_specs(config)
-        self.targets = {}
-        self.decoders = {}
-        from decoders.engines.server import EngineError
-        from harness.config import ConfigError
-        from harness.models import ModelError
-        for spec in self.specs:
-            try:
-                target = get_model(spec.target or config.target, config.device)
-                self.targets[spec.name] = target
-                self.decoders[spec.name] = build_decoder(spec.decoder, target, spec.options, engines)
-            except (DecoderError, ModelError) as e:
-                if isinstance(e, EngineError):  # an engine's own failure, named by the engine
-                    raise
-                raise ConfigError(f"{config.path}: {spec.name!r} (decoder {spec.decoder!r}): {e}") from e
+        from harness.run.worker import Worker
+        self.workers = {s.name: Worker(s.name, (s.target or config.target, config.device, s.decoder, dict(s.options)),
+                                       worker_memory) for s in self.specs if not is_engine(s)}
+        try:
+            self._build(config, engines)
+            self.load_failures = self._loaded()
+        except BaseException:
+            self.close()
+            raise
         # The plain baseline at each concurrency level (not its A/A rerun): what the store may supply.
         b = config.baseline.name
         self.baseline_names = {s.name for s in self.specs if s.role != "aa-floor"
@@ -79,13 +79,69 @@ class Lineup:
         from harness.run.reuse import spec_fingerprints
         self.fingerprints = {s.name: spec_fingerprints(self, s) for s in self.specs}
 
+    def _build(self, config: RegressConfig, engines: dict | None) -> None:
+        """The targets, and the engine decoders; the others are built in their workers (and here on first use)."""
+        from decoders.engines.server import EngineError
+        from harness.config import ConfigError
+        from harness.models import ModelError
+        self.targets = {}
+        self.decoders = _OnFirstUse(self, engines)
+        for spec in self.specs:
+            try:
+                self.targets[spec.name] = get_model(spec.target or config.target, config.device)
+                if spec.name not in self.workers:
+                    self.decoders[spec.name] = build_decoder(spec.decoder, self.targets[spec.name], spec.options, engines)
+            except (DecoderError, ModelError) as e:
+                if isinstance(e, EngineError):  # an engine's own failure, named by the engine
+                    raise
+                raise ConfigError(f"{self.config.path}: {spec.name!r} (decoder {spec.decoder!r}): {e}") from e
+
+    def _loaded(self) -> dict:
+        """Each worker's load: a bad option is the config's (ConfigError, as in process); any other
+        failure (an exception, an exit, a death) is that decoder's, kept to become its stop row."""
+        from harness.config import ConfigError
+        failures = {}
+        for name, worker in self.workers.items():
+            failure = worker.ready()
+            if isinstance(failure, dict) and failure.get("input_error"):
+                spec = next(s for s in self.specs if s.name == name)
+                raise ConfigError(f"{self.config.path}: {name!r} (decoder {spec.decoder!r}): {failure['message']}")
+            if failure is not None:
+                failures[name] = failure
+        return failures
+
+    def decoder_type(self, name: str) -> type:
+        """The class a decoder runs, without building one (its code fingerprint)."""
+        if name in self.decoders:
+            return type(self.decoders[name])
+        from decoders import get_decoder_class
+        return get_decoder_class(next(s for s in self.specs if s.name == name).decoder)
+
+    def close(self) -> None:
+        """Stop the workers (generation is over, or the run stops)."""
+        for worker in getattr(self, "workers", {}).values():
+            worker.close()
+
     @property
     def baseline_target(self):
         return self.targets[self.specs[0].name]  # the baseline (at the first concurrency level)
 
     def block_size(self) -> int:
         """Work items per interleaving block: the most requests any decoder keeps in flight."""
-        return max(int(getattr(d, "concurrency", 1)) for d in self.decoders.values())
+        return max([int(getattr(d, "concurrency", 1)) for d in dict.values(self.decoders)] + [1])
+
+
+class _OnFirstUse(dict):
+    """Decoders by name, an in-process one built when a stage after generation first asks."""
+
+    def __init__(self, lineup: Lineup, engines: dict | None):
+        super().__init__()
+        self.lineup, self.engines = lineup, engines
+
+    def __missing__(self, name: str):
+        spec = next(s for s in self.lineup.specs if s.name == name)
+        self[name] = build_decoder(spec.decoder, self.lineup.targets[name], spec.options, self.engines)
+        return self[name]
 
 
 STOPS = "stops.jsonl"
@@ -225,7 +281,9 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
     ledger = Ledger(run_dir, lineup, stages)                                     # what the folder holds
     inflight = None
     try:
+        write_plan(run_dir, lineup, stages)
         carry_over(run_dir, lineup, ledger.stops, policy)                        # who broke before
+        load_stops(lineup, ledger)                                               # who failed to load
         take = StoreTake(config, run_dir, lineup, reuse, stages[0], ledger.rows)  # the baseline's store side
         inflight = InFlight(run_dir)
         ctx = Context(config, lineup, ledger, take, progress_bar(stages, lineup, ledger, progress),
@@ -239,10 +297,38 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
             look(looks, run_dir, ledger.stops)                                   # stop now?
         ctx.bar.close()
     finally:
+        lineup.close()                                                           # the workers' end
         ledger.close()
         if inflight is not None:
             inflight.close()
     return read_records(run_dir)                                                 # the records
+
+
+def write_plan(run_dir: Path, lineup: Lineup, stages: list) -> None:
+    """Every (decoder, suite, item, seed, temperature) this run's design asks for: what the exit
+    code checks the folder against (harness.verdict.exit_code)."""
+    keys = [list(w.key(s.name)) for st in stages for w in st for s in lineup.specs if runs_on(s, w.suite.name)]
+    tmp = Path(run_dir) / (PLAN + ".tmp")
+    tmp.write_text(json.dumps({"rows": keys, "baselines": sorted(lineup.baseline_names)}))
+    os.replace(tmp, Path(run_dir) / PLAN)
+
+
+def load_stops(lineup: Lineup, ledger: Ledger) -> None:
+    """A decoder whose worker failed to load: a candidate's stop row (its verdict FAIL, the others
+    go on); the baseline's stops the run (nothing to compare against)."""
+    from harness.run.faults import crashed, load_failed
+    for name, failure in lineup.load_failures.items():
+        fp = lineup.fingerprints[name]
+        stop = (load_failed(name, failure, ledger.run_dir, fp) if isinstance(failure, dict)
+                else crashed(name, None, failure, ledger.run_dir, 0, ledger.planned[name], fp))
+        if name in ledger.base_names:
+            ledger.stops.add(**stop)
+            raise BaselineBroken(f"{stop['detail']}; the baseline did not load, so no candidate can be judged "
+                                 f"(traceback in {ledger.run_dir / stop['traceback']})")
+        if ledger.stops.stopped(name, "*"):
+            continue  # left out already (it broke in an earlier run)
+        print(f"decodegate: {stop['detail']}", file=sys.stderr)
+        ledger.stops.add(**stop)
 
 
 @dataclass
@@ -312,7 +398,7 @@ def run_decoder(ctx: Context, spec: DecoderSpec, block: list) -> None:
     items = [w for w, specs in block if spec in specs and ledger.wanted(spec, w)]
     if not items:
         return
-    decoder, target = lineup.decoders[spec.name], lineup.targets[spec.name]
+    target = lineup.targets[spec.name]
     requests = [make_request(ctx.config, target, w) for w in items]
     found = [None] * len(items)
     if ctx.take.takes_from(spec):
@@ -327,30 +413,89 @@ def run_decoder(ctx: Context, spec: DecoderSpec, block: list) -> None:
                             + (f" (+{len(items) - 1})" if len(items) > 1 else ""), refresh=False)
     base = spec.name in ledger.base_names
     limits = [item_limit(ctx.policy, None if base else ledger.baseline_wall(w)) for w in items]
-    with ctx.inflight.item(spec.name, items, None if None in limits else sum(limits), lineup.fingerprints[spec.name]):
-        generate_rows(ctx, spec, decoder, items, requests, found, vocabulary(target))
-    batch = getattr(decoder, "last_batch", None)
-    if batch and batch.get("proposed"):
-        ledger.batches.write({"candidate": spec.name, **batch})
+    limit = None if None in limits else sum(limits)
+    batch = Batch(spec, items, requests, found, vocabulary(target))
+    worker = lineup.workers.get(spec.name)
+    # A worker is bounded by the parent (it is killed past the limit); in process, by the watchdog.
+    with ctx.inflight.item(spec.name, items, None if worker else limit, lineup.fingerprints[spec.name]):
+        if worker is not None:
+            worker_rows(ctx, batch, worker, limit)
+        else:
+            generate_rows(ctx, batch, lineup.decoders[spec.name])
+    last = getattr(dict.get(lineup.decoders, spec.name), "last_batch", None)
+    if last and last.get("proposed"):
+        ledger.batches.write({"candidate": spec.name, **last})
 
 
-def generate_rows(ctx: Context, spec: DecoderSpec, decoder, items: list, requests: list, found: list, vocab) -> None:
-    """Generate and write each item's row: a result, a per-item error, or a result that cannot be
-    judged (named as such). A candidate's own engine that stops answering makes its unanswered
-    items errors; the baseline's raises EngineDown."""
-    answered = set()
+@dataclass
+class Batch:
+    """One decoder's requests of a block: the work items, their requests, what the store found
+    for each (a baseline's), and the target's vocabulary size (garbage is judged by it)."""
+    spec: DecoderSpec
+    items: list
+    requests: list
+    found: list
+    vocab: int | None
+
+
+def worker_rows(ctx: Context, batch: Batch, worker, limit: float | None) -> None:
+    """The requests through the decoder's worker; each answer validated here and written. A break
+    (raised, broke the contract, died, hung) is the decoder's stop; with --keep-going a raise
+    fails only its item and the rest go on."""
+    left = list(range(len(batch.items)))
+    while left:
+        answered = []
+        for kind, j, payload in worker.run([batch.requests[i] for i in left], limit):
+            i = left[j]
+            answered.append(i)
+            if kind in ("result", "item-error", "garbage"):
+                record(ctx, batch.spec, batch.items[i], answer(kind, payload, batch.requests[i], batch.vocab),
+                       batch.found[i])
+            elif not broke(ctx, batch, i, kind, payload):
+                return
+        left = [i for i in left if i not in answered]
+
+
+def answer(kind: str, payload, request, vocab) -> object:
+    """A worker's answer as the runner records it: a result, or a DecoderError naming why not."""
+    from harness.run.faults import garbage
+    if kind == "item-error":
+        return DecoderError(payload)
+    if kind == "garbage":
+        return DecoderError(f"a result that cannot be judged: {payload}")
+    result = returned(json.loads(payload))
+    why = garbage(result, request, vocab)
+    return DecoderError(f"a result that cannot be judged: {why}") if why else result
+
+
+def returned(plain: dict):
+    """A result from a worker's JSON, with the attributes a record is made of."""
+    from types import SimpleNamespace
+    timing = plain.get("timing")
+    ok = isinstance(timing, dict) and isinstance(timing.get("wall_s"), (int, float))
+    return SimpleNamespace(**{k: plain.get(k) for k in ("tokens", "text", "decoder", "finish_reason", "margins",
+                                                        "stats")},
+                           timing=SimpleNamespace(as_dict=lambda: timing) if ok else None)
+
+
+def generate_rows(ctx: Context, batch: Batch, decoder) -> None:
+    """In process (an engine decoder): generate and write each item's row: a result, a per-item
+    error, or a result that cannot be judged (named as such). A candidate's own engine that stops
+    answering makes its unanswered items errors; the baseline's raises EngineDown."""
+    from harness.run.worker import exc_info
+    spec, items, answered = batch.spec, batch.items, set()
     try:
         if getattr(decoder, "engine_down", None):
             raise decoder.engine_down
-        for i, result in results(decoder, requests, ctx.policy.keep_going):
+        for i, result in results(decoder, batch.requests, ctx.policy.keep_going):
             answered.add(i)
             if isinstance(result, Exception) and not isinstance(result, DecoderError):
-                result = broke(ctx, spec, items[i], result, decoder)
-                if result is None:  # the candidate stops here
-                    break
-            elif not isinstance(result, DecoderError) and (why := garbage(result, requests[i], vocab)):
+                if not broke(ctx, batch, i, "raised", exc_info(result, decoder)):
+                    break  # the candidate stops here
+                continue
+            elif not isinstance(result, DecoderError) and (why := garbage(result, batch.requests[i], batch.vocab)):
                 result = DecoderError(f"a result that cannot be judged: {why}")
-            record(ctx, spec, items[i], result, found[i])
+            record(ctx, spec, items[i], result, batch.found[i])
     except EngineDown as e:
         if not candidate_alone_on(ctx, spec):
             raise  # the baseline's engine: nothing left to compare against; the run stops to resume
@@ -361,7 +506,7 @@ def generate_rows(ctx: Context, spec: DecoderSpec, decoder, items: list, request
         decoder.engine_down = e
         for i, w in enumerate(items):
             if i not in answered:
-                record(ctx, spec, w, DecoderError(str(e)), found[i])
+                record(ctx, spec, w, DecoderError(str(e)), batch.found[i])
 
 
 def record(ctx: Context, spec: DecoderSpec, w: WorkItem, result, found) -> None:
@@ -385,24 +530,35 @@ def candidate_alone_on(ctx: Context, spec: DecoderSpec) -> bool:
         base.get("engine"), base.get("aa_engine"))
 
 
-def broke(ctx: Context, spec: DecoderSpec, w: WorkItem, exc: Exception, decoder) -> DecoderError | None:
-    """A decoder raised on an item. A candidate: its stop row (the one line, the traceback in the
-    run folder), or with `keep_going` the item's error. The baseline: the run stops (BaselineBroken),
-    or, where the exception came from decodegate's own code, it is raised as the bug it is."""
-    ledger = ctx.ledger
-    stop = raised(spec.name, w, exc, decoder, ledger.run_dir, ledger.ran(spec.name), ledger.planned[spec.name],
-                  ctx.lineup.fingerprints[spec.name])
+def broke(ctx: Context, batch: Batch, i: int, kind: str, payload) -> bool:
+    """A decoder broke on item `i`: raised (`payload`: harness.run.worker.exc_info), broke the
+    generate_many contract (why), or its worker died or hung (a Death). A candidate: its stop row
+    (the one line, the traceback in the run folder), or, where it only raised and with
+    `keep_going`, the item's error (True: go on). The baseline: the run stops (BaselineBroken), or,
+    where the exception came from decodegate's own code, exit 3 names the bug."""
+    from harness.run.faults import crashed
+    ledger, spec, w = ctx.ledger, batch.spec, batch.items[i]
+    args = (ledger.run_dir, ledger.ran(spec.name), ledger.planned[spec.name], ctx.lineup.fingerprints[spec.name])
+    if kind == "contract":
+        payload = {"exception": "ContractError", "message": payload, "at": "generate_many", "ours": False,
+                   "contract": True, "traceback": payload + "\n"}
+    stop = crashed(spec.name, w, payload, *args) if kind == "died" else raised(spec.name, w, payload, *args)
     where = f"traceback in {ledger.run_dir / stop['traceback']}"
     if spec.name in ledger.base_names:
-        if stop["ours"]:
-            raise exc
-        raise BaselineBroken(f"{stop['detail']}; the baseline raised, so no candidate can be judged ({where}; "
-                             f"every finished row is kept in {ledger.run_dir})") from exc
+        if stop.get("ours"):
+            raise RuntimeError(f"{stop['detail']} ({where})")
+        ledger.stops.add(**stop)  # remembered: the next run stops too, until --retry-broken or a fix
+        raise BaselineBroken(f"{stop['detail']}; the baseline broke, so no candidate can be judged ({where}; "
+                             f"every finished row is kept in {ledger.run_dir})")
     print(f"decodegate: {stop['detail']} ({where})", file=sys.stderr)
-    if ctx.policy.keep_going:
-        return DecoderError(stop["detail"])
+    if kind == "died" and payload.hung:
+        print(f"the worker's Python stack when it was stopped:\n{payload.tail}", file=sys.stderr)
+    if ctx.policy.keep_going and kind == "raised":
+        if w.key(spec.name) not in ledger.done:  # not after its row (a raise past its last answer)
+            record(ctx, spec, w, DecoderError(stop["detail"]), batch.found[i])
+        return True
     ledger.stops.add(**stop)
-    return None
+    return False
 
 
 def check_divergence(config: RegressConfig, target, spec: DecoderSpec, row: dict, ledger: Ledger) -> None:

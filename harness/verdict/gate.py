@@ -48,6 +48,7 @@ from analysis.acceptance_drift import MIN_PROMPTS
 from analysis.latency import MIN_PROMPTS as SPEED_MIN_PROMPTS
 from analysis.paired import below, loss_upper_bound, sign_sample_size
 from harness.config import Gates, sampled_identity_applies
+from harness.run.faults import BROKEN
 from harness.verdict import engine_exactness
 from harness.verdict.floor import gate_detail as floor_gate
 from harness.verdict.results import (Decision, GateResult, evidence as _evidence, failed as _failed, inconclusive_status,
@@ -535,7 +536,7 @@ def decide(cand: dict, gates: Gates) -> Decision:
     for st in cand.get("stopped", []):
         if st.get("reason") == "fail-fast":
             results.append(GateResult("fail-fast", "fail", f"stopped early (--fail-fast): {st['detail']}"))
-        elif st.get("reason") in ("raised", "crashed", "hung"):  # the candidate broke (harness.run.faults)
+        elif st.get("reason") in BROKEN:  # the candidate broke: one list, harness.run.faults
             results.append(GateResult(st["reason"], "fail", st["detail"]))
     sp = cand.get("speedup")
     if cand.get("min_speedup") is not None and (sp is None or sp.get("error")):

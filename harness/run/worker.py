@@ -1,0 +1,340 @@
+"""Decoders behind a process boundary: one worker process per decoder, for a whole run.
+
+A decoder under test may raise, exit, segfault, be killed, hang (holding the GIL or not), leak a
+thread or eat the machine's memory. None of that may end, stall or fool the process that writes
+the run folder and sets the exit code. So the baseline and each candidate generate in a worker
+process of their own, and the parent (harness.run.runner) alone writes records, judges and exits:
+
+- `Worker(name, build)` forks the process before the parent loads any model (a fork is cheap, and
+  it is taken while the parent has run no OpenMP region and touched no GPU, the two things a
+  forked child cannot inherit; where CUDA is already up it spawns instead). The worker loads the
+  target and builds the decoder itself, then answers "ready" or the failure to load.
+- `Worker.run(requests, limit)` sends a block of requests and yields what comes back, one event
+  per request: a result as plain JSON text (numpy and torch scalars converted in the worker,
+  anything else refused as garbage), a per-item DecoderError, or the end of the call: the decoder
+  raised (any BaseException, SystemExit and KeyboardInterrupt included, with its file:line and
+  traceback), broke the `generate_many` contract, died (exit status or signal, the last lines of
+  its stderr), or went past `limit` seconds (its Python stack is dumped, then it is killed).
+- In the worker: Ctrl-C is ignored (it is the parent's), stdout and stderr go to a file whose
+  tail names a death, the worker dies with the parent (PR_SET_PDEATHSIG), `memory` caps its
+  address space (RLIMIT_AS, beyond what it inherited), and it ends by `os._exit`, so a leaked
+  thread cannot hold it open. Speed is measured inside the worker, as in process.
+Engine decoders (HTTP clients of a server decodegate started) stay in process: they run no code
+of the user's, and their failures are already exceptions naming the engine.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+
+from harness.run.faults import OUR_PACKAGES, raised_at
+
+_PARENT_ENDS: list = []        # the parent's ends of every live worker's pipe (closed in each new worker)
+STACK_WAIT_S = 2.0             # how long a hung worker gets to write its Python stack before SIGKILL
+TAIL_LINES = 12                # lines of a worker's stderr read by default
+MEMORY_WORDS = ("MemoryError", "can't allocate memory", "Cannot allocate memory", "bad_alloc", "out of memory")
+
+
+@dataclass(frozen=True)
+class Death:
+    """How a worker ended without answering: `how` is one line ("killed by SIGSEGV", "exited
+    with status 0", "no result after 3 s"), `tail` the last lines of its stderr."""
+    how: str
+    tail: str
+    hung: bool = False
+    out_of_memory: bool = False
+
+
+def text(obj) -> str:
+    """str(obj), even for an exception whose __str__ raises."""
+    try:
+        return str(obj)
+    except BaseException as e:  # noqa: BLE001 - a decoder's object: anything may come out
+        return f"<{type(obj).__name__} whose str() raised {type(e).__name__}>"
+
+
+def exc_info(exc: BaseException, decoder=None) -> dict:
+    """A decoder's exception as plain data: type, one-line message, file:line (in the decoder's own
+    code where it has a frame there), whether that frame is decodegate's, and the traceback."""
+    try:
+        at, ours = raised_at(exc, decoder)
+    except Exception:  # noqa: BLE001
+        at, ours = "?", False
+    try:
+        trace = "".join(traceback.format_exception(exc))
+    except BaseException:  # noqa: BLE001 - a __str__ that raises
+        trace = "".join(traceback.format_tb(exc.__traceback__)) + f"{type(exc).__name__}: {text(exc)}\n"
+    return {"exception": type(exc).__name__, "message": text(exc)[:2000], "at": at, "ours": ours,
+            "traceback": trace, "out_of_memory": isinstance(exc, MemoryError)
+            or any(w in text(exc) for w in MEMORY_WORDS[1:])}
+
+
+def is_input_error(exc: BaseException) -> bool:
+    """A bad option or model name (DecoderError, ConfigError, ModelError): the config's fault."""
+    return isinstance(exc, ValueError) and type(exc).__module__.split(".")[0] in OUR_PACKAGES
+
+
+# ------------------------------------------------------------------------------- the worker side
+
+
+def _isolate(stderr_path: str, memory: float | None) -> None:
+    """What makes the worker a boundary: its own output file, no Ctrl-C, death with the parent,
+    a stack dump on SIGUSR1 (even while the GIL is held), and its memory cap."""
+    import faulthandler
+    import gc
+    gc.freeze()  # the parent's objects, as forked: a collection here must not touch (and copy) their pages
+    for conn in _PARENT_ENDS:
+        conn.close()
+    fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the parent
+    except (OSError, AttributeError):
+        pass
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+    if memory:
+        import resource
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        cap = mapped + int(memory * 2 ** 30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
+def _serve(conn, build: tuple, memory: float | None, stderr_path: str) -> None:
+    """The worker's whole life: isolate, load, answer blocks of requests until told to stop."""
+    _isolate(stderr_path, memory)
+    try:
+        from harness.build import build_decoder, get_model
+        target_spec, device, name, options = build
+        decoder = build_decoder(name, get_model(target_spec, device), options)
+    except BaseException as e:  # noqa: BLE001 - a failed load is that decoder's verdict
+        _send(conn, ("load-failed", {**exc_info(e), "input_error": is_input_error(e)}))
+        _leave()
+    _send(conn, ("ready",))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            _leave()
+        if msg[0] != "generate":
+            _leave()
+        _generate(conn, decoder, msg[1])
+
+
+def _leave() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no atexit, no join: a leaked thread cannot keep the worker alive
+
+
+def _send(conn, msg) -> None:
+    try:
+        conn.send(msg)
+    except (OSError, ValueError):  # the parent is gone
+        _leave()
+
+
+def _generate(conn, decoder, requests: list) -> None:
+    """Run `generate_many` over the requests, each index's answer sent once; a DecoderError that
+    ends the call fails the request in flight only, and the rest run in a new call. Ends with
+    one of "done", "raised" or "contract"."""
+    from decoders.base import DecoderError
+    left = list(range(len(requests)))
+    while left:
+        seen: list[int] = []
+        try:
+            for j, result in decoder.generate_many([requests[i] for i in left]):
+                if not (isinstance(j, int) and 0 <= j < len(left)) or left[j] in seen:
+                    what = "twice" if isinstance(j, int) and 0 <= j < len(left) else f"of {len(left)} requests"
+                    return _send(conn, ("contract", left[j] if what == "twice" else _first(left, seen),
+                                        f"generate_many yielded index {text(j)[:40]} {what}"))
+                seen.append(left[j])
+                _send(conn, _answer(left[j], result, DecoderError))
+        except DecoderError as e:
+            if (i := _first(left, seen)) is not None:
+                seen.append(i)
+                _send(conn, ("item-error", i, text(e)))
+        except BaseException as e:  # noqa: BLE001 - SystemExit, KeyboardInterrupt: the decoder's
+            return _send(conn, ("raised", _first(left, seen), exc_info(e, decoder)))
+        else:
+            if len(seen) < len(left):
+                return _send(conn, ("contract", _first(left, seen), f"generate_many ended with no result for "
+                                                                     f"{len(left) - len(seen)} of its {len(left)} requests"))
+        left = [i for i in left if i not in seen]
+    _send(conn, ("done",))
+
+
+def _first(left: list, seen: list):
+    """The request in flight: the first one not answered (None once all are)."""
+    return next((i for i in left if i not in seen), None)
+
+
+def _answer(i: int, result, decoder_error) -> tuple:
+    """One request's answer as a message: plain JSON text, a DecoderError's line, or why it is garbage."""
+    if isinstance(result, decoder_error):
+        return ("item-error", i, text(result))
+    try:
+        plain = {"tokens": result.tokens, "text": result.text, "decoder": getattr(result, "decoder", ""),
+                 "finish_reason": result.finish_reason, "margins": result.margins, "stats": result.stats,
+                 "timing": result.timing.as_dict()}
+        return ("result", i, json.dumps(plain, default=_jsonable))
+    except Exception as e:  # noqa: BLE001 - whatever the result is, it is the decoder's
+        return ("garbage", i, f"a result that is not plain data ({type(result).__name__}: {text(e)[:300]})")
+
+
+def _jsonable(obj):
+    """numpy and torch values as plain Python (a numpy scalar in stats is common and harmless);
+    anything else is refused (TypeError), and the result is the decoder's garbage."""
+    if type(obj).__module__.split(".")[0] in ("numpy", "torch") and callable(getattr(obj, "tolist", None)):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__module__}.{type(obj).__qualname__} is not plain data")
+
+
+# ------------------------------------------------------------------------------- the parent side
+
+
+def _context():
+    torch = sys.modules.get("torch")
+    cuda_up = torch is not None and torch.cuda.is_initialized()
+    return multiprocessing.get_context("spawn" if cuda_up else "fork")
+
+
+class Worker:
+    """The parent's handle on one decoder's worker process."""
+
+    def __init__(self, name: str, build: tuple, memory: float | None = None):
+        self.name = name
+        ctx = _context()
+        fd, self.stderr_path = tempfile.mkstemp(prefix=f"decodegate-worker-{os.getpid()}-", suffix=".log")
+        os.close(fd)
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, build, memory, self.stderr_path),
+                                name=f"decodegate-worker:{name}", daemon=True)
+        self.proc.start()
+        child.close()
+        _PARENT_ENDS.append(self.conn)
+        self.dead: Death | None = None
+
+    def ready(self) -> dict | Death | None:
+        """Wait for the load: None when ready, the load failure (exc_info, `input_error`), or a Death."""
+        msg = self._next(None)
+        if isinstance(msg, Death):
+            return msg
+        return None if msg[0] == "ready" else msg[1]
+
+    def run(self, requests: list, limit: float | None):
+        """Yield `(kind, index, payload)` per request ("result" with JSON text, "item-error",
+        "garbage"), then at most one end: ("raised", i, exc_info), ("contract", i, why) or
+        ("died", i, Death). Each index comes once, checked here; a short stream is a break."""
+        if self.dead is not None:
+            yield "died", 0, self.dead
+            return
+        self.conn.send(("generate", requests))
+        pending = list(range(len(requests)))
+        while pending:
+            msg = self._next(limit)
+            if isinstance(msg, Death):
+                yield "died", pending[0], msg
+                return
+            kind, i = msg[0], (msg[1] if len(msg) > 1 else None)
+            if kind == "done":
+                yield "contract", pending[0], f"generate_many ended with no result for {len(pending)} requests"
+                return
+            if kind in ("raised", "contract"):
+                yield kind, i if i in pending else pending[0], msg[2]
+                return
+            if i not in pending:
+                yield "contract", pending[0], f"generate_many yielded index {i} twice"
+                return
+            pending.remove(i)
+            yield kind, i, msg[2]
+        end = self._next(limit)  # the call's "done", or a break after its last answer
+        if isinstance(end, Death):
+            yield "died", len(requests) - 1, end
+        elif end[0] in ("raised", "contract"):
+            yield end[0], len(requests) - 1 if end[1] is None else end[1], end[2]
+
+    def _next(self, limit: float | None):
+        deadline = None if limit is None else time.monotonic() + limit
+        while True:
+            wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if wait <= 0:
+                return self._end(self._hung(limit))
+            if self.conn.poll(wait):
+                try:
+                    return self.conn.recv()
+                except (EOFError, OSError):
+                    return self._end(self._died())
+            if not self.proc.is_alive() and not self.conn.poll(0):
+                return self._end(self._died())
+
+    def _end(self, death: Death) -> Death:
+        self.dead = death
+        return death
+
+    def _died(self) -> Death:
+        self.proc.join(5)
+        code, tail = self.proc.exitcode, self.tail(lines=200)  # faulthandler's report, whole
+        if code is None:
+            self.proc.kill()
+            self.proc.join()
+            how = "closed its pipe without exiting"
+        elif code < 0:
+            name = signal.Signals(-code).name
+            how = f"killed by {name}" + (" (the out-of-memory killer, or from outside)" if name == "SIGKILL" else "")
+        else:
+            how = f"exited with status {code} (sys.exit or os._exit in the decoder, or an exit in native code)"
+        oom = any(w in tail for w in MEMORY_WORDS)
+        return Death(("out of memory: " if oom else "") + how, tail, out_of_memory=oom)
+
+    def _hung(self, limit: float) -> Death:
+        """Past the item limit: its stack first (faulthandler answers SIGUSR1 even under a held
+        GIL), then SIGKILL."""
+        try:
+            os.kill(self.proc.pid, signal.SIGUSR1)
+            self.proc.join(STACK_WAIT_S)
+        except ProcessLookupError:
+            pass
+        self.proc.kill()
+        self.proc.join()
+        return Death(f"no result after {limit:.3g} s (the item limit: --item-timeout, --hang-factor)",
+                     self.tail(lines=200), hung=True)
+
+    def tail(self, lines: int = TAIL_LINES) -> str:
+        try:
+            with open(self.stderr_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.stderr_path) - 64_000))
+                data = f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return "\n".join(data.rstrip().splitlines()[-lines:])
+
+    def close(self) -> None:
+        """Stop the worker (a clean stop, else SIGKILL) and remove its output file."""
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("stop",))
+            except (OSError, ValueError):
+                pass
+            self.proc.join(2)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join()
+        self.conn.close()
+        if self.conn in _PARENT_ENDS:
+            _PARENT_ENDS.remove(self.conn)
+        try:
+            os.unlink(self.stderr_path)
+        except OSError:
+            pass

@@ -1,0 +1,368 @@
+"""The fault-injection matrix (issue 57), as SQLite tests its recovery: a test decoder applies a
+fault chosen by the test, at a chosen call, and after each run (and after a second run on the same
+folder) the invariants are checked through the run folder and the exit code:
+
+- exit 0 never with a broken or missing row, and never 3 (decodegate's own bug);
+- a broken candidate is FAIL, its line naming the fault, the item and file:line or the signal;
+- every other candidate is judged in the same run; a broken baseline is exit 2;
+- no row that was written is lost, and the second run keeps the first run's verdict (a death is
+  remembered, whatever killed the worker, even where a rerun would have gone through).
+
+The cases are generated: {fault} x {baseline, candidate} x {first, middle, last item} x {greedy,
+sampled}. Candidate faults share a run (each candidate is its own worker: that one fault at that
+one call is all that differs), baseline faults get a run each. `make check` runs a slice (every
+fault once as a candidate, a sample as the baseline); `make test` the whole matrix (marked full).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.run.records import PLAN
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+FAULTY = '''\
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+from decoders.base import DecoderError
+from decoders.standard import StandardDecoder
+
+
+class Odd(BaseException):
+    pass
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no str")
+
+
+class Faulty(StandardDecoder):
+    """A correct decoder that applies `fault` on its `at`-th call."""
+
+    def __init__(self, target, fault="none", at=0, **options):
+        if fault == "raise-on-load":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")  # FAULT LINE load
+        if fault == "exit-on-load":
+            os._exit(3)
+        super().__init__(target, **options)
+        self.fault, self.at, self.calls = fault, at, 0
+
+    def generate_many(self, requests):
+        self.calls += 1
+        if self.fault == "slow":
+            time.sleep(1)
+        if self.calls != self.at:
+            yield from super().generate_many(requests)
+            return
+        f = self.fault
+        if f == "duplicate-index":
+            result = self.generate(requests[0])
+            yield 0, result
+            yield 0, result
+        elif f == "missing-index":
+            return
+        elif f == "decoder-error":
+            raise DecoderError("this item is refused by generate_many")
+        else:
+            yield 0, self.apply(f, requests[0])
+
+    def apply(self, f, request):
+        result = self.generate(request)
+        import dataclasses
+        if f == "raise":
+            return [][1]  # FAULT LINE raise
+        if f == "sys-exit":
+            sys.exit()
+        if f == "os-exit-0":
+            os._exit(0)
+        if f == "os-exit-1":
+            os._exit(1)
+        if f == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if f == "sigsegv":
+            ctypes.string_at(0)
+        if f == "keyboard-interrupt":
+            raise KeyboardInterrupt
+        if f == "base-exception":
+            raise Odd("a BaseException of its own")
+        if f == "unprintable":
+            raise Unprintable()
+        if f == "hang":
+            time.sleep(10 ** 6)
+        if f == "hang-gil":
+            ctypes.PyDLL(None).sleep(10 ** 6)  # libc sleep(3) called holding the GIL
+        if f == "eat-memory":
+            # 16 GiB, never touched: without the cap it costs nothing, under it the allocation fails
+            self.hoard = np.empty(2 ** 34, dtype=np.uint8)  # FAULT LINE memory
+        if f == "leaked-thread":
+            threading.Thread(target=time.sleep, args=(10 ** 6,)).start()
+        if f == "nan-margins":
+            return dataclasses.replace(result, margins=tuple(float("nan") for _ in result.margins))
+        if f == "oov":
+            return dataclasses.replace(result, tokens=(10 ** 6,) + tuple(result.tokens[1:]))
+        if f == "numpy-scalar":
+            return dataclasses.replace(result, stats={**result.stats, "score": np.float32(0.5), "n": np.int64(3)})
+        if f == "object-in-stats":
+            return dataclasses.replace(result, stats={**result.stats, "when": object()})
+        return result
+'''
+LINES = {f: i for i, line in enumerate(FAULTY.splitlines(), 1) if "# FAULT LINE" in line
+         for f in [line.split("# FAULT LINE ")[1]]}
+
+# What each fault gives a candidate: (gate that fails, words its line must hold). None: the
+# decoder stays correct (a numpy scalar is converted, a leaked thread dies with its worker).
+CANDIDATE = {
+    "raise": ("raised", f"raised IndexError on s/{{item}} (T={{t}}, seed 0) at faulty.py:{LINES['raise']}"),
+    "sys-exit": ("raised", "raised SystemExit on s/{item}"),
+    "os-exit-0": ("crashed", "crashed on s/{item} (T={t}, seed 0): exited with status 0"),
+    "os-exit-1": ("crashed", "crashed on s/{item} (T={t}, seed 0): exited with status 1"),
+    "sigkill": ("crashed", "crashed on s/{item} (T={t}, seed 0): killed by SIGKILL"),
+    "sigsegv": ("crashed", "crashed on s/{item} (T={t}, seed 0): killed by SIGSEGV"),
+    "keyboard-interrupt": ("raised", "raised KeyboardInterrupt on s/{item}"),
+    "base-exception": ("raised", "raised Odd on s/{item}"),
+    "unprintable": ("raised", "raised Unprintable on s/{item}"),
+    "hang": ("hung", "hung on s/{item} (T={t}, seed 0): no result after"),
+    "hang-gil": ("hung", "hung on s/{item} (T={t}, seed 0): no result after"),
+    "eat-memory": ("crashed", f"crashed (out of memory: MemoryError) on s/{{item}} (T={{t}}, seed 0) at "
+                              f"faulty.py:{LINES['memory']}"),
+    "leaked-thread": None,
+    "nan-margins": ("errors", "margin nan at position 0"),
+    "oov": ("errors", "token id 1000000 at position 0 is outside the vocabulary"),
+    "numpy-scalar": None,
+    "object-in-stats": ("errors", "a result that cannot be judged: a result that is not plain data"),
+    "duplicate-index": ("raised", "broke the generate_many contract on s/{item}"),
+    "missing-index": ("raised", "broke the generate_many contract on s/{item}"),
+    "decoder-error": ("errors", "this item is refused by generate_many"),
+    "raise-on-load": ("crashed", f"crashed on load: RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB "
+                                 f"(at faulty.py:{LINES['load']})"),
+    "exit-on-load": ("crashed", "crashed on load: exited with status 3"),
+}
+# Faults that end a call or the worker: in the baseline, the run stops (exit 2), rows kept.
+STOPS_A_BASELINE = [f for f, v in CANDIDATE.items() if v is not None and v[0] != "errors"]
+POSITIONS = {"first": 1, "middle": 2, "last": 3}
+ITEMS = {1: "a", 2: "b", 3: "c"}
+PROFILES = {"greedy": "temperatures = [0.0]\nseeds = [0]\n",
+            "sampled": 'temperatures = [0.7]\nseeds = [0]\nsample_suites = ["s"]\n'}
+ITEM_TIMEOUT = "5"  # seconds: the tiny model's items take milliseconds (below 1 s on a loaded 2-core machine)
+WORKER_MEMORY = "2"  # GiB beyond what a worker inherits: the tiny model needs a few MiB
+
+
+@pytest.fixture
+def faulty(tmp_path, monkeypatch):
+    (tmp_path / "faulty.py").write_text(FAULTY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop("faulty", None)
+
+
+def _config(root: Path, profile: str, baseline: dict, candidates: dict[str, dict]) -> Path:
+    """Three items (a, b, c), tiny-llama, the given baseline and candidates (name: options)."""
+    suite = root / "s.jsonl"
+    rows = [{"suite": "s", "version": "1", "description": "fault matrix", "smoke": list("abc"),
+             "defaults": {"grader": "contains", "max_new_tokens": 4, "stop": []}}]
+    rows += [{"id": i, "prompt": p, "references": ["zz"]} for i, p in zip("abc", ("first one", "middle one", "last"))]
+    suite.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+    def table(opts: dict) -> str:
+        if not opts:
+            return 'decoder = "standard"\n'
+        return f'decoder = "faulty:Faulty"\noptions = {{ fault = "{opts["fault"]}", at = {opts["at"]} }}\n'
+    cands = "".join(f'[[candidates]]\nname = "{n}"\n{table(o)}' for n, o in candidates.items())
+    cfg = root / f"{profile}.toml"
+    cfg.write_text(f'target = "tiny-llama"\n[baseline]\nname = "baseline"\n{table(baseline)}{cands}'
+                   f'[suites.s]\npath = "{suite}"\n[profiles.smoke]\nsubset = "smoke"\nsuites = ["s"]\n'
+                   + PROFILES[profile])
+    return cfg
+
+
+def _regress(cfg: Path, run_dir: Path) -> int:
+    return main(["regress", "--config", str(cfg), "--run-dir", str(run_dir), "--no-progress", "--no-tracking",
+                 "--item-timeout", ITEM_TIMEOUT, "--worker-memory", WORKER_MEMORY])
+
+
+def _rows(run_dir: Path) -> list[str]:
+    path = run_dir / "records.jsonl"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _complete(run_dir: Path) -> bool:
+    """Every planned row present and not an error, read independently of harness.verdict.exit_code."""
+    plan = json.loads((run_dir / PLAN).read_text())["rows"]
+    have = {(r["candidate"], r["suite"], r["item_id"], r["seed"], r["temperature"]): r
+            for r in map(json.loads, _rows(run_dir))}
+    return all(tuple(k) in have and not have[tuple(k)].get("error") for k in plan)
+
+
+def _check_candidates(run_dir: Path, code: int, faults: dict[str, str], where: int, t: str) -> None:
+    assert code in (0, 1), code  # never 2 or 3: the baseline is fine, a candidate's break is a gate
+    summary = _summary(run_dir)
+    assert summary["candidates"]["fine"]["verdict"] == "pass"  # judged in the same run
+    for name, fault in faults.items():
+        cand = summary["candidates"][name]
+        expect = CANDIDATE[fault]
+        if expect is None:  # judged as the same decoder without the fault (at T > 0 alone: no gate applies)
+            control = summary["candidates"]["control"]
+            gates = lambda c: [(g["name"], g["status"]) for g in c["gates"]]  # noqa: E731
+            assert (cand["verdict"], gates(cand)) == (control["verdict"], gates(control)), (fault, cand["gates"])
+            continue
+        gate, words = expect
+        words = words.format(item=ITEMS[where], t=t)
+        failed = {g["name"]: g["detail"] for g in cand["gates"] if g["status"] == "fail"}
+        assert cand["verdict"] == "fail" and gate in failed, (fault, failed)
+        assert words in failed[gate], (fault, failed[gate])
+    assert (code == 0) == (summary["verdict"] == "pass" and _complete(run_dir))
+
+
+def _candidate_case(faulty: Path, profile: str, where: int, faults: list[str]) -> None:
+    t = "0" if profile == "greedy" else "0.7"
+    named = {f.replace("-", "_"): f for f in faults}
+    cfg = _config(faulty, profile, {}, {"fine": {}, "control": {"fault": "none", "at": 0},
+                                        **{n: {"fault": f, "at": where} for n, f in named.items()}})
+    run_dir = faulty / f"run-{profile}-{where}"
+    code = _regress(cfg, run_dir)
+    _check_candidates(run_dir, code, named, where, t)
+    first = _rows(run_dir)
+    again = _regress(cfg, run_dir)  # the second run: the same verdicts, every row kept
+    assert again == code
+    _check_candidates(run_dir, again, named, where, t)
+    assert _rows(run_dir)[:len(first)] == first
+
+
+def _baseline_case(faulty: Path, profile: str, where: int, fault: str) -> None:
+    cfg = _config(faulty, profile, {"fault": fault, "at": where}, {"fine": {}})
+    run_dir = faulty / f"run-{profile}-{where}-{fault}"
+    for _ in range(2):  # the second run on the folder: still no verdict, still every row kept
+        before = _rows(run_dir)
+        code = _regress(cfg, run_dir)
+        assert code == 2, (fault, code)
+        assert not (run_dir / "summary.json").exists()
+        assert _rows(run_dir)[:len(before)] == before
+        assert sum(json.loads(r)["candidate"] == "baseline" for r in _rows(run_dir)) >= (
+            0 if fault.endswith("on-load") else where - 1)
+
+
+ALL_FAULTS = [f for f in CANDIDATE if not f.endswith("on-load")]
+
+
+def test_every_fault_as_a_candidate_on_its_middle_item(faulty):
+    """The slice in `make check`: every fault once, each in its own worker, in one run."""
+    _candidate_case(faulty, "greedy", 2, ALL_FAULTS + ["raise-on-load"])
+
+
+@pytest.mark.parametrize("fault", ["sys-exit", "sigkill", "exit-on-load"])
+def test_a_baseline_fault_stops_the_run(faulty, fault):
+    _baseline_case(faulty, "greedy", 1 if fault == "exit-on-load" else 2, fault)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("profile", list(PROFILES))
+@pytest.mark.parametrize("where", list(POSITIONS))
+def test_the_candidate_matrix(faulty, profile, where):
+    _candidate_case(faulty, profile, POSITIONS[where], ALL_FAULTS + ["raise-on-load", "exit-on-load"])
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("profile", list(PROFILES))
+@pytest.mark.parametrize("where", list(POSITIONS))
+@pytest.mark.parametrize("fault", STOPS_A_BASELINE)
+def test_the_baseline_matrix(faulty, profile, where, fault):
+    _baseline_case(faulty, profile, POSITIONS[where], fault)
+
+
+def test_a_candidate_killed_on_its_third_item_stays_failed_on_the_rerun(faulty):
+    """SIGKILL (what the out-of-memory killer sends) on the third item: FAIL in this run, and on
+    the rerun, where a fresh worker would have gone through (its fault counts calls)."""
+    _candidate_case(faulty, "greedy", 3, ["sigkill"])
+
+
+def _child(cfg: Path, run_dir: Path, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), str(cfg.parent)]),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "regress", "--config", str(cfg), "--run-dir",
+                             str(run_dir), "--no-tracking", "--no-progress"], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+@pytest.mark.full  # a child regress
+def test_a_leaked_thread_does_not_keep_the_run_alive(faulty):
+    cfg = _config(faulty, "greedy", {}, {"leaky": {"fault": "leaked-thread", "at": 1}})
+    child = _child(cfg, faulty / "run")
+    out, err = child.communicate(timeout=600)  # before issue 57: the verdict was written, and no exit
+    assert child.returncode == 0, err[-3000:]
+    assert _summary(faulty / "run")["candidates"]["leaky"]["verdict"] == "pass"
+
+
+@pytest.mark.full  # a child regress
+def test_ctrl_c_stops_the_whole_run_and_the_rerun_resumes(faulty):
+    """Ctrl-C reaches the terminal's whole process group, workers included: the run ends with 130,
+    its rows kept, and the next run goes on from there (no decoder is blamed)."""
+    cfg = _config(faulty, "greedy", {}, {"slow": {"fault": "slow", "at": 0}})
+    run_dir = faulty / "run"
+    child = _child(cfg, run_dir, start_new_session=True)
+    while len(_rows(run_dir)) < 2 and child.poll() is None:
+        time.sleep(0.2)
+    os.killpg(child.pid, signal.SIGINT)
+    out, err = child.communicate(timeout=600)
+    assert child.returncode == 130, err[-3000:]
+    kept = _rows(run_dir)
+    assert 2 <= len(kept) < 6 and not (run_dir / "summary.json").exists()
+    assert _regress(cfg, run_dir) == 0
+    assert _rows(run_dir)[:len(kept)] == kept and len(_rows(run_dir)) == 6
+
+
+def test_the_docs_table_names_every_fault_of_the_matrix():
+    """docs/own-decoder.md's table is the matrix's: a fault added here must be documented there."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "own-decoder.md").read_text()
+    table = [line for line in doc.splitlines() if line.startswith("| ")]
+    for fault in CANDIDATE:
+        assert any(f"`{fault}`" in line for line in table), fault
+
+
+def _folder(tmp_path: Path, rows: list, stops: list = (), verdict: str = "pass") -> Path:
+    tmp_path.mkdir()
+    plan = [["base", "s", i, 0, 0.0] for i in "ab"] + [["cand", "s", i, 0, 0.0] for i in "ab"]
+    (tmp_path / PLAN).write_text(json.dumps({"rows": plan, "baselines": ["base"]}))
+    (tmp_path / "summary.json").write_text(json.dumps({"verdict": verdict, "candidates": {"cand": {"verdict": verdict}}}))
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps({"candidate": c, "suite": "s", "item_id": i, "seed": 0,
+                                                                "temperature": 0.0, **extra}) + "\n"
+                                                    for c, i, extra in rows))
+    (tmp_path / "stops.jsonl").write_text("".join(json.dumps(s) + "\n" for s in stops))
+    return tmp_path
+
+
+def test_exit_0_only_from_a_complete_passing_folder(tmp_path):
+    from harness.verdict.exit_code import exit_code
+    every = [(c, i, {}) for c in ("base", "cand") for i in "ab"]
+    assert exit_code(_folder(tmp_path / "1", every)) == (0, "")
+    code, why = exit_code(_folder(tmp_path / "2", every[:-1]))  # a summary that says pass, a row missing
+    assert code == 1 and "cand s/b seed 0 T=0: missing" in why
+    code, why = exit_code(_folder(tmp_path / "3", every[:-1] + [("cand", "b", {"error": "NaN"})]))
+    assert code == 1 and "an error" in why
+    assert exit_code(_folder(tmp_path / "4", every, verdict="fail"))[0] == 1
+    # A candidate stopped by design (a sequential look, --fail-fast): its missing rows and the
+    # baseline rows only it needed are not held against the run; its verdict still decides.
+    stopped = [("base", "a", {}), ("cand", "a", {})]
+    assert exit_code(_folder(tmp_path / "5", stopped, [{"candidate": "cand", "suite": "s", "reason": "decided"}]))[0] == 0
+    (tmp_path / "6").mkdir()
+    assert exit_code(tmp_path / "6")[0] == 1  # nothing to read: no verdict, no pass
