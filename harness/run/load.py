@@ -112,7 +112,7 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
     state = {"in_flight": 0, "most": 0}
     http.headers.clear()  # one engine plays at a time: its key (if any) is the client's for now
     http.headers.update(decoder.server.headers())
-    decoder.session = await decoder.open_session()  # the openai flavours' client; None for httpx ones
+    decoder.session = await decoder.open_session()  # a flavour's own per-batch client, if any
     cpu0, t0 = time.thread_time(), time.perf_counter()
 
     async def one(a: Arrival, request) -> None:
