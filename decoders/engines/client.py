@@ -350,39 +350,72 @@ def _body(response: httpx.Response) -> str:
     return (text or "(no body)")[:300]
 
 
+JSON = {"content-type": "application/json"}
+
+
 async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterator:
     """POST `body` as JSON and yield each server-sent event's `data` parsed with `json.loads`,
     until the stream ends or sends `[DONE]`: the whole per-chunk cost of the light client.
 
-    No per-chunk objects: the bytes are split into lines here (SSE ends a line at \n, \r\n or
-    \r), an event's `data:` lines are joined with \n and the event is parsed when its blank
+    The stream is read with aiohttp (its C HTTP parser: a few µs a read, where httpx's h11 and
+    anyio layers cost ~30 µs, and a GPU server sends a read per token), through a session of
+    its own that ends with the request (a connection per request, as harness.run.load's client
+    keeps none alive). `http` (the batch's httpx client) gives the headers and timeouts; its
+    errors are raised as httpx's (a refusal as `HTTPStatusError` with the body read, a
+    connection that fails as `ConnectError`, a cut as `RemoteProtocolError`, a silence as
+    `ReadTimeout`), so what is retried, refused or counted as malformed is decided as before.
+
+    No per-chunk objects: the bytes are split into lines here (SSE ends a line at \\n, \\r\\n or
+    \\r), an event's `data:` lines are joined with \\n and the event is parsed when its blank
     line arrives, as the SSE spec and httpx-sse read it; other fields (`event:`, `id:`, comments)
     carry nothing the parsers use. An event cut off by the end of the stream is dropped (the
     spec's rule), so a cut stream ends without a finish reason and the request says so."""
-    async with http.stream("POST", url, json=body) as response:
-        await raise_for_status(response)
-        data: list[bytes] = []
-        rest = b""
-        async for block in response.aiter_bytes():
-            buf = rest + block
-            if b"\r" in buf:   # rare: normalise, keeping a final \r back (its \n may be in the next block)
-                held = b"\r" if buf.endswith(b"\r") else b""
-                buf = buf[:len(buf) - len(held)].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-                lines = buf.split(b"\n")
-                rest = lines.pop() + held
-            else:
-                lines = buf.split(b"\n")
-                rest = lines.pop()
-            for line in lines:
-                if not line:
-                    if data:
-                        payload = data[0] if len(data) == 1 else b"\n".join(data)
-                        data = []
-                        if payload.strip() == b"[DONE]":
-                            return
-                        yield json.loads(payload)
-                elif line.startswith(b"data:"):
-                    data.append(line[6:] if line[5:6] == b" " else line[5:])
+    import aiohttp
+    content = json.dumps(body, separators=(",", ":")).encode()
+    t = http.timeout
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=t.connect, sock_read=t.read)
+    headers = {**{k: v for k, v in http.headers.items() if k.lower() in ("authorization",)}, **JSON}
+    try:
+        async with aiohttp.request("POST", url, data=content, headers=headers, timeout=timeout) as response:
+            if response.status >= 400:
+                text = await response.text(errors="replace")
+                request = httpx.Request("POST", url)
+                raise httpx.HTTPStatusError(f"HTTP {response.status} from {url}", request=request,
+                                            response=httpx.Response(response.status, text=text, request=request))
+            async for payload in _events(response.content):
+                yield json.loads(payload)
+    except aiohttp.ClientConnectorError as e:
+        raise httpx.ConnectError(str(e)) from e
+    except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as e:
+        raise httpx.ReadTimeout(f"no answer from {url} within {t.read} s") from e
+    except aiohttp.ClientError as e:   # a reset, a cut chunk, a server that went away mid-stream
+        raise httpx.RemoteProtocolError(f"{type(e).__name__}: {e}") from e
+
+
+async def _events(content) -> AsyncIterator[bytes]:
+    """The `data` of each complete event in a byte stream (see sse_json), up to `[DONE]`."""
+    data: list[bytes] = []
+    rest = b""
+    async for block in content.iter_any():
+        buf = rest + block
+        if b"\r" in buf:   # rare: normalise, keeping a final \r back (its \n may be in the next block)
+            held = b"\r" if buf.endswith(b"\r") else b""
+            buf = buf[:len(buf) - len(held)].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            lines = buf.split(b"\n")
+            rest = lines.pop() + held
+        else:
+            lines = buf.split(b"\n")
+            rest = lines.pop()
+        for line in lines:
+            if not line:
+                if data:
+                    payload = data[0] if len(data) == 1 else b"\n".join(data)
+                    data = []
+                    if payload.strip() == b"[DONE]":
+                        return
+                    yield payload
+            elif line.startswith(b"data:"):
+                data.append(line[6:] if line[5:6] == b" " else line[5:])
 
 
 async def raise_for_status(response: httpx.Response) -> None:
