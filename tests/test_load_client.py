@@ -112,3 +112,87 @@ def test_a_vllm_decoder_streams_from_the_fake_engine_what_the_parser_reads(fake_
         assert list(r.tokens) == want_tokens and list(r.margins) == pytest.approx(want_margins)
         assert r.finish_reason == "length" and r.stats["engine_prompt_tokens"] == 50
         assert len(r.timing.token_times_s) == 12
+
+
+# ------------------------------------------------------------------------ the generator's limits
+
+class _Suite:
+    name = "s"
+
+
+class _Item:
+    id = "i0"
+
+
+class _Work:
+    suite, item, seed, temperature = _Suite(), _Item(), 0, 0.0
+
+
+def _gen_rows(lags, ttft=0.1):
+    return [{"index": i, "lag_s": lag, "ttft_s": ttft, "e2e_s": ttft + 0.7, "token_times_s": [ttft] + [0.1] * 7,
+             "n_tokens": 8, "error": None, "suite": "s", "item_id": f"i{i % 12}"} for i, lag in enumerate(lags)]
+
+
+def test_the_generators_thresholds_lag_p99_against_ttft_and_a_busy_loop():
+    from analysis.load import generator_limit
+    late = [0.001] * 95 + [0.08] * 5                        # p99 80 ms
+    assert generator_limit(_gen_rows(late))["limited"]      # TTFT 0.1 s: the limit is 50 ms
+    assert not generator_limit(_gen_rows(late, ttft=2.0))["limited"]   # TTFT 2 s: the limit is 200 ms
+    busy = generator_limit(_gen_rows([0.001] * 100), {"harness_cpu_s": 9.5, "loop_busy_share": 0.95})
+    assert busy["limited"] and "on the CPU 95%" in busy["why"]
+    assert busy["cpu_per_request_s"] == pytest.approx(0.095) and busy["cpu_per_token_s"] == pytest.approx(9.5 / 800)
+    # Rows written before the lag was recorded, no level row: nothing to say, so nothing changes.
+    old = [{k: v for k, v in r.items() if k != "lag_s"} for r in _gen_rows([0.0] * 10)]
+    assert not generator_limit(old)["limited"]
+
+
+def test_a_starved_load_generator_says_so_and_its_level_is_never_a_verdict(fake_engine, smollm2_tokenizer_target):
+    """The issue's loaded repeat: a starved client sent requests up to 0.94 s late, read tokens in
+    bursts, and its TTFT p50 read 3.7x the peer's, with nothing in the verdict saying so. Here a
+    busy loop shares the generator's event loop (150 ms on the CPU, 10 ms off, over and over)."""
+    import time
+
+    from analysis.load import generator_limit, judge_level, level_metrics
+    from decoders.base import GenerationRequest
+    from decoders.engines.openai_compat import VLLMDecoder
+    from harness.run.load import Arrival, play
+    from harness.verdict.slo import level_outcome
+    decoder = VLLMDecoder(smollm2_tokenizer_target, base_url=fake_engine, model="smollm2-135m", retries=0)
+    arrivals = [Arrival(i, 0.01 * i, _Work()) for i in range(60)]
+    requests = [GenerationRequest(tuple(range(1, 20)), max_new_tokens=8)] * 60
+
+    async def starved():
+        stop = asyncio.Event()
+
+        async def spin():
+            while not stop.is_set():
+                end = time.perf_counter() + 0.15
+                while time.perf_counter() < end:
+                    pass
+                await asyncio.sleep(0.01)
+        async with httpx.AsyncClient(timeout=30) as http:
+            task = asyncio.create_task(spin())
+            try:
+                return await play(decoder, arrivals, requests, http)
+            finally:
+                stop.set()
+                await task
+    rows, info = asyncio.run(asyncio.wait_for(starved(), 120))
+    assert [r["error"] for r in rows] == [None] * 60
+    gen = generator_limit(rows, info)
+    assert gen["limited"] and gen["why"].startswith("the load generator could not keep up"), gen
+    assert info["lag_p99_s"] > 0.05 and info["harness_cpu_per_token_s"] > 0
+
+    # Its level is no speed verdict and no SLO verdict, on either side of the pair.
+    other = [{**r, "lag_s": 0.0} for r in rows]
+    for base, cand, levels in ((rows, other, (info, None)), (other, rows, (None, info))):
+        # At 1 req/s the sends were not "late" (a median lag under the 1 s gap), yet the stalls are in the rows.
+        j = judge_level(base, cand, duration_s=info["wall_s"], rate=1.0, base_level=levels[0], cand_level=levels[1])
+        assert j["pays"] is None and "could not keep up" in j["why"], j["why"]
+    slo = {"ttft_p95_s": 100.0}
+    starved_m = {**level_metrics(rows, duration_s=info["wall_s"], slo=slo), "generator": gen}
+    fine_m = {**level_metrics(other, duration_s=info["wall_s"], slo=slo), "generator": generator_limit(other)}
+    assert level_outcome("ttft_p95_s", fine_m, fine_m)[0] != "inconclusive"
+    for base, cand in ((starved_m, fine_m), (fine_m, starved_m)):
+        outcome, words = level_outcome("ttft_p95_s", base, cand)
+        assert outcome == "inconclusive" and "could not keep up" in words

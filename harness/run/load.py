@@ -158,12 +158,20 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
         if decoder.session is not None:
             await decoder.close_session()
     wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
+    return sorted(rows, key=lambda r: r["index"]), level_info(rows, wall, cpu, state["most"])
+
+
+def level_info(rows: list[dict], wall: float, cpu: float, most: int, workers: int = 1) -> dict:
+    """A level's own measurements: the client's CPU (per request, per streamed token, as a share
+    of the level's wall time: of its busiest worker where there are several) and its send lag."""
     lags = [r["lag_s"] for r in rows]
-    info = {"requests": len(rows), "wall_s": wall, "harness_cpu_s": cpu,
-            "harness_cpu_per_request_s": cpu / max(len(rows), 1), "loop_busy_share": cpu / wall if wall > 0 else None,
-            "lag_p50_s": float(np.median(lags)) if lags else None, "lag_max_s": max(lags) if lags else None,
-            "most_in_flight": state["most"]}
-    return sorted(rows, key=lambda r: r["index"]), info
+    tokens = sum(int(r.get("n_tokens") or 0) for r in rows)
+    busy = cpu / wall if wall > 0 else None
+    return {"requests": len(rows), "wall_s": wall, "harness_cpu_s": cpu,
+            "harness_cpu_per_request_s": cpu / max(len(rows), 1), "harness_cpu_per_token_s": cpu / tokens if tokens
+            else None, "loop_busy_share": busy, "lag_p50_s": float(np.median(lags)) if lags else None,
+            "lag_p99_s": float(np.percentile(lags, 99)) if lags else None, "lag_max_s": max(lags) if lags else None,
+            "most_in_flight": most, "client_workers": workers}
 
 
 def _prometheus(decoder) -> dict | None:
@@ -211,7 +219,7 @@ class LoadRun:
                 continue
             j = judge_level(self.rows.get((self.base, rate), []), self.rows.get((name, rate), []),
                             duration_s=level["wall_s"], slo=self.plan.slo.items(), alpha=self.config.gates.alpha,
-                            rate=rate)
+                            rate=rate, base_level=self.done.get((self.base, rate)), cand_level=level)
             out.append((rate, j["pays"]))
         return out
 

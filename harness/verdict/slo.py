@@ -13,7 +13,10 @@ counted as never answered), so a candidate passes only on evidence:
 - either side held back by `max_in_flight` (its median wait for a slot longer than the mean gap
   between arrivals) or sent late by the load generator (its median delay after the offsets
   longer than that gap): inconclusive, since the engine was not offered that rate;
-- either side with rows that repeat a request: inconclusive (the rows are not the requests played).
+- either side with rows that repeat a request: inconclusive (the rows are not the requests played);
+- either side where the load generator could not keep up (analysis.load.generator_limit: its
+  send lag p99 or its event loop's CPU share past the stated threshold): inconclusive, since its
+  own stalls are in the latencies, which are then not the engine's.
 A level where the baseline misses the objective (its p95 above it, or more than 5% of its
 requests failed) is "over capacity": reported, not gated. But where a decoder played just before
 that baseline level left requests unanswered (a timeout or a dropped connection: the client gave
@@ -58,6 +61,9 @@ def level_outcome(key: str, base: dict | None, cand: dict | None) -> tuple[str, 
                                     f"{late['p50_s']:.3g} s after their offsets, longer than the mean gap between "
                                     f"arrivals): the engine was not offered this rate, and latencies counted from "
                                     f"sending hide the delay")
+        gen = (m or {}).get("generator") or {}
+        if gen.get("limited"):
+            return "inconclusive", f"the {side}'s level: {gen['why']}"
         if (m or {}).get("repeated"):
             return "inconclusive", (f"{m['repeated']} of the {side}'s {m['n']} rows repeat a request already "
                                     f"counted: the rows are not the requests played")
