@@ -9,7 +9,8 @@ after each event so requests in flight interleave as on a batched server. The by
 event are built once at start: the server's cost per token is a socket write, so what limits the
 rate is the client.
 
-Also: `/health`, `/v1/models` (serves `smollm2-135m`), 404 elsewhere (no `/metrics`, no
+Also: `/health`, `/v1/models` (serves `smollm2-135m`), `/requests` (the prompts asked for, in
+order, for tests), 404 elsewhere (no `/metrics`, no
 `/tokenize`). `--delay-s X` sleeps X between a stream's events (a server that is not the
 bottleneck, for a client starved on purpose). Stdlib only, so it runs in any Python.
 
@@ -86,6 +87,7 @@ class FakeEngine:
     def __init__(self, tokens: int | None, delay_s: float):
         self.tokens, self.delay_s = tokens, delay_s
         self.cache: dict = {}
+        self.seen: list = []   # the prompts asked for, in order (the last 10,000): GET /requests
 
     def frames(self, route: str, n: int) -> list[bytes]:
         key = (route, n)
@@ -112,6 +114,7 @@ class FakeEngine:
         keep = headers.get("connection", "").lower() != "close"
         if method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
             asked = json.loads(body or b"{}")
+            self.seen = self.seen[-9999:] + [asked.get("prompt", asked.get("messages"))]
             n = self.tokens or int(asked.get("max_tokens") or 16)
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
                          + (b"" if keep else b"connection: close\r\n") + b"\r\n")
@@ -124,6 +127,8 @@ class FakeEngine:
             return keep
         if method == "GET" and path == "/health":
             payload, status = b"{}", b"200 OK"
+        elif method == "GET" and path == "/requests":
+            payload, status = json.dumps(self.seen).encode(), b"200 OK"
         elif method == "GET" and path == "/v1/models":
             payload, status = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode(), b"200 OK"
         else:

@@ -196,3 +196,82 @@ def test_a_starved_load_generator_says_so_and_its_level_is_never_a_verdict(fake_
     for base, cand in ((starved_m, fine_m), (fine_m, starved_m)):
         outcome, words = level_outcome("ttft_p95_s", base, cand)
         assert outcome == "inconclusive" and "could not keep up" in words
+
+
+# ------------------------------------------------------------------------------- warm, then time
+
+def test_every_engine_is_warmed_before_its_first_timed_request_closed_loop_and_under_load(smollm2_tokenizer_target):
+    """`regress` sent no warm-up request to the servers it started: the first timed baseline
+    requests paid the server's warm-up (5.28 s against 2.13 s in the A/A repeat)."""
+    from bench_client import start_engine
+
+    from decoders.base import GenerationRequest
+    from decoders.engines.client import WARMUP_SEQUENTIAL
+    from decoders.engines.openai_compat import VLLMDecoder
+    from harness.run.load import Arrival, play
+    proc, url = start_engine()
+    try:
+        timed = [GenerationRequest((7, 8, 9, 10 + i), max_new_tokens=4) for i in range(3)]
+        decoder = VLLMDecoder(smollm2_tokenizer_target, base_url=url, model="smollm2-135m", retries=0, concurrency=2)
+        assert len(list(decoder.generate_many(timed))) == 3
+        seen = httpx.get(url + "/requests").json()
+        warm = seen[:-3]
+        # First the warm-up: the timed shapes with their prompts reversed (no prefix-cache hits), then the timed.
+        assert len(warm) == WARMUP_SEQUENTIAL + 2 and decoder.warmup["requests"] == len(warm)
+        assert all(len(p) == 4 and p[-1] == 7 for p in warm)
+        assert sorted(map(tuple, seen[-3:])) == sorted(r.prompt_ids for r in timed)
+        list(decoder.generate_many(timed))   # the server is warm now: no second warm-up
+        assert len(httpx.get(url + "/requests").json()) == len(seen) + 3
+
+        # The load phase, in a process where this server was never warmed.
+        cold = VLLMDecoder(smollm2_tokenizer_target, base_url=url, model="smollm2-135m", retries=0)
+        before = len(httpx.get(url + "/requests").json())
+
+        async def level():
+            async with httpx.AsyncClient(timeout=30) as http:
+                return await play(cold, [Arrival(i, 0.0, _Work()) for i in range(3)], timed, http)
+        rows, info = asyncio.run(asyncio.wait_for(level(), 60))
+        assert info["warmup"]["requests"] == WARMUP_SEQUENTIAL + 3 and info["warmup"]["errors"] == 0
+        assert len(httpx.get(url + "/requests").json()) == before + info["warmup"]["requests"] + 3
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _summary(aa_ci, speed_status="pass"):
+    return {"baseline": "base", "candidates": {
+        "base~aa": {"role": "aa-floor", "verdict": "floor", "gates": [],
+                    "speedup": {"statistic": 1.09, "ci_low": aa_ci[0], "ci_high": aa_ci[1], "confidence_level": 0.95}},
+        "spec": {"role": "candidate", "verdict": "pass" if speed_status == "pass" else "fail",
+                 "gates": [{"name": "speed", "status": speed_status, "detail": "lower bound 1.30x >= 1.10x"},
+                           {"name": "identity", "status": "pass", "detail": "identical"}]}}}
+
+
+def test_an_aa_speedup_whose_interval_excludes_1_leaves_no_speed_verdict_standing(tmp_path):
+    """`make regress-vllm` reported 'speedup vllm~aa 1.09x', lower bound 1.02x, and still judged
+    every candidate's speed on the same biased timing."""
+    from harness.config import Gates
+    from harness.verdict import timing
+    biased = _summary((1.02, 1.16))
+    assert not timing.apply(biased, Gates())
+    speed = biased["candidates"]["spec"]["gates"][0]
+    assert speed["status"] == "fail" and speed["detail"].startswith("inconclusive: timing biased")
+    assert biased["candidates"]["spec"]["verdict"] == "fail" and biased["timing"]["biased"]
+    assert biased["candidates"]["spec"]["gates"][1]["status"] == "pass"     # only speed verdicts
+    fine = _summary((0.97, 1.08))
+    assert timing.apply(fine, Gates()) and fine["candidates"]["spec"]["gates"][0]["status"] == "pass"
+    assert timing.bias({"candidates": {"spec": {"role": "candidate"}}}) is None   # no A/A run: judged as before
+
+    # Under load, a biased run's levels are not evidence that a candidate pays.
+    from analysis.load import judge_level
+    from harness.verdict.load import summarize
+    from test_load import _cfg, load_config, row
+    cfg = load_config(_cfg(tmp_path, "rates = [1]\nload_requests = 30"), "load")
+    base = [{**row(i, 0.2, [0.1] * 9), "candidate": "base", "rate": 1.0} for i in range(30)]
+    fast = [{**row(i, 0.1, [0.05 + 0.001 * (i % 3)] * 9), "candidate": "spec", "rate": 1.0} for i in range(30)]
+    levels = [{"candidate": n, "rate": 1.0, "wall_s": 30.0, "requests": 30} for n in ("base", "spec")]
+    assert judge_level(base, fast, duration_s=30, rate=1.0)["pays"]
+    load = summarize(cfg, base + fast, levels, "base", timing_bias=timing.bias(biased))
+    entry = next(e for e in load["levels"] if e["decoder"] == "spec")
+    assert entry["pays"] is None and entry["why"].startswith("timing biased")
+    assert load["crossover"]["spec"]["status"] == "never pays" and "not measured" in load["crossover"]["spec"]["words"]

@@ -8,11 +8,16 @@ the baseline and each engine candidate, one decoder after the other (each on its
   and divided by the rate, and the items (the profile's work items, reshuffled each time round)
   are drawn once too: every level holds the same items in the same order, every decoder at a
   level gets the same item at the same offset, and a rerun gets the same schedule.
-- **One client** (`httpx.AsyncClient`) and one event loop serve the whole phase; each request
-  waits for its offset, then (under `max_in_flight`, when set) for a free slot, then streams.
+- **One client** (`httpx.AsyncClient`, streams read by decoders.engines.client.sse_json) and one
+  event loop serve the whole phase; each request waits for its offset, then (under
+  `max_in_flight`, when set) for a free slot, then streams.
+- **Warm before timing**: a server no timed request has reached yet in this process gets
+  untimed warm-up requests shaped like the level's (decoders.engines.client.warm) first.
 - **The harness's own cost** is measured, not assumed: the event loop's CPU time over a level,
-  per request (`harness_cpu_per_request_s`), and how late each request left against its offset
-  (`lag_s`). The loop thread does nothing else, so its CPU time is what the load generator costs.
+  per request and per streamed token, as a share of the level (`loop_busy_share`), and how late
+  each request left against its offset (`lag_s`, p50/p99 per level). The loop thread does
+  nothing else, so its CPU time is what the load generator costs; analysis.load.generator_limit
+  says when a level's figures include its own stalls.
 - **Faults**: a request the engine refuses or drops is an error row for that request at that
   level; the level and the run go on (an engine that stays down fails every later request too).
 - **Telemetry**: per-request acceptance comes with each request where the engine reports it;
@@ -38,7 +43,7 @@ import httpx
 import numpy as np
 
 from decoders.base import DecoderError
-from decoders.engines.client import malformed
+from decoders.engines.client import WARMUP_BURST, malformed, warm
 from decoders.engines.telemetry import spec_counters, spec_delta
 from harness.run.records import LOAD, LOAD_LEVELS as LEVELS, RecordWriter, read_records
 from harness.run.runner import WorkItem, make_request, work_items
@@ -113,6 +118,9 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
     http.headers.clear()  # one engine plays at a time: its key (if any) is the client's for now
     http.headers.update(decoder.server.headers())
     decoder.session = await decoder.open_session()  # a flavour's own per-batch client, if any
+    warmup = None
+    if not getattr(decoder.server, "warmed", False):   # a cold server must not read as a slow one
+        warmup = await warm(decoder, http, requests, min(max_in_flight or len(requests), WARMUP_BURST))
     cpu0, t0 = time.thread_time(), time.perf_counter()
 
     async def one(a: Arrival, request) -> None:
@@ -158,7 +166,7 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
         if decoder.session is not None:
             await decoder.close_session()
     wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
-    return sorted(rows, key=lambda r: r["index"]), level_info(rows, wall, cpu, state["most"])
+    return sorted(rows, key=lambda r: r["index"]), {**level_info(rows, wall, cpu, state["most"]), "warmup": warmup}
 
 
 def level_info(rows: list[dict], wall: float, cpu: float, most: int, workers: int = 1) -> dict:

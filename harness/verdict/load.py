@@ -29,8 +29,10 @@ NOTES = (
 )
 
 
-def summarize(config, rows: list[dict], levels: list[dict], baseline: str) -> dict:
-    """Every level's numbers, the crossovers and the overhead (see the module docstring)."""
+def summarize(config, rows: list[dict], levels: list[dict], baseline: str, timing_bias: str | None = None) -> dict:
+    """Every level's numbers, the crossovers and the overhead (see the module docstring).
+    `timing_bias` (harness.verdict.timing.bias): the run's A/A timing excluded a speedup of 1,
+    so no level is evidence that a candidate pays: each is "not measured", with that reason."""
     plan = config.profile.load
     slo, alpha = plan.slo.items(), config.gates.alpha
     by = {}
@@ -57,6 +59,8 @@ def summarize(config, rows: list[dict], levels: list[dict], baseline: str) -> di
                 j = judge_level(base_rows, by.get((name, rate), []), duration_s=lv["wall_s"], slo=slo, alpha=alpha,
                                 prometheus=lv.get("prometheus"), rate=rate, base_level=info.get((baseline, rate)),
                                 cand_level=lv)
+                if timing_bias:
+                    j["pays"], j["why"] = None, timing_bias
                 entry.update(metrics=j["metrics"], speedup=j["speedup"], pays=j["pays"], why=j["why"])
                 if (baseline, rate) in info:
                     judged[name].append((rate, j["pays"], j["why"]))
@@ -140,9 +144,10 @@ def apply(summary: dict, config, run_dir: Path) -> bool:
     rows, levels = read_records(run_dir, LOAD), read_records(run_dir, LEVELS)
     base_name = next((lv["candidate"] for lv in levels if lv["candidate"] == summary["baseline"]
                       or lv["candidate"].startswith(summary["baseline"] + "@c")), summary["baseline"])
-    load = summarize(config, rows, levels, base_name)
+    from harness.verdict import timing
+    passed = timing.apply(summary, config.gates)   # idempotent: the closed loop's speed gates too
+    load = summarize(config, rows, levels, base_name, timing_bias=timing.bias(summary))
     summary["load"] = load
-    passed = True
     slo = load["slo"]
     from harness.run.load import load_specs
     played = {s.name for s in load_specs(config, None)[1:]}  # every engine candidate plays every rate
