@@ -82,6 +82,7 @@ class Load:
     seed: int = 0
     refine_levels: int = 2           # extra levels spent bracketing each crossover
     slo: Slo = Slo()
+    client_workers: int | None = None  # load client processes (None: as the measured cost needs, at most the cores)
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,8 @@ class Profile:
     top_k: int = 0
 
 
-LOAD_KEYS = {"rates", "burstiness", "max_in_flight", "load_requests", "load_seed", "refine_levels", "slo"}
+LOAD_KEYS = {"rates", "burstiness", "max_in_flight", "load_requests", "load_seed", "refine_levels", "slo",
+             "client_workers"}
 
 
 def _load(p: dict, where: str) -> Load | None:
@@ -126,7 +128,8 @@ def _load(p: dict, where: str) -> Load | None:
             isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0 for r in rates):
         raise ConfigError(f"{where}: rates must be a list of distinct request rates > 0 (per second), e.g. [0.5, 1, 2]")
     _number(p, "burstiness", 0.0, float("inf"), where, "a positive gamma shape (1: Poisson)")
-    for key, low in (("max_in_flight", 1), ("load_requests", 1), ("load_seed", 0), ("refine_levels", 0)):
+    for key, low in (("max_in_flight", 1), ("load_requests", 1), ("load_seed", 0), ("refine_levels", 0),
+                     ("client_workers", 1)):
         v = p.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
             raise ConfigError(f"{where}: {key} must be an integer >= {low}, got {v!r}")
@@ -138,7 +141,8 @@ def _load(p: dict, where: str) -> Load | None:
         _number(slo, key, 0.0, float("inf"), f"{where} slo", "a positive number of seconds")
     return Load(rates=tuple(sorted(float(r) for r in rates)), burstiness=float(p.get("burstiness", 1.0)),
                 max_in_flight=p.get("max_in_flight"), requests=p.get("load_requests", 60), seed=p.get("load_seed", 0),
-                refine_levels=p.get("refine_levels", 2), slo=Slo(**{k: float(v) for k, v in slo.items()}))
+                refine_levels=p.get("refine_levels", 2), slo=Slo(**{k: float(v) for k, v in slo.items()}),
+                client_workers=p.get("client_workers"))
 
 
 @dataclass(frozen=True)
