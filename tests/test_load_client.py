@@ -275,3 +275,54 @@ def test_an_aa_speedup_whose_interval_excludes_1_leaves_no_speed_verdict_standin
     entry = next(e for e in load["levels"] if e["decoder"] == "spec")
     assert entry["pays"] is None and entry["why"].startswith("timing biased")
     assert load["crossover"]["spec"]["status"] == "never pays" and "not measured" in load["crossover"]["spec"]["words"]
+
+
+# ------------------------------------------------------------------------------- client workers
+
+def test_client_workers_follow_the_measured_cost_up_to_the_cores():
+    from harness.run.load_workers import cores, workers_needed
+    assert workers_needed(100.0, None, None)[0] == 1                  # nothing measured yet
+    assert workers_needed(100.0, 0.004, None)[0] == min(1, cores())   # 0.4 of a core: one worker at 50%
+    assert workers_needed(400.0, 0.004, None)[0] == min(4, cores())   # 1.6 cores at 50% each: 4, if there are
+    assert workers_needed(400.0, 0.004, 3) == (3, "client_workers in the profile")
+
+
+def test_several_client_workers_play_one_schedule_and_their_rows_merge_by_offset(fake_engine, smollm2_tokenizer_target):
+    from analysis.load import generator_limit
+    from decoders.base import GenerationRequest
+    from decoders.engines.openai_compat import VLLMDecoder
+    from harness.run.load import Arrival
+    from harness.run.load_workers import play_workers
+    decoder = VLLMDecoder(smollm2_tokenizer_target, base_url=fake_engine, model="smollm2-135m", retries=0)
+    arrivals = [Arrival(i, 0.005 * i, _Work()) for i in range(40)]
+    requests = [GenerationRequest((5, 6, 7 + i), max_new_tokens=6) for i in range(40)]
+    rows, info = play_workers(decoder, arrivals, requests, 3, max_in_flight=8, timeout=60)
+    assert [r["index"] for r in rows] == list(range(40)) and [r["error"] for r in rows] == [None] * 40
+    assert [r["offset_s"] for r in rows] == [a.offset_s for a in arrivals] and all(r["n_tokens"] == 6 for r in rows)
+    assert info["client_workers"] == 3 and len(info["worker_busy_shares"]) == 3
+    assert info["max_in_flight_per_worker"] == 3 and info["harness_cpu_per_token_s"] > 0
+    assert info["loop_busy_share"] == max(info["worker_busy_shares"])
+    assert generator_limit(rows, info)["workers"] == 3
+
+
+def test_a_client_worker_that_dies_leaves_an_error_row_for_each_of_its_requests(fake_engine, smollm2_tokenizer_target):
+    import os
+
+    from decoders.base import GenerationRequest
+    from decoders.engines.openai_compat import VLLMDecoder
+    from harness.run.load import Arrival
+    from harness.run.load_workers import play_workers
+
+    class Dies(VLLMDecoder):
+        async def _stream_once(self, http, request):
+            if request.prompt_ids[-1] == 8:     # the request at index 1: worker 1 of 2 dies on it
+                os._exit(3)
+            return await super()._stream_once(http, request)
+    decoder = Dies(smollm2_tokenizer_target, base_url=fake_engine, model="smollm2-135m", retries=0)
+    decoder.server.warmed = True
+    arrivals = [Arrival(i, 0.01 * i, _Work()) for i in range(6)]
+    requests = [GenerationRequest((5, 6, 7 + i), max_new_tokens=4) for i in range(6)]
+    rows, info = play_workers(decoder, arrivals, requests, 2, max_in_flight=None, timeout=60)
+    assert [r["index"] for r in rows] == list(range(6))
+    assert [r["error"] is None for r in rows] == [True, False, True, False, True, False]
+    assert all("load client worker 1 of 2 failed" in r["error"] and "exit code 3" in r["error"] for r in rows[1::2])

@@ -76,7 +76,7 @@ async def warm(decoder: "EngineDecoder", http: httpx.AsyncClient, requests: list
                burst: int) -> dict:
     """Send warm-up requests (see WARMUP_SEQUENTIAL) and drop their answers; their errors are
     counted, not raised: a server that is down is found by the timed requests, with their rows."""
-    t0, errors = time.perf_counter(), []
+    t0, cpu0, errors = time.perf_counter(), time.thread_time(), []
 
     async def one(r):
         try:
@@ -90,7 +90,7 @@ async def warm(decoder: "EngineDecoder", http: httpx.AsyncClient, requests: list
     await asyncio.gather(*(one(r) for r in wave))
     decoder.server.warmed = True
     return {"requests": len(sequential) + len(wave), "errors": len(errors), "first_error": errors[0] if errors else None,
-            "wall_s": time.perf_counter() - t0}
+            "wall_s": time.perf_counter() - t0, "cpu_s": time.thread_time() - cpu0}
 
 
 class EngineRequestError(DecoderError):

@@ -13,6 +13,9 @@ the baseline and each engine candidate, one decoder after the other (each on its
   `max_in_flight`, when set) for a free slot, then streams.
 - **Warm before timing**: a server no timed request has reached yet in this process gets
   untimed warm-up requests shaped like the level's (decoders.engines.client.warm) first.
+- **Client workers**: a level whose rate needs more client CPU than one event loop has is
+  played by several forked client processes (harness.run.load_workers: `load.client_workers`,
+  or as many as the measured cost per request needs, at most the cores).
 - **The harness's own cost** is measured, not assumed: the event loop's CPU time over a level,
   per request and per streamed token, as a share of the level (`loop_busy_share`), and how late
   each request left against its offset (`lag_s`, p50/p99 per level). The loop thread does
@@ -108,9 +111,11 @@ def _refusals() -> tuple:
 
 
 async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.AsyncClient,
-               max_in_flight: int | None = None) -> tuple[list[dict], dict]:
+               max_in_flight: int | None = None, start_at: float | None = None) -> tuple[list[dict], dict]:
     """Send each request at its offset (one event loop, the shared client); return the request
-    rows and the level's own measurements (wall time, the loop's CPU time, lag, most in flight)."""
+    rows and the level's own measurements (wall time, the loop's CPU time, lag, most in flight).
+    `start_at`: the level's start on `time.perf_counter`'s clock (the machine's monotonic clock,
+    shared by the client workers of harness.run.load_workers); default now."""
     refused = _refusals()
     gate = asyncio.Semaphore(max_in_flight) if max_in_flight else None
     rows: list[dict] = []
@@ -121,7 +126,7 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
     warmup = None
     if not getattr(decoder.server, "warmed", False):   # a cold server must not read as a slow one
         warmup = await warm(decoder, http, requests, min(max_in_flight or len(requests), WARMUP_BURST))
-    cpu0, t0 = time.thread_time(), time.perf_counter()
+    cpu0, t0 = time.thread_time(), (time.perf_counter() if start_at is None else start_at)
 
     async def one(a: Arrival, request) -> None:
         delay = t0 + a.offset_s - time.perf_counter()
@@ -172,7 +177,7 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
 def level_info(rows: list[dict], wall: float, cpu: float, most: int, workers: int = 1) -> dict:
     """A level's own measurements: the client's CPU (per request, per streamed token, as a share
     of the level's wall time: of its busiest worker where there are several) and its send lag."""
-    lags = [r["lag_s"] for r in rows]
+    lags = [r["lag_s"] for r in rows if isinstance(r.get("lag_s"), (int, float))]  # a lost worker's rows have none
     tokens = sum(int(r.get("n_tokens") or 0) for r in rows)
     busy = cpu / wall if wall > 0 else None
     return {"requests": len(rows), "wall_s": wall, "harness_cpu_s": cpu,
@@ -253,9 +258,7 @@ class LoadRun:
             decoder, target = self.lineup.decoders[spec.name], self.lineup.targets[spec.name]
             # Requests are rendered before the level starts: tokenizing is setup, not load.
             requests = [make_request(self.config, target, a.work) for a in arrivals]
-            before = _prometheus(decoder)
-            rows, info = await play(decoder, arrivals, requests, http, self.plan.max_in_flight)
-            delta = spec_delta(before, _prometheus(decoder))
+            rows, info, delta = await self.play_level(http, spec.name, decoder, rate, arrivals, requests)
             for r in rows:
                 r.update(candidate=spec.name, rate=rate)
             level = {"candidate": spec.name, "rate": rate, **info, "refine": refine,
@@ -279,7 +282,37 @@ class LoadRun:
             errors = sum(1 for r in rows if r.get("error"))
             print(f"decodegate: load {rate:g} req/s{' (bracketing)' if refine else ''} · {spec.name}: "
                   f"{len(rows)} requests, {errors} errors, {info['wall_s']:.1f} s, harness "
-                  f"{1e3 * info['harness_cpu_per_request_s']:.2f} ms CPU per request", file=sys.stderr, flush=True)
+                  f"{1e3 * info['harness_cpu_per_request_s']:.2f} ms CPU per request, {info['client_workers']} "
+                  f"client worker(s), send lag p99 {1e3 * (info['lag_p99_s'] or 0):.1f} ms", file=sys.stderr,
+                  flush=True)
+
+    def client_cost(self, name: str, decoder) -> float | None:
+        """This decoder's measured client CPU per request: its costliest level so far, else its warm-up."""
+        done = [lv["harness_cpu_per_request_s"] for (cand, _), lv in self.done.items()
+                if cand == name and lv.get("harness_cpu_per_request_s")]
+        if done:
+            return max(done)
+        w = getattr(decoder, "warmup", None) or {}
+        return w["cpu_s"] / w["requests"] if w.get("requests") and w.get("cpu_s") is not None else None
+
+    async def play_level(self, http, name: str, decoder, rate: float, arrivals, requests):
+        """Warm the server (once), pick the client workers, play the level; (rows, info, counters)."""
+        from harness.run.load_workers import play_workers, workers_needed
+        warmed_now = None
+        if not getattr(decoder.server, "warmed", False):
+            http.headers.clear()
+            http.headers.update(decoder.server.headers())
+            warmed_now = decoder.warmup = await warm(decoder, http, requests,
+                                                     min(self.plan.max_in_flight or len(requests), WARMUP_BURST))
+        n, why = workers_needed(rate, self.client_cost(name, decoder), self.plan.client_workers)
+        before = _prometheus(decoder)
+        if n == 1:
+            rows, info = await play(decoder, arrivals, requests, http, self.plan.max_in_flight)
+        else:
+            rows, info = await asyncio.get_running_loop().run_in_executor(
+                None, play_workers, decoder, arrivals, requests, n, self.plan.max_in_flight, decoder.timeout)
+        info.update(client_workers=n, client_workers_why=why, warmup=warmed_now)
+        return rows, info, spec_delta(before, _prometheus(decoder))
 
     async def all_levels(self) -> None:
         names = [s.name for s in self.specs]

@@ -1,0 +1,114 @@
+"""Several load client processes for one level, when one event loop on one core cannot keep up.
+
+A vLLM server on one H100 streams thousands of tokens a second across hundreds of requests in
+flight; one Python event loop that reads them all saturates its core first, and then the level
+measures the client (AIPerf and GuideLLM run their clients in several processes for this).
+So a level may be played by `n` worker processes:
+- **How many** (`workers_needed`): `load.client_workers` when the profile sets it; otherwise as
+  many as the measured client cost needs for the level's rate: rate x CPU seconds per request
+  (this decoder's busiest level so far, else its warm-up) over `TARGET_BUSY` of a core per
+  worker, at least 1 and at most the cores this process may run on.
+- **Each worker** is a process forked from the harness (it inherits the decoder: flavour,
+  tokenizer, server address) with its own event loop and HTTP client, and plays its share of
+  the schedule, every n-th arrival (so each share spans the whole level at rate / n), against
+  one start time on the machine's monotonic clock: every request still leaves at its own offset.
+  `max_in_flight` is split evenly (rounded up) among the workers.
+- **Rows merge by scheduled offset** (the schedule's index): the level's rows are the same rows
+  one worker would have written. The level's client CPU is the workers' sum; its busy share is
+  the busiest worker's (analysis.load.generator_limit judges that one). A worker that dies
+  leaves an error row for each request of its share, naming it: the level is never short.
+The parent warms the server first (decoders.engines.client.warm), then forks: the workers time
+only. Forking happens from a thread of its own, never from the running event loop's.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing
+import os
+import time
+
+import httpx
+
+TARGET_BUSY = 0.5   # a worker's planned share of one core: room for bursts before its lag grows
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def workers_needed(rate: float, cpu_per_request_s: float | None, configured: int | None) -> tuple[int, str]:
+    """(workers, why) for a level at `rate` (see the module docstring)."""
+    if configured:
+        return int(configured), "client_workers in the profile"
+    if cpu_per_request_s is None:
+        return 1, "no measured client cost yet"
+    need = max(1, math.ceil(rate * cpu_per_request_s / TARGET_BUSY))
+    n = min(need, cores())
+    return n, (f"{rate:g} req/s x {1e3 * cpu_per_request_s:.2f} ms client CPU per request at {TARGET_BUSY:.0%} "
+               f"of a core per worker needs {need}" + (f", at most the {cores()} cores" if need > n else ""))
+
+
+def _worker(conn, decoder, arrivals, requests, start_at: float, cap: int | None, timeout: float) -> None:
+    from harness.run.load import play
+    # The server's process is the harness's child, not this one's: polling it from here reads
+    # as "exited" (waitpid fails). An engine that dies still fails this worker's requests.
+    decoder.server.proc = None
+    try:
+        async def go():
+            limits = httpx.Limits(max_connections=(cap or len(requests)) + 4, max_keepalive_connections=0)
+            async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), limits=limits) as http:
+                return await play(decoder, arrivals, requests, http, cap, start_at=start_at)
+        conn.send(("ok", asyncio.run(go())))
+    except BaseException as e:  # noqa: BLE001 - whatever ends a worker is reported to the harness
+        conn.send(("error", f"{type(e).__name__}: {str(e)[:300]}"))
+    finally:
+        conn.close()
+        os._exit(0)   # no atexit handlers of the harness (MLflow, engines) in a forked child
+
+
+def play_workers(decoder, arrivals: list, requests: list, n: int, max_in_flight: int | None,
+                 timeout: float) -> tuple[list[dict], dict]:
+    """Play one level with `n` forked workers (blocking: run it in a thread); (rows, info)."""
+    from harness.run.load import level_info
+    ctx = multiprocessing.get_context("fork")
+    cap = math.ceil(max_in_flight / n) if max_in_flight else None
+    start_at = time.perf_counter() + 0.5 + 0.1 * n   # every worker is up before the first offset
+    shares = [(arrivals[w::n], requests[w::n]) for w in range(n)]
+    running = []
+    for share in shares:
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_worker, args=(send, decoder, *share, start_at, cap, timeout), daemon=True)
+        proc.start()
+        send.close()
+        running.append((recv, proc))
+    rows, infos = [], []
+    for w, ((recv, proc), (mine, _)) in enumerate(zip(running, shares)):
+        try:
+            status, out = recv.recv()
+        except EOFError:
+            status, out = "error", "it exited without a result"
+        proc.join(timeout=30)
+        if status == "ok":
+            rows += out[0]
+            infos.append(out[1])
+        else:
+            rows += [_lost(a, f"load client worker {w} of {n} failed ({out}; exit code {proc.exitcode})")
+                     for a in mine]
+    rows.sort(key=lambda r: r["index"])
+    wall = max([i["wall_s"] for i in infos], default=time.perf_counter() - start_at)
+    info = level_info(rows, wall, sum(i["harness_cpu_s"] for i in infos), sum(i["most_in_flight"] for i in infos),
+                      workers=n)
+    busy = [i["loop_busy_share"] for i in infos if i.get("loop_busy_share") is not None]
+    info.update(loop_busy_share=max(busy) if busy else None, worker_busy_shares=busy,
+                max_in_flight_per_worker=cap)
+    return rows, info
+
+
+def _lost(a, why: str) -> dict:
+    return {"index": a.index, "offset_s": a.offset_s, "suite": a.work.suite.name, "item_id": a.work.item.id,
+            "seed": a.work.seed, "temperature": a.work.temperature, "error": f"LoadWorkerLost: {why}", "n_tokens": 0,
+            "stats": {}}
