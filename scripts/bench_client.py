@@ -15,6 +15,7 @@ A client that keeps up with the fake engine shows the engine's rate; below it, t
 bottleneck, which is what this measures. Numbers are this machine's, this run's: compare ratios.
 
     python scripts/bench_client.py [--in-flight 1,64,512] [--tokens 64] [--json OUT]
+    python scripts/bench_client.py --open-loop 160 --workers 1,2 [--delay-s 0.05]   # ~512 in flight
 """
 from __future__ import annotations
 
@@ -195,6 +196,54 @@ def ratios(results: list[dict]) -> list[str]:
     return out
 
 
+def open_loop(rate: float, n_requests: int, tokens: int, delay_s: float, workers: list[int]) -> list[dict]:
+    """One open-loop level (harness.run.load's own `play` / `play_workers`) against a fake engine
+    that streams a token every `delay_s`: at `rate` about rate x tokens x delay_s requests are in
+    flight. Per worker count: the rate achieved, send lag, client CPU and the generator's verdict."""
+    import httpx
+
+    from analysis.load import generator_limit
+    from decoders.base import GenerationRequest
+    from harness.run.load import Arrival, play, schedule
+    from harness.run.load_workers import play_workers
+
+    class _W:
+        class suite:
+            name = "bench"
+
+        class item:
+            id = "i"
+        seed, temperature = 0, 0.0
+    arrivals = [Arrival(a.index, a.offset_s, _W) for a in schedule([_W], rate, requests=n_requests, seed=0)]
+    requests = [GenerationRequest(tuple(range(1, 51)), max_new_tokens=tokens)] * n_requests
+    engine, base_url = start_engine(delay_s=delay_s)
+    out = []
+    try:
+        decoder = make_decoder("decodegate", base_url)
+        for n in workers:
+            if n == 1:
+                async def go():
+                    limits = httpx.Limits(max_connections=n_requests + 4, max_keepalive_connections=0)
+                    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+                        return await play(decoder, arrivals, requests, http)
+                rows, info = asyncio.run(go())
+            else:
+                rows, info = play_workers(decoder, arrivals, requests, n, None, 600)
+            gen = generator_limit(rows, info)
+            done = [r["done_s"] for r in rows if r.get("done_s") is not None]
+            out.append({"workers": n, "rate_planned": rate, "rate_sent": n_requests / max(r["sent_s"] for r in rows if "sent_s" in r),
+                        "errors": sum(1 for r in rows if r.get("error")), "most_in_flight": info["most_in_flight"],
+                        "lag_p50_ms": 1e3 * info["lag_p50_s"], "lag_p99_ms": 1e3 * info["lag_p99_s"],
+                        "busy_share": info["loop_busy_share"], "cpu_per_token_us": 1e6 * (info["harness_cpu_per_token_s"] or 0),
+                        "tok_s": sum(r.get("n_tokens") or 0 for r in rows) / max(done), "kept_up": not gen["limited"],
+                        "why": gen["why"]})
+            print(f"bench_client: {json.dumps(out[-1])}", file=sys.stderr, flush=True)
+    finally:
+        engine.terminate()
+        engine.wait(timeout=10)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--in-flight", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64, 512])
@@ -205,9 +254,27 @@ def main() -> int:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--base-url", help=argparse.SUPPRESS)
     p.add_argument("--requests", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--open-loop", type=float, metavar="RATE",
+                   help="instead: one open-loop level at RATE req/s through harness.run.load, per --workers count")
+    p.add_argument("--workers", default="1,2", help="client worker counts for --open-loop (default: %(default)s)")
+    p.add_argument("--delay-s", type=float, default=0.05, help="--open-loop: the fake engine's gap between tokens")
+    p.add_argument("--open-requests", type=int, default=2048, help="--open-loop: requests in the level")
     args = p.parse_args()
     if args.worker:
         worker(args)
+        return 0
+    if args.open_loop:
+        res = open_loop(args.open_loop, args.open_requests, args.tokens, args.delay_s,
+                        [int(x) for x in args.workers.split(",")])
+        print(f"open-loop level: {args.open_loop:g} req/s planned, {args.open_requests} requests, {args.tokens} tokens "
+              f"each, a token every {args.delay_s:g} s ({os.cpu_count()} CPUs)")
+        for r in res:
+            print(f"  {r['workers']} worker(s): sent at {r['rate_sent']:.1f} req/s, most in flight {r['most_in_flight']}, "
+                  f"lag p50/p99 {r['lag_p50_ms']:.1f}/{r['lag_p99_ms']:.1f} ms, loop busy {r['busy_share']:.0%}, "
+                  f"{r['cpu_per_token_us']:.1f} µs CPU/token, {r['tok_s']:.0f} tok/s, errors {r['errors']}: "
+                  + ("kept up" if r["kept_up"] else r["why"]))
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=2))
         return 0
     engine, base_url = start_engine()
     results = []
