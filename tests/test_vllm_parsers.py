@@ -170,3 +170,19 @@ def test_the_report_marks_sglang_results_as_unverified():
     assert "SGLang, parser checked on documented payloads only" in engine_lines(summary)
     assert ": sg" in engine_lines(summary) and "vl" not in engine_lines(summary).split("only")[1]
     assert engine_lines({"engines": {}, "candidates": {"vl": {"decoder": "vllm"}}}) == ""
+
+
+def test_the_servers_latency_histograms_differenced_around_one_request():
+    """vLLM's own clock (the latency test in test_vllm.py holds each tool's means to it): the
+    captured scrapes around one 8-token request give that request's TTFT, E2E and TPOT, and the
+    server's TPOT is decodegate's (E2E - TTFT) / (tokens - 1)."""
+    flat = lambda name: telemetry.flatten((DATA / name).read_text())  # noqa: E731
+    d = telemetry.latency_delta(telemetry.latency_sums(flat("ngram-metrics-before.txt")),
+                                telemetry.latency_sums(flat("ngram-metrics-after.txt")))
+    assert d["requests"] == d["ttft_requests"] == d["tpot_requests"] == 1
+    # (its TPOT clock is its decode phase's, which differs from E2E - TTFT by a few tens of µs)
+    assert d["tpot_mean_s"] == pytest.approx((d["e2e_mean_s"] - d["ttft_mean_s"]) / 7, rel=1e-3)
+    assert 0 < d["ttft_mean_s"] < d["e2e_mean_s"]
+    # A scrape without the histograms (llama.cpp's server) is no measurement, never zero.
+    assert telemetry.latency_sums({"llamacpp:prompt_seconds_total": 1.0}) is None
+    assert telemetry.latency_delta(None, telemetry.latency_sums(flat("plain-metrics.txt"))) is None

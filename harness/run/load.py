@@ -25,7 +25,8 @@ the baseline and each engine candidate, one decoder after the other (each on its
   level; the level and the run go on (an engine that stays down fails every later request too).
 - **Telemetry**: per-request acceptance comes with each request where the engine reports it;
   Prometheus counters are read before and after each level and their difference is the level's
-  (many requests were in flight), never a request's.
+  (many requests were in flight), never a request's. So are vLLM's own latency histograms
+  (`server_latency`: the server's mean TTFT / TPOT / E2E over the level, on its own clock).
 - **Crossover bracketing**: after the configured rates, up to `refine_levels` extra levels are
   run at the geometric midpoint between a candidate's last paying level and its first
   non-paying one (analysis.load.judge_level decides "pays", the same function the verdict uses).
@@ -47,7 +48,7 @@ import numpy as np
 
 from decoders.base import DecoderError
 from decoders.engines.client import WARMUP_BURST, malformed, warm
-from decoders.engines.telemetry import spec_counters, spec_delta
+from decoders.engines.telemetry import latency_delta, latency_sums, spec_counters, spec_delta
 from harness.run.records import LOAD, LOAD_LEVELS as LEVELS, RecordWriter, read_records
 from harness.run.runner import WorkItem, make_request, work_items
 
@@ -199,6 +200,15 @@ def _prometheus(decoder) -> dict | None:
         return None
 
 
+def _server_latency(decoder) -> dict | None:
+    """vLLM's own latency histograms now (telemetry.latency_sums), or None: the server's clock,
+    differenced around each level beside the client's figures (outside the timed window)."""
+    try:
+        return latency_sums(decoder.server.metrics())
+    except ValueError:
+        return None
+
+
 class LoadRun:
     """The load phase of one run folder: which levels are done, the rows so far, the next level."""
 
@@ -305,14 +315,16 @@ class LoadRun:
             warmed_now = decoder.warmup = await warm(decoder, http, requests,
                                                      min(self.plan.max_in_flight or len(requests), WARMUP_BURST))
         n, why = workers_needed(rate, self.client_cost(name, decoder), self.plan.client_workers)
-        before = _prometheus(decoder)
+        before, clock = _prometheus(decoder), _server_latency(decoder)
         if n == 1:
             rows, info = await play(decoder, arrivals, requests, http, self.plan.max_in_flight)
         else:
             rows, info = await asyncio.get_running_loop().run_in_executor(
                 None, play_workers, decoder, arrivals, requests, n, self.plan.max_in_flight, decoder.timeout)
-        info.update(client_workers=n, client_workers_why=why, warmup=warmed_now)
-        return rows, info, spec_delta(before, _prometheus(decoder))
+        delta = spec_delta(before, _prometheus(decoder))
+        info.update(client_workers=n, client_workers_why=why, warmup=warmed_now,
+                    server_latency=latency_delta(clock, _server_latency(decoder)))
+        return rows, info, delta
 
     async def all_levels(self) -> None:
         names = [s.name for s in self.specs]
