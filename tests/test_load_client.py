@@ -82,6 +82,25 @@ def test_a_cut_event_is_dropped_and_an_error_status_is_httpx_error_with_its_body
     assert e.value.response.status_code == 400 and "prompt too long" in e.value.response.text
 
 
+
+def test_an_error_event_mid_stream_reaches_the_flavour_as_an_error_whichever_way_it_is_sent():
+    """`event: error` (the SSE way) was read as an ordinary chunk: a row of tokens whose server
+    said it failed; llama.cpp's `error: {json}` field was dropped, its message lost."""
+    ok = b'data: {"a": 1}\n\n'
+    after = b'data: {"b": 2}\n\n'
+    for piece in (1, 3, 200):
+        assert _read(ok + b'event: error\ndata: {"message": "KV cache full"}\n\n' + after, piece) == [
+            {"a": 1}, {"error": {"message": "KV cache full"}}, {"b": 2}]
+        assert _read(ok + b'error: {"code": 500, "message": "decode failed"}\n\n', piece) == [
+            {"a": 1}, {"error": {"code": 500, "message": "decode failed"}}]
+        assert _read(ok + b'event: error\ndata: out of memory\n\n', piece) == [{"a": 1}, {"error": "out of memory"}]
+        assert _read(ok + b'event: message\ndata: {"c": 3}\n\ndata: [DONE]\n\n', piece) == [{"a": 1}, {"c": 3}]
+    # Every flavour names it as that request's error.
+    from decoders.engines.openai_compat import checked
+    from decoders.engines.client import EngineRequestError
+    with pytest.raises(EngineRequestError, match="KV cache full"):
+        checked(_read(b'event: error\ndata: {"message": "KV cache full"}\n\n', 7)[0], "e")
+
 @pytest.fixture(scope="module")
 def fake_engine():
     from bench_client import start_engine

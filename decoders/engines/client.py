@@ -412,8 +412,12 @@ async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterat
 
     No per-chunk objects: the bytes are split into lines here (SSE ends a line at \\n, \\r\\n or
     \\r), an event's `data:` lines are joined with \\n and the event is parsed when its blank
-    line arrives, as the SSE spec and httpx-sse read it; other fields (`event:`, `id:`, comments)
-    carry nothing the parsers use. An event cut off by the end of the stream is dropped (the
+    line arrives, as the SSE spec and httpx-sse read it; `id:` and comments carry nothing the
+    parsers use. An error event is yielded as `{"error": ...}`, the shape every flavour already
+    refuses as that request's error, whichever way the server sends it: `event: error` with its
+    data (the SSE way), or llama.cpp's own `error: {json}` field; read as data, the first was
+    taken for an ordinary chunk (a row of tokens whose server said it failed) and the second
+    was dropped (its message lost). An event cut off by the end of the stream is dropped (the
     spec's rule), so a cut stream ends without a finish reason and the request says so."""
     import aiohttp
     content = json.dumps(body, separators=(",", ":")).encode()
@@ -427,8 +431,8 @@ async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterat
                 request = httpx.Request("POST", url)
                 raise httpx.HTTPStatusError(f"HTTP {response.status} from {url}", request=request,
                                             response=httpx.Response(response.status, text=text, request=request))
-            async for payload in _events(response.content):
-                yield json.loads(payload)
+            async for payload, error in _events(response.content):
+                yield {"error": _error_value(payload)} if error else json.loads(payload)
     except aiohttp.ClientConnectorError as e:
         raise httpx.ConnectError(str(e)) from e
     except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as e:
@@ -437,9 +441,19 @@ async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterat
         raise httpx.RemoteProtocolError(f"{type(e).__name__}: {e}") from e
 
 
-async def _events(content) -> AsyncIterator[bytes]:
-    """The `data` of each complete event in a byte stream (see sse_json), up to `[DONE]`."""
+def _error_value(payload: bytes):
+    """An error event's data: its JSON (the `error` member of `{"error": ...}`), else its text."""
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        return payload.decode(errors="replace")[:300] or "(no detail)"
+    return value["error"] if isinstance(value, dict) and value.get("error") else value
+
+
+async def _events(content) -> AsyncIterator[tuple[bytes, bool]]:
+    """(data, is an error event) of each complete event in a byte stream (see sse_json), up to `[DONE]`."""
     data: list[bytes] = []
+    error = False
     rest = b""
     async for block in content.iter_any():
         buf = rest + block
@@ -453,14 +467,19 @@ async def _events(content) -> AsyncIterator[bytes]:
             rest = lines.pop()
         for line in lines:
             if not line:
-                if data:
+                if data or error:
                     payload = data[0] if len(data) == 1 else b"\n".join(data)
-                    data = []
-                    if payload.strip() == b"[DONE]":
+                    if not error and payload.strip() == b"[DONE]":
                         return
-                    yield payload
+                    yield payload, error
+                data, error = [], False
             elif line.startswith(b"data:"):
                 data.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif line.startswith(b"event:"):
+                error = line[6:].strip() == b"error"
+            elif line.startswith(b"error:"):   # llama.cpp's server: `error: {json}`, no data line
+                data.append(line[7:] if line[6:7] == b" " else line[6:])
+                error = True
 
 
 async def raise_for_status(response: httpx.Response) -> None:

@@ -134,9 +134,11 @@ class LlamaCppDecoder(EngineDecoder):
         url = self.url("/completion")
         async for data in sse_json(http, url, completion_body(request, self.extra)):
             if "error" in data:
-                raise httpx.HTTPStatusError(str(data["error"]), request=httpx.Request("POST", url),
-                                            response=httpx.Response(int(data["error"].get("code", 500)),
-                                                                    text=str(data["error"])))
+                err = data["error"]   # a dict from llama.cpp; text where the event's data was not JSON
+                code = err.get("code", 500) if isinstance(err, dict) else 500
+                raise httpx.HTTPStatusError(str(err), request=httpx.Request("POST", url),
+                                            response=httpx.Response(int(code) if isinstance(code, int) else 500,
+                                                                    text=str(err)))
             yield parse_chunk(data)
 
     def telemetry(self, final: dict) -> dict:
