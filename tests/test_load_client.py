@@ -101,6 +101,31 @@ def test_an_error_event_mid_stream_reaches_the_flavour_as_an_error_whichever_way
     with pytest.raises(EngineRequestError, match="KV cache full"):
         checked(_read(b'event: error\ndata: {"message": "KV cache full"}\n\n', 7)[0], "e")
 
+
+def test_a_server_that_trickles_keep_alives_is_cut_at_the_request_timeout():
+    """A slow-loris server (a comment every 0.2 s, never an answer) held a request as long as it
+    liked: only each read had a timeout. request_timeout_s is the whole request's."""
+    async def handle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(100):    # 20 s of keep-alives, then a clean end with nothing in it
+            writer.write(b"e\r\n: keep-alive\n\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.2)
+        writer.write(b"0\r\n\r\n")
+        writer.close()
+
+    async def go():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/completions"
+        try:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(1.0, connect=5.0)) as http:
+                return [e async for e in sse_json(http, url, {"stream": True})]
+        finally:
+            server.close()
+    with pytest.raises(httpx.ReadTimeout, match="whole request"):
+        asyncio.run(asyncio.wait_for(go(), 60))
+
 @pytest.fixture(scope="module")
 def fake_engine():
     from bench_client import start_engine

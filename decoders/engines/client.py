@@ -407,8 +407,8 @@ async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterat
     its own that ends with the request (a connection per request, as harness.run.load's client
     keeps none alive). `http` (the batch's httpx client) gives the headers and timeouts; its
     errors are raised as httpx's (a refusal as `HTTPStatusError` with the body read, a
-    connection that fails as `ConnectError`, a cut as `RemoteProtocolError`, a silence as
-    `ReadTimeout`), so what is retried, refused or counted as malformed is decided as before.
+    connection that fails as `ConnectError`, a cut as `RemoteProtocolError`, a silence or a
+    stream not done within the request's timeout as `ReadTimeout`), so what is retried, refused or counted as malformed is decided as before.
 
     No per-chunk objects: the bytes are split into lines here (SSE ends a line at \\n, \\r\\n or
     \\r), an event's `data:` lines are joined with \\n and the event is parsed when its blank
@@ -422,7 +422,10 @@ async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterat
     import aiohttp
     content = json.dumps(body, separators=(",", ":")).encode()
     t = http.timeout
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=t.connect, sock_read=t.read)
+    # `request_timeout_s` is the whole request's, streaming included (EngineSpec): a bound on each
+    # read alone let a server that trickles keep-alive comments (or tokens past the budget) hold
+    # a request, and the level or batch waiting on it, for ever.
+    timeout = aiohttp.ClientTimeout(total=t.read, sock_connect=t.connect, sock_read=t.read)
     headers = {**{k: v for k, v in http.headers.items() if k.lower() in ("authorization",)}, **JSON}
     try:
         async with aiohttp.request("POST", url, data=content, headers=headers, timeout=timeout) as response:
@@ -436,7 +439,8 @@ async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterat
     except aiohttp.ClientConnectorError as e:
         raise httpx.ConnectError(str(e)) from e
     except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as e:
-        raise httpx.ReadTimeout(f"no answer from {url} within {t.read} s") from e
+        raise httpx.ReadTimeout(f"no complete answer from {url} within {t.read} s (request_timeout_s: the "
+                                f"whole request, streaming included)") from e
     except aiohttp.ClientError as e:   # a reset, a cut chunk, a server that went away mid-stream
         raise httpx.RemoteProtocolError(f"{type(e).__name__}: {e}") from e
 
