@@ -109,11 +109,12 @@ LATENCY_HISTOGRAMS = {"ttft": "time_to_first_token_seconds", "tpot": "request_ti
 
 
 def latency_sums(metrics: dict[str, float] | None) -> dict | None:
-    """{"ttft": [sum, count], "tpot": ..., "e2e": ...} from a scrape; None where the engine does
-    not export these histograms (llama.cpp's server does not)."""
+    """{"ttft": [sum, count], "tpot": ..., "e2e": ..., "started": the server process's start
+    time or None} from a scrape; None where the engine does not export these histograms
+    (llama.cpp's server does not)."""
     if not metrics:
         return None
-    out = {key: [0.0, 0.0] for key in LATENCY_HISTOGRAMS}
+    out: dict = {key: [0.0, 0.0] for key in LATENCY_HISTOGRAMS}
     seen = False
     for name, value in metrics.items():
         base = name.split("{", 1)[0].rsplit(":", 1)[-1]
@@ -121,14 +122,21 @@ def latency_sums(metrics: dict[str, float] | None) -> dict | None:
             if base in (f"{hist}_sum", f"{hist}_count"):
                 out[key][base.endswith("_count")] += value
                 seen = True
+    out["started"] = metrics.get("process_start_time_seconds")
     return out if seen else None
 
 
 def latency_delta(before: dict | None, after: dict | None) -> dict | None:
     """The server's mean TTFT / TPOT / E2E over the requests that finished between two scrapes
     (`latency_sums`): {"requests", "ttft_mean_s", "tpot_mean_s", "e2e_mean_s"}; a mean with no
-    request under it is None, never 0. None where either scrape lacks the histograms."""
+    request under it is None, never 0. None where either scrape lacks the histograms, and where
+    the server restarted between them (its start time moved, or a sum or count went back): the
+    difference of two processes' counters is no measurement (it read -80 requests and a mean
+    TTFT of -0.33 s)."""
     if before is None or after is None:
+        return None
+    if before.get("started") != after.get("started") or any(
+            after[key][i] < before[key][i] for key in LATENCY_HISTOGRAMS for i in (0, 1)):
         return None
     out: dict = {"requests": int(round(after["e2e"][1] - before["e2e"][1]))}
     for key in LATENCY_HISTOGRAMS:
