@@ -321,6 +321,21 @@ def test_an_aa_speedup_whose_interval_excludes_1_leaves_no_speed_verdict_standin
     assert load["crossover"]["spec"]["status"] == "never pays" and "not measured" in load["crossover"]["spec"]["words"]
 
 
+
+def test_every_aa_run_is_checked_for_timing_bias_not_only_the_first():
+    """A sweep has an A/A run per concurrency level (and a config may name several): only the
+    first was read, so a biased one after it left the candidates' speed PASS standing."""
+    from harness.config import Gates
+    from harness.verdict import timing
+    summary = _summary((0.97, 1.08))
+    cands = summary["candidates"]
+    summary["candidates"] = {"base~aa@c1": cands["base~aa"], "base~aa@c4": {
+        **cands["base~aa"], "speedup": {"statistic": 1.12, "ci_low": 1.04, "ci_high": 1.2}}, "spec": cands["spec"]}
+    assert not timing.apply(summary, Gates())
+    speed = summary["candidates"]["spec"]["gates"][0]
+    assert speed["status"] == "fail" and "base~aa@c4" in speed["detail"] and "base~aa@c1" not in speed["detail"]
+    assert summary["timing"]["biased"] and summary["candidates"]["spec"]["verdict"] == "fail"
+
 # ------------------------------------------------------------------------------- client workers
 
 def test_client_workers_follow_the_measured_cost_up_to_the_cores():

@@ -19,29 +19,30 @@ from __future__ import annotations
 from harness.verdict.results import inconclusive_status
 
 
-def _aa(summary: dict) -> tuple[str, dict] | None:
-    for name, cand in (summary.get("candidates") or {}).items():
-        if cand.get("role") == "aa-floor":
-            return name, cand
-    return None
+def _aas(summary: dict) -> list[tuple[str, dict]]:
+    return [(name, cand) for name, cand in (summary.get("candidates") or {}).items()
+            if cand.get("role") == "aa-floor"]
 
 
 def bias(summary: dict) -> str | None:
-    """Why the run's timing is biased, or None (see the module docstring)."""
-    found = _aa(summary)
-    if found is None:
+    """Why the run's timing is biased, or None (see the module docstring). Every A/A run is
+    checked (a sweep has one per concurrency level, a config may name several): the first one
+    alone let a biased one at another level leave every speed verdict standing."""
+    found = []
+    for name, aa in _aas(summary):
+        sp = aa.get("speedup") or {}
+        lo, hi = sp.get("ci_low"), sp.get("ci_high")
+        if sp.get("error") or not isinstance(lo, (int, float)) or not isinstance(hi, (int, float)):
+            continue
+        if lo <= 1.0 <= hi:
+            continue
+        level = sp.get("confidence_level") or 0.95
+        found.append(f"the A/A run {name!r} (the baseline timed again) reads {sp['statistic']:.2f}x the baseline, "
+                     f"{level:.0%} interval [{lo:.2f}, {hi:.2f}] without 1")
+    if not found:
         return None
-    name, aa = found
-    sp = aa.get("speedup") or {}
-    lo, hi = sp.get("ci_low"), sp.get("ci_high")
-    if sp.get("error") or not isinstance(lo, (int, float)) or not isinstance(hi, (int, float)):
-        return None
-    if lo <= 1.0 <= hi:
-        return None
-    level = sp.get("confidence_level") or 0.95
-    return (f"timing biased: the A/A run {name!r} (the baseline timed again) reads {sp['statistic']:.2f}x the "
-            f"baseline, {level:.0%} interval [{lo:.2f}, {hi:.2f}] without 1 (a cold server, or a machine whose "
-            f"speed moved between the runs): no speed verdict of this run stands on it")
+    return (f"timing biased: {'; '.join(found)} (a cold server, or a machine whose speed moved between the "
+            f"runs): no speed verdict of this run stands on it")
 
 
 def apply(summary: dict, gates) -> bool:
