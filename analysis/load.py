@@ -383,6 +383,10 @@ def sent_late(rows: Sequence[Mapping[str, Any]], rate: float) -> dict:
 GENERATOR_LAG_P99_S = 0.05
 GENERATOR_LAG_SHARE_OF_TTFT = 0.1
 GENERATOR_BUSY_SHARE = 0.9
+# The error of each row a dead load client worker left (harness.run.load_workers): the level
+# was not played as planned (those requests never reached the engine, or were never read), so
+# it is the generator's limit too, and those rows are not the engine's failures.
+LOST_WORKER = "LoadWorkerLost"
 
 
 def generator_limit(rows: Sequence[Mapping[str, Any]], level: Mapping[str, Any] | None = None) -> dict:
@@ -390,9 +394,10 @@ def generator_limit(rows: Sequence[Mapping[str, Any]], level: Mapping[str, Any] 
     late each request left against its offset: `lag_s`, the slot wait of `max_in_flight` apart),
     client CPU per request and per streamed token, and the share of the level its busiest event
     loop spent on the CPU (`level`: the level's row of load_levels.jsonl). "limited": True past
-    the thresholds above, with "why" in words; such a level is no evidence of the engine's
+    the thresholds above, or where a client worker died ("lost": its rows), with "why" in words; such a level is no evidence of the engine's
     speed or latency (judge_level, harness.verdict.slo)."""
     level = level or {}
+    lost = [r for r in rows if str(r.get("error") or "").startswith(LOST_WORKER)]
     lags = np.asarray([float(r["lag_s"]) for r in rows if isinstance(r.get("lag_s"), (int, float))
                        and math.isfinite(r["lag_s"])], dtype=float)
     ttfts = [float(r["ttft_s"]) for r in rows if ok(r)]
@@ -403,8 +408,12 @@ def generator_limit(rows: Sequence[Mapping[str, Any]], level: Mapping[str, Any] 
            "lag_p99_s": float(np.percentile(lags, 99)) if lags.size else None, "lag_limit_s": limit,
            "cpu_per_request_s": cpu / len(rows) if cpu is not None and rows else None,
            "cpu_per_token_s": cpu / tokens if cpu is not None and tokens else None,
-           "busy_share": busy, "busy_limit": GENERATOR_BUSY_SHARE, "workers": level.get("client_workers", 1)}
+           "busy_share": busy, "busy_limit": GENERATOR_BUSY_SHARE, "workers": level.get("client_workers", 1),
+           "lost": len(lost)}
     reasons = []
+    if lost:   # never sent, or sent and never read: the harness's failure, not the engine's
+        reasons.append(f"{len(lost)} of its {len(rows)} requests were lost with a load client worker "
+                       f"({lost[0]['error'][len(LOST_WORKER):].strip(': ')[:160]})")
     if out["lag_p99_s"] is not None and out["lag_p99_s"] > limit:
         reasons.append(f"send lag p99 {1e3 * out['lag_p99_s']:.0f} ms > {1e3 * limit:.0f} ms")
     if isinstance(busy, (int, float)) and busy > GENERATOR_BUSY_SHARE:

@@ -336,6 +336,34 @@ def test_every_aa_run_is_checked_for_timing_bias_not_only_the_first():
     assert speed["status"] == "fail" and "base~aa@c4" in speed["detail"] and "base~aa@c1" not in speed["detail"]
     assert summary["timing"]["biased"] and summary["candidates"]["spec"]["verdict"] == "fail"
 
+
+@pytest.mark.parametrize("side", ["base", "c"])
+def test_a_level_with_a_dead_client_worker_is_the_generators_limit_never_a_verdict(tmp_path, side):
+    """One of 32 client workers SIGKILLed: on the baseline's side its candidate 'paid' (a speed
+    PASS on a level not played as planned); on the candidate's, its 7 lost rows were the
+    candidate's failures ('never pays', a load errors FAIL), the harness's death charged to the engine."""
+    from harness.config import Gates
+    from harness.verdict import slo as slo_gates
+    from harness.verdict.load import summarize
+    from test_load import _cfg, load_config, row
+    cfg = load_config(_cfg(tmp_path, "rates = [1]\nload_requests = 200"), "load")
+    lost = {"error": "LoadWorkerLost: load client worker 1 of 32 failed (it exited without a result; exit code -9)",
+            "n_tokens": 0, "token_times_s": [], "e2e_s": None, "ttft_s": None}
+    rows = []
+    for name, ttft, gap in (("base", 0.4, 0.1), ("c", 0.2, 0.05)):
+        for i in range(200):
+            r = {**row(i, ttft, [gap + 0.001 * (i % 3)] * 9), "candidate": name, "rate": 1.0, "lag_s": 0.001}
+            rows.append({**r, **lost} if name == side and i % 32 == 1 else r)
+    levels = [{"candidate": n, "rate": 1.0, "wall_s": 200.0, "requests": 200, "client_workers": 32,
+               "harness_cpu_s": 0.2, "loop_busy_share": 0.01} for n in ("base", "c")]
+    load = summarize(cfg, rows, levels, "base")
+    by = {e["decoder"]: e for e in load["levels"]}
+    assert by[side]["metrics"]["generator"]["limited"] and by[side]["metrics"]["generator"]["lost"] == 7
+    assert by["c"]["pays"] is None and "lost with a load client worker" in by["c"]["why"]
+    errors = slo_gates.error_gate([{"rate": 1.0, "baseline": by["base"]["metrics"], "candidate": by["c"]["metrics"]}],
+                                  Gates())
+    assert errors.status == "fail" and errors.detail.startswith("inconclusive") and "7 of the" in errors.detail
+
 # ------------------------------------------------------------------------------- client workers
 
 def test_client_workers_follow_the_measured_cost_up_to_the_cores():

@@ -127,6 +127,14 @@ def error_gate(levels: list[dict], config_gates: Gates) -> GateResult:
         if lv.get("baseline") is None:
             unmatched.append(f"{rate}: no baseline requests to compare the candidate's with")
         ce, cn = cand.get("errors") or 0, cand.get("n") or 0
+        lost = {side: ((m or {}).get("generator") or {}).get("lost") or 0 for side, m in (("candidate", cand),
+                                                                                          ("baseline", base))}
+        if any(lost.values()):
+            # Rows a dead load client worker left are the harness's failure, not an engine's: that
+            # level decides nothing about errors (not a candidate's failure, not a pass either).
+            unmatched.append(f"{rate}: " + ", ".join(f"{n} of the {side}'s requests lost with a load client worker"
+                                                     for side, n in lost.items() if n))
+            continue
         for side, m, n in (("candidate", cand, cn), ("baseline", base, bn)):
             if m.get("scheduled") is not None and n - (m.get("repeated") or 0) < m["scheduled"]:
                 fails.append(f"{rate}: {m['scheduled'] - n + (m.get('repeated') or 0)} of the {side}'s "
@@ -145,7 +153,8 @@ def error_gate(levels: list[dict], config_gates: Gates) -> GateResult:
         return GateResult("load errors", "fail", "failed or missing requests where the baseline's did not fail "
                           "as often: " + "; ".join(fails))
     if unmatched:
-        # A level the candidate played without its baseline compared nothing: not a pass.
+        # A level the candidate played without its baseline, or where a client worker died,
+        # compared nothing: not a pass.
         return GateResult("load errors", inconclusive_status(config_gates), "inconclusive: " + "; ".join(unmatched))
     if not usable:
         return GateResult("load errors", inconclusive_status(config_gates), f"inconclusive: the baseline failed more than "
