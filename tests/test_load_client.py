@@ -413,3 +413,37 @@ def test_a_client_worker_that_dies_leaves_an_error_row_for_each_of_its_requests(
     assert [r["index"] for r in rows] == list(range(6))
     assert [r["error"] is None for r in rows] == [True, False, True, False, True, False]
     assert all("load client worker 1 of 2 failed" in r["error"] and "exit code 3" in r["error"] for r in rows[1::2])
+
+
+def test_a_client_worker_that_hangs_is_killed_and_its_rows_are_lost_never_a_level_that_waits(
+        fake_engine, smollm2_tokenizer_target, monkeypatch):
+    """A worker whose loop blocks (here a sleep on it; SIGSTOP reads the same) held the level,
+    and the run, for ever: the harness waited on its pipe with no deadline."""
+    import threading
+    import time as clock
+
+    from decoders.base import GenerationRequest
+    from decoders.engines.openai_compat import VLLMDecoder
+    from harness.run import load_workers
+    from harness.run.load import Arrival
+
+    class Hangs(VLLMDecoder):
+        async def _stream_once(self, http, request):
+            if request.prompt_ids[-1] == 8:     # the request at index 1: worker 1 of 2 blocks its loop
+                clock.sleep(3600)
+            return await super()._stream_once(http, request)
+    monkeypatch.setattr(load_workers, "WORKER_GRACE_S", 1.0, raising=False)
+    decoder = Hangs(smollm2_tokenizer_target, base_url=fake_engine, model="smollm2-135m", retries=0)
+    decoder.server.warmed = True
+    arrivals = [Arrival(i, 0.01 * i, _Work()) for i in range(6)]
+    requests = [GenerationRequest((5, 6, 7 + i), max_new_tokens=4) for i in range(6)]
+    out = {}
+    t = threading.Thread(target=lambda: out.update(r=load_workers.play_workers(
+        decoder, arrivals, requests, 2, max_in_flight=None, timeout=2)), daemon=True)
+    t.start()
+    t.join(120)
+    assert "r" in out, "play_workers still waiting on a hung worker after 120 s"
+    rows, _ = out["r"]
+    assert [r["index"] for r in rows] == list(range(6))
+    assert [r["error"] is None for r in rows] == [True, False, True, False, True, False]
+    assert all("worker 1 of 2 failed" in r["error"] and "killed" in r["error"] for r in rows[1::2])

@@ -15,8 +15,9 @@ So a level may be played by `n` worker processes:
   `max_in_flight` is split evenly (rounded up) among the workers.
 - **Rows merge by scheduled offset** (the schedule's index): the level's rows are the same rows
   one worker would have written. The level's client CPU is the workers' sum; its busy share is
-  the busiest worker's (analysis.load.generator_limit judges that one). A worker that dies
-  leaves an error row for each request of its share, naming it: the level is never short.
+  the busiest worker's (analysis.load.generator_limit judges that one). A worker that dies, or
+  is still silent when its last request's timeout is long past (stuck: it is killed), leaves an
+  error row for each request of its share, naming it: the level is never short, never hangs.
 The parent warms the server first (decoders.engines.client.warm), then forks: the workers time
 only. Forking happens from a thread of its own, never from the running event loop's.
 """
@@ -31,6 +32,7 @@ import time
 import httpx
 
 TARGET_BUSY = 0.5   # a worker's planned share of one core: room for bursts before its lag grows
+WORKER_GRACE_S = 30.0   # past the last request's offset and timeout: a worker still silent is stuck
 
 
 def cores() -> int:
@@ -86,9 +88,19 @@ def play_workers(decoder, arrivals: list, requests: list, n: int, max_in_flight:
         send.close()
         running.append((recv, proc))
     rows, infos = [], []
+    # Every request of a share ends within its timeout (retries and their backoff included), so a
+    # worker silent past that is stuck (its loop blocked, the process stopped): it is killed and its
+    # rows are lost, never a level that waits for ever.
+    retries = max(int(getattr(decoder, "retries", 0) or 0), 0)
+    deadline = start_at + max((a.offset_s for a in arrivals), default=0.0) + (retries + 1) * (timeout + 10.0) \
+        + WORKER_GRACE_S
     for w, ((recv, proc), (mine, _)) in enumerate(zip(running, shares)):
         try:
-            status, out = recv.recv()
+            if recv.poll(max(deadline - time.perf_counter(), 0.0)):
+                status, out = recv.recv()
+            else:
+                proc.kill()
+                status, out = "error", f"no result {deadline - start_at:.0f} s after the level's start: killed"
         except EOFError:
             status, out = "error", "it exited without a result"
         proc.join(timeout=30)
