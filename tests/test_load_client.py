@@ -447,3 +447,21 @@ def test_a_client_worker_that_hangs_is_killed_and_its_rows_are_lost_never_a_leve
     assert [r["index"] for r in rows] == list(range(6))
     assert [r["error"] is None for r in rows] == [True, False, True, False, True, False]
     assert all("worker 1 of 2 failed" in r["error"] and "killed" in r["error"] for r in rows[1::2])
+
+
+def test_client_workers_never_offer_the_engine_more_than_max_in_flight(fake_engine, smollm2_tokenizer_target):
+    """max_in_flight = 3 over 2 workers was 2 slots each (rounded up): 4 requests at once, where
+    one client held the engine to 3; max_in_flight = 1 over 2 workers: 2 at once."""
+    from decoders.base import GenerationRequest
+    from decoders.engines.openai_compat import VLLMDecoder
+    from harness.run.load import Arrival
+    from harness.run import load_workers
+    decoder = VLLMDecoder(smollm2_tokenizer_target, base_url=fake_engine, model="smollm2-135m", retries=0)
+    decoder.server.warmed = True
+    arrivals = [Arrival(i, 0.0, _Work()) for i in range(12)]     # all due at once: every slot fills
+    requests = [GenerationRequest((5, 6, 7 + i), max_new_tokens=6) for i in range(12)]
+    for cap, n in ((3, 2), (1, 2)):
+        rows, info = load_workers.play_workers(decoder, arrivals, requests, n, max_in_flight=cap, timeout=60)
+        assert [r["error"] for r in rows] == [None] * 12
+        assert info["most_in_flight"] <= cap, (cap, n, info["most_in_flight"])
+    assert load_workers.workers_needed(400.0, 0.004, 4, 2)[0] == 2

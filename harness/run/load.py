@@ -314,7 +314,8 @@ class LoadRun:
             http.headers.update(decoder.server.headers())
             warmed_now = decoder.warmup = await warm(decoder, http, requests,
                                                      min(self.plan.max_in_flight or len(requests), WARMUP_BURST))
-        n, why = workers_needed(rate, self.client_cost(name, decoder), self.plan.client_workers)
+        n, why = workers_needed(rate, self.client_cost(name, decoder), self.plan.client_workers,
+                                self.plan.max_in_flight)
         before, clock = _prometheus(decoder), _server_latency(decoder)
         if n == 1:
             rows, info = await play(decoder, arrivals, requests, http, self.plan.max_in_flight)

@@ -12,7 +12,8 @@ So a level may be played by `n` worker processes:
   tokenizer, server address) with its own event loop and HTTP client, and plays its share of
   the schedule, every n-th arrival (so each share spans the whole level at rate / n), against
   one start time on the machine's monotonic clock: every request still leaves at its own offset.
-  `max_in_flight` is split evenly (rounded up) among the workers.
+  `max_in_flight` is split among the workers to sum to it exactly (`split_cap`; never more
+  workers than slots), so the engine is never offered more requests at once than configured.
 - **Rows merge by scheduled offset** (the schedule's index): the level's rows are the same rows
   one worker would have written. The level's client CPU is the workers' sum; its busy share is
   the busiest worker's (analysis.load.generator_limit judges that one). A worker that dies, or
@@ -42,16 +43,31 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def workers_needed(rate: float, cpu_per_request_s: float | None, configured: int | None) -> tuple[int, str]:
-    """(workers, why) for a level at `rate` (see the module docstring)."""
+def workers_needed(rate: float, cpu_per_request_s: float | None, configured: int | None,
+                   max_in_flight: int | None = None) -> tuple[int, str]:
+    """(workers, why) for a level at `rate` (see the module docstring); never more workers than
+    `max_in_flight` (each needs a slot of its own: the split never offers the engine more)."""
     if configured:
-        return int(configured), "client_workers in the profile"
-    if cpu_per_request_s is None:
-        return 1, "no measured client cost yet"
-    need = max(1, math.ceil(rate * cpu_per_request_s / TARGET_BUSY))
-    n = min(need, cores())
-    return n, (f"{rate:g} req/s x {1e3 * cpu_per_request_s:.2f} ms client CPU per request at {TARGET_BUSY:.0%} "
+        n, why = int(configured), "client_workers in the profile"
+    elif cpu_per_request_s is None:
+        n, why = 1, "no measured client cost yet"
+    else:
+        need = max(1, math.ceil(rate * cpu_per_request_s / TARGET_BUSY))
+        n = min(need, cores())
+        why = (f"{rate:g} req/s x {1e3 * cpu_per_request_s:.2f} ms client CPU per request at {TARGET_BUSY:.0%} "
                f"of a core per worker needs {need}" + (f", at most the {cores()} cores" if need > n else ""))
+    if max_in_flight and n > max_in_flight:
+        n, why = max_in_flight, why + f", at most max_in_flight = {max_in_flight} (a slot each)"
+    return n, why
+
+
+def split_cap(max_in_flight: int | None, n: int) -> list[int | None]:
+    """Each worker's share of `max_in_flight`, summing to it exactly: rounded up for every worker,
+    n x ceil(m / n) slots offered the engine more requests at once than the profile allows
+    (max_in_flight = 3 over 2 workers: 4)."""
+    if not max_in_flight:
+        return [None] * n
+    return [max_in_flight // n + (1 if w < max_in_flight % n else 0) for w in range(n)]
 
 
 def _worker(conn, decoder, arrivals, requests, start_at: float, cap: int | None, timeout: float) -> None:
@@ -77,11 +93,12 @@ def play_workers(decoder, arrivals: list, requests: list, n: int, max_in_flight:
     """Play one level with `n` forked workers (blocking: run it in a thread); (rows, info)."""
     from harness.run.load import level_info
     ctx = multiprocessing.get_context("fork")
-    cap = math.ceil(max_in_flight / n) if max_in_flight else None
+    n = min(n, max_in_flight) if max_in_flight else n   # a slot each (workers_needed says so too)
+    caps = split_cap(max_in_flight, n)
     start_at = time.perf_counter() + 0.5 + 0.1 * n   # every worker is up before the first offset
     shares = [(arrivals[w::n], requests[w::n]) for w in range(n)]
     running = []
-    for share in shares:
+    for share, cap in zip(shares, caps):
         recv, send = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_worker, args=(send, decoder, *share, start_at, cap, timeout), daemon=True)
         proc.start()
@@ -116,7 +133,7 @@ def play_workers(decoder, arrivals: list, requests: list, n: int, max_in_flight:
                       workers=n)
     busy = [i["loop_busy_share"] for i in infos if i.get("loop_busy_share") is not None]
     info.update(loop_busy_share=max(busy) if busy else None, worker_busy_shares=busy,
-                max_in_flight_per_worker=cap)
+                max_in_flight_per_worker=max(caps) if max_in_flight else None)
     return rows, info
 
 
