@@ -465,3 +465,41 @@ def test_client_workers_never_offer_the_engine_more_than_max_in_flight(fake_engi
         assert [r["error"] for r in rows] == [None] * 12
         assert info["most_in_flight"] <= cap, (cap, n, info["most_in_flight"])
     assert load_workers.workers_needed(400.0, 0.004, 4, 2)[0] == 2
+
+
+def test_client_workers_start_the_level_once_every_worker_is_ready(fake_engine, smollm2_tokenizer_target, tmp_path):
+    """The start was fixed before forking (0.5 s + 0.1 s a worker); a worker whose set-up took
+    longer (forked before the harness had imported the openai SDK, it imported it after the
+    start: 1.5-7 s on this machine) sent its first requests that late, and the level read as
+    the generator's limit. Here a worker's set-up takes 3 s on purpose: the start follows it."""
+    import os
+    import time as clock
+
+    from decoders.base import GenerationRequest
+    from decoders.engines.openai_compat import VLLMDecoder
+    from harness.run.load import Arrival
+    from harness.run.load_workers import play_workers
+
+    parent, marks = os.getpid(), tmp_path / "ready"
+
+    class SlowToFork(type(VLLMDecoder(smollm2_tokenizer_target, base_url=fake_engine, retries=0).server)):
+        @property
+        def proc(self):
+            return self.__dict__.get("_proc")
+
+        @proc.setter
+        def proc(self, value):      # the worker's first step (it forgets the engine's process)
+            if os.getpid() != parent:
+                clock.sleep(3.0)
+                with open(marks, "a") as f:
+                    f.write(f"{clock.perf_counter()!r}\n")
+            self.__dict__["_proc"] = value
+    decoder = VLLMDecoder(smollm2_tokenizer_target, base_url=fake_engine, model="smollm2-135m", retries=0)
+    decoder.server.__class__ = SlowToFork
+    decoder.server.warmed = True
+    arrivals = [Arrival(i, 0.01 * i, _Work()) for i in range(6)]
+    requests = [GenerationRequest((5, 6, 7 + i), max_new_tokens=4) for i in range(6)]
+    rows, info = play_workers(decoder, arrivals, requests, 2, max_in_flight=None, timeout=60)
+    assert [r["error"] for r in rows] == [None] * 6
+    ready = [float(x) for x in marks.read_text().split()]
+    assert len(ready) == 2 and info["start_at"] >= max(ready)

@@ -11,7 +11,8 @@ So a level may be played by `n` worker processes:
 - **Each worker** is a process forked from the harness (it inherits the decoder: flavour,
   tokenizer, server address) with its own event loop and HTTP client, and plays its share of
   the schedule, every n-th arrival (so each share spans the whole level at rate / n), against
-  one start time on the machine's monotonic clock: every request still leaves at its own offset.
+  one start time on the machine's monotonic clock, fixed once every worker is ready: every
+  request still leaves at its own offset.
   `max_in_flight` is split among the workers to sum to it exactly (`split_cap`; never more
   workers than slots), so the engine is never offered more requests at once than configured.
 - **Rows merge by scheduled offset** (the schedule's index): the level's rows are the same rows
@@ -34,6 +35,8 @@ import httpx
 
 TARGET_BUSY = 0.5   # a worker's planned share of one core: room for bursts before its lag grows
 WORKER_GRACE_S = 30.0   # past the last request's offset and timeout: a worker still silent is stuck
+WORKER_READY_S = 120.0  # from forking to ready (its loop and client made): a worker still not ready is stuck
+START_MARGIN_S = 0.05   # from the last worker's ready to the level's start: the start reaches every worker
 
 
 def cores() -> int:
@@ -70,15 +73,22 @@ def split_cap(max_in_flight: int | None, n: int) -> list[int | None]:
     return [max_in_flight // n + (1 if w < max_in_flight % n else 0) for w in range(n)]
 
 
-def _worker(conn, decoder, arrivals, requests, start_at: float, cap: int | None, timeout: float) -> None:
+def _worker(conn, decoder, arrivals, requests, cap: int | None, timeout: float) -> None:
     from harness.run.load import play
     # The server's process is the harness's child, not this one's: polling it from here reads
     # as "exited" (waitpid fails). An engine that dies still fails this worker's requests.
     decoder.server.proc = None
     try:
         async def go():
+            # Imported before the start, never after it: play() names what a refusal raises with the
+            # openai SDK's errors, and a worker forked before the harness had imported it spent
+            # 1.5-7 s of the level importing it, its first sends that late (the generator's limit).
+            import aiohttp  # noqa: F401
+            import openai  # noqa: F401
             limits = httpx.Limits(max_connections=(cap or len(requests)) + 4, max_keepalive_connections=0)
             async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), limits=limits) as http:
+                conn.send(("ready", None))
+                start_at = conn.recv()   # blocks this loop, which has nothing to run before the start
                 return await play(decoder, arrivals, requests, http, cap, start_at=start_at)
         conn.send(("ok", asyncio.run(go())))
     except BaseException as e:  # noqa: BLE001 - whatever ends a worker is reported to the harness
@@ -88,38 +98,52 @@ def _worker(conn, decoder, arrivals, requests, start_at: float, cap: int | None,
         os._exit(0)   # no atexit handlers of the harness (MLflow, engines) in a forked child
 
 
+def _answer(conn, proc, deadline: float, what: str) -> tuple[str, object]:
+    """The worker's next message, or ("error", why) where it died or stayed silent past `deadline`
+    (then it is killed: stuck, its loop blocked or its process stopped)."""
+    try:
+        if conn.poll(max(deadline - time.perf_counter(), 0.0)):
+            return conn.recv()
+        proc.kill()
+        return "error", f"no {what} by its deadline: killed"
+    except (EOFError, OSError):
+        return "error", "it exited without a result"
+
+
 def play_workers(decoder, arrivals: list, requests: list, n: int, max_in_flight: int | None,
                  timeout: float) -> tuple[list[dict], dict]:
-    """Play one level with `n` forked workers (blocking: run it in a thread); (rows, info)."""
+    """Play one level with `n` forked workers (blocking: run it in a thread); (rows, info).
+    The level starts once every worker is ready (forked, its loop and client made): a start
+    fixed before forking (0.5 s + 0.1 s a worker) was seconds in the past on a loaded machine,
+    and the late first sends read as the generator's limit (4 workers: send lag p99 4.9 s)."""
     from harness.run.load import level_info
     ctx = multiprocessing.get_context("fork")
     n = min(n, max_in_flight) if max_in_flight else n   # a slot each (workers_needed says so too)
     caps = split_cap(max_in_flight, n)
-    start_at = time.perf_counter() + 0.5 + 0.1 * n   # every worker is up before the first offset
     shares = [(arrivals[w::n], requests[w::n]) for w in range(n)]
     running = []
     for share, cap in zip(shares, caps):
-        recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_worker, args=(send, decoder, *share, start_at, cap, timeout), daemon=True)
+        mine, theirs = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(theirs, decoder, *share, cap, timeout), daemon=True)
         proc.start()
-        send.close()
-        running.append((recv, proc))
-    rows, infos = [], []
+        theirs.close()
+        running.append((mine, proc))
+    up_by = time.perf_counter() + WORKER_READY_S
+    ready = [_answer(conn, proc, up_by, "sign of being ready") for conn, proc in running]
+    start_at = time.perf_counter() + START_MARGIN_S
+    for (conn, _), (status, _) in zip(running, ready):
+        if status == "ready":
+            conn.send(start_at)
     # Every request of a share ends within its timeout (retries and their backoff included), so a
     # worker silent past that is stuck (its loop blocked, the process stopped): it is killed and its
     # rows are lost, never a level that waits for ever.
     retries = max(int(getattr(decoder, "retries", 0) or 0), 0)
     deadline = start_at + max((a.offset_s for a in arrivals), default=0.0) + (retries + 1) * (timeout + 10.0) \
         + WORKER_GRACE_S
-    for w, ((recv, proc), (mine, _)) in enumerate(zip(running, shares)):
-        try:
-            if recv.poll(max(deadline - time.perf_counter(), 0.0)):
-                status, out = recv.recv()
-            else:
-                proc.kill()
-                status, out = "error", f"no result {deadline - start_at:.0f} s after the level's start: killed"
-        except EOFError:
-            status, out = "error", "it exited without a result"
+    rows, infos = [], []
+    for w, ((conn, proc), (mine, _), (status, out)) in enumerate(zip(running, shares, ready)):
+        if status == "ready":
+            status, out = _answer(conn, proc, deadline, "result")
         proc.join(timeout=30)
         if status == "ok":
             rows += out[0]
@@ -133,7 +157,7 @@ def play_workers(decoder, arrivals: list, requests: list, n: int, max_in_flight:
                       workers=n)
     busy = [i["loop_busy_share"] for i in infos if i.get("loop_busy_share") is not None]
     info.update(loop_busy_share=max(busy) if busy else None, worker_busy_shares=busy,
-                max_in_flight_per_worker=max(caps) if max_in_flight else None)
+                max_in_flight_per_worker=max(caps) if max_in_flight else None, start_at=start_at)
     return rows, info
 
 
