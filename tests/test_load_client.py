@@ -503,3 +503,53 @@ def test_client_workers_start_the_level_once_every_worker_is_ready(fake_engine, 
     assert [r["error"] for r in rows] == [None] * 6
     ready = [float(x) for x in marks.read_text().split()]
     assert len(ready) == 2 and info["start_at"] >= max(ready)
+
+
+def test_a_stream_cut_mid_answer_by_a_server_that_still_answers_is_that_items_error(smollm2_tokenizer_target):
+    """A server that answers /health but cuts one request's stream mid-chunk (every time) ended
+    the whole closed-loop run as 'stopped answering' (EngineDown) for that one request."""
+    from decoders.base import GenerationRequest
+    from decoders.engines.client import EngineRequestError
+    from decoders.engines.openai_compat import VLLMDecoder
+    from decoders.engines.server import EngineDown
+    from fake_engine import completion_events
+
+    async def handle(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(x.split(b":")[1]) for x in head.split(b"\r\n") if x.lower().startswith(b"content-length")), 0)
+        await reader.readexactly(length)
+        if head.startswith(b"GET /metrics"):
+            writer.write(b"HTTP/1.1 404 X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        elif not head.startswith(b"POST"):
+            body = b'{"data": [{"id": "smollm2-135m"}]}'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        else:
+            event = b"data: " + completion_events(4)[0] + b"\n\n"
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                         b"%x\r\n%s\r\n40\r\ndata: {\"cho" % (len(event), event))
+        await writer.drain()
+        writer.transport.abort() if head.startswith(b"POST") else writer.close()
+
+    out = {}
+
+    async def serve():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        out["url"] = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        out["ready"].set()
+        await out["stop"].wait()
+        server.close()
+    import threading
+    loop = asyncio.new_event_loop()
+    out.update(ready=threading.Event(), stop=asyncio.Event())
+    t = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
+    t.start()
+    out["ready"].wait(30)
+    try:
+        decoder = VLLMDecoder(smollm2_tokenizer_target, base_url=out["url"], model="smollm2-135m", retries=1)
+        decoder.server.warmed = True
+        results = [r for _, r in decoder.generate_many([GenerationRequest((1, 2, 3), max_new_tokens=4)])]
+        assert len(results) == 1 and isinstance(results[0], EngineRequestError)
+        assert not isinstance(results[0], EngineDown) and "cut its answer" in str(results[0])
+    finally:
+        loop.call_soon_threadsafe(out["stop"].set)
+        t.join(10)

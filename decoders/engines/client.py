@@ -318,6 +318,12 @@ class EngineDecoder(Decoder):
             # error for this item, not an engine that stopped answering.
             raise EngineRequestError(f"engine {self.server.spec.name!r} refused the request {self.retries + 1} "
                                      f"time(s): HTTP {_status(last)}: {_detail(last)}")
+        if isinstance(last, httpx.RemoteProtocolError) and self.server.alive() and await self._answers_health(http):
+            # It answers /health, and cut its answer to this request every time (a stream ended
+            # mid-chunk, a connection dropped mid-answer): that item's error, not an engine that
+            # stopped answering (which ended the whole run, resumable, for one request's cut).
+            raise EngineRequestError(f"engine {self.server.spec.name!r} cut its answer to this request "
+                                     f"{self.retries + 1} time(s) while it still answers /health: {last}")
         state = (self.server.exit_state() or "its process exited" if not self.server.alive()
                  else f"{type(last).__name__}: {last}" if last else "no answer")
         log = f"; log {self.server.log_path}:\n{self.server.log_tail()}" if self.server.log_path else ""
