@@ -131,9 +131,12 @@ def play_workers(decoder, arrivals: list, requests: list, n: int, max_in_flight:
     up_by = time.perf_counter() + WORKER_READY_S
     ready = [_answer(conn, proc, up_by, "sign of being ready") for conn, proc in running]
     start_at = time.perf_counter() + START_MARGIN_S
-    for (conn, _), (status, _) in zip(running, ready):
+    for w, ((conn, _), (status, _)) in enumerate(zip(running, ready)):
         if status == "ready":
-            conn.send(start_at)
+            try:
+                conn.send(start_at)
+            except OSError:   # it died between ready and the start: its result says so (EOF)
+                ready[w] = ("error", "it exited before the level's start")
     # Every request of a share ends within its timeout (retries and their backoff included), so a
     # worker silent past that is stuck (its loop blocked, the process stopped): it is killed and its
     # rows are lost, never a level that waits for ever.
