@@ -36,7 +36,9 @@ The metrics, with `vllm bench serve`'s names:
   level tried paid. A level where `max_in_flight` held either side back (``held_back``), or the
   load generator sent its requests late (``sent_late``), was not offered its rate: it is not
   measured there (pays None), which ends the crossover as a level that did not pay would, and
-  says so. Rows that repeat a request (``repeated``) never pay.
+  says so; so is a level where the load generator could not keep up (``generator_limit``: send
+  lag p99 or its event loop's CPU share past a stated threshold). Rows that repeat a request
+  (``repeated``) never pay.
 
 Scope: numbers only. The open-loop schedule and its measurement live in harness.run.load, the
 SLO gates in harness.verdict.slo, the figure in analysis.load_figure.
@@ -374,6 +376,54 @@ def sent_late(rows: Sequence[Mapping[str, Any]], rate: float) -> dict:
     return {"p50_s": p50, "p95_s": float(np.percentile(delays, 95)), "late": p50 > 1.0 / rate}
 
 
+# When the load generator is the bottleneck (generator_limit): its send lag's p99 past the larger
+# of 50 ms and a tenth of the level's median TTFT, or its event loop busy more than 90% of the
+# level. Either way its own stalls (late sends, tokens read late and in bursts) are in the
+# level's latencies, which then measure the client as much as the engine.
+GENERATOR_LAG_P99_S = 0.05
+GENERATOR_LAG_SHARE_OF_TTFT = 0.1
+GENERATOR_BUSY_SHARE = 0.9
+# The error of each row a dead load client worker left (harness.run.load_workers): the level
+# was not played as planned (those requests never reached the engine, or were never read), so
+# it is the generator's limit too, and those rows are not the engine's failures.
+LOST_WORKER = "LoadWorkerLost"
+
+
+def generator_limit(rows: Sequence[Mapping[str, Any]], level: Mapping[str, Any] | None = None) -> dict:
+    """Whether the load generator kept up at a level, and its own figures: send lag p50/p99 (how
+    late each request left against its offset: `lag_s`, the slot wait of `max_in_flight` apart),
+    client CPU per request and per streamed token, and the share of the level its busiest event
+    loop spent on the CPU (`level`: the level's row of load_levels.jsonl). "limited": True past
+    the thresholds above, or where a client worker died ("lost": its rows), with "why" in words; such a level is no evidence of the engine's
+    speed or latency (judge_level, harness.verdict.slo)."""
+    level = level or {}
+    lost = [r for r in rows if str(r.get("error") or "").startswith(LOST_WORKER)]
+    lags = np.asarray([float(r["lag_s"]) for r in rows if isinstance(r.get("lag_s"), (int, float))
+                       and math.isfinite(r["lag_s"])], dtype=float)
+    ttfts = [float(r["ttft_s"]) for r in rows if ok(r)]
+    limit = max(GENERATOR_LAG_P99_S, GENERATOR_LAG_SHARE_OF_TTFT * float(np.median(ttfts)) if ttfts else 0.0)
+    tokens = sum(int(r.get("n_tokens") or 0) for r in rows if ok(r))
+    cpu, busy = level.get("harness_cpu_s"), level.get("loop_busy_share")
+    out = {"lag_p50_s": float(np.median(lags)) if lags.size else None,
+           "lag_p99_s": float(np.percentile(lags, 99)) if lags.size else None, "lag_limit_s": limit,
+           "cpu_per_request_s": cpu / len(rows) if cpu is not None and rows else None,
+           "cpu_per_token_s": cpu / tokens if cpu is not None and tokens else None,
+           "busy_share": busy, "busy_limit": GENERATOR_BUSY_SHARE, "workers": level.get("client_workers", 1),
+           "lost": len(lost)}
+    reasons = []
+    if lost:   # never sent, or sent and never read: the harness's failure, not the engine's
+        reasons.append(f"{len(lost)} of its {len(rows)} requests were lost with a load client worker "
+                       f"({lost[0]['error'][len(LOST_WORKER):].strip(': ')[:160]})")
+    if out["lag_p99_s"] is not None and out["lag_p99_s"] > limit:
+        reasons.append(f"send lag p99 {1e3 * out['lag_p99_s']:.0f} ms > {1e3 * limit:.0f} ms")
+    if isinstance(busy, (int, float)) and busy > GENERATOR_BUSY_SHARE:
+        reasons.append(f"its event loop was on the CPU {busy:.0%} of the level (> {GENERATOR_BUSY_SHARE:.0%})")
+    out["limited"] = bool(reasons)
+    out["why"] = (f"the load generator could not keep up ({'; '.join(reasons)}): its own stalls are in this "
+                  f"level's latencies") if reasons else None
+    return out
+
+
 def crossover(levels: Sequence[tuple[float, bool | None]]) -> dict:
     """From (rate, pays) per level: the highest rate up to which every level tried paid (a level
     not measured, pays None, is not one that paid).
@@ -404,18 +454,20 @@ def refine_rate(levels: Sequence[tuple[float, bool]], *, min_ratio: float = 1.1)
 
 def judge_level(base_rows: Sequence[Mapping[str, Any]], cand_rows: Sequence[Mapping[str, Any]], *,
                 duration_s: float, slo: Mapping[str, float] | None = None, alpha: float = 0.05,
-                prometheus: Mapping[str, Any] | None = None, rate: float | None = None) -> dict:
+                prometheus: Mapping[str, Any] | None = None, rate: float | None = None,
+                base_level: Mapping[str, Any] | None = None, cand_level: Mapping[str, Any] | None = None) -> dict:
     """A candidate at one level against the baseline at that level: its metrics, the paired
     speedup, and whether it pays (the run's bracketing and the verdict both decide with this).
     `rate`: the level's offered rate. Where `max_in_flight` held either side back the engine was
     not offered it, so the level's speedup is no evidence at that rate: "pays" is None (not
-    measured), whatever the numbers say."""
+    measured), whatever the numbers say. So too where the load generator could not keep up on
+    either side (generator_limit; `base_level`, `cand_level`: the sides' load_levels.jsonl rows)."""
     metrics = level_metrics(cand_rows, duration_s=duration_s, slo=slo, alpha=alpha, prometheus=prometheus)
     speedup = level_speedup(base_rows, cand_rows, alpha=alpha)
     paid, why = pays(metrics, speedup)
     if paid and repeated(base_rows):
         paid, why = False, f"{repeated(base_rows)} of the baseline's rows repeat a request already counted"
-    for side, rows in (("baseline", base_rows), ("candidate", cand_rows)):
+    for side, rows, level in (("baseline", base_rows, base_level), ("candidate", cand_rows, cand_level)):
         held = held_back(rows, rate) if rate is not None else {}
         late = sent_late(rows, rate) if rate is not None else {}
         if held.get("throttled"):
@@ -427,5 +479,9 @@ def judge_level(base_rows: Sequence[Mapping[str, Any]], cand_rows: Sequence[Mapp
             paid, why = None, (f"the load generator sent the {side}'s requests late (a median {late['p50_s']:.3g} s "
                                f"after their offsets, longer than the mean gap between arrivals): the engine was "
                                f"not offered {rate:g} req/s")
+            break
+        gen = generator_limit(rows, level)
+        if gen["limited"]:
+            paid, why = None, f"the {side}'s level: {gen['why']}"
             break
     return {"metrics": metrics, "speedup": speedup, "pays": paid, "why": why}

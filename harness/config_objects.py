@@ -73,6 +73,7 @@ class Load:
     seed: int = 0
     refine_levels: int = 2
     slo: Slo = Slo()
+    client_workers: int | None = None  # load client processes (None: as the measured cost needs, at most the cores)
 
 
 @dataclass(frozen=True)

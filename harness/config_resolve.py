@@ -125,7 +125,8 @@ def _sampling(p: schema.Profile, where: str) -> tuple[float, ...]:
 
 def _load(p: schema.Profile, where: str) -> Load | None:
     """A profile's open-loop keys -> Load (None when it has no `rates`)."""
-    given = p.model_fields_set & {"burstiness", "max_in_flight", "load_requests", "load_seed", "refine_levels", "slo"}
+    given = p.model_fields_set & {"burstiness", "max_in_flight", "load_requests", "load_seed", "refine_levels", "slo",
+                                  "client_workers"}
     if p.rates is None:
         if given:
             raise ConfigError(f"{where}: {', '.join(sorted(given))} need rates = [...] (requests per second)")
@@ -134,7 +135,7 @@ def _load(p: schema.Profile, where: str) -> Load | None:
         raise ConfigError(f"{where}: rates must be a list of distinct request rates > 0 (per second), e.g. [0.5, 1, 2]")
     return Load(rates=tuple(sorted(float(r) for r in p.rates)), burstiness=float(p.burstiness),
                 max_in_flight=p.max_in_flight, requests=p.load_requests, seed=p.load_seed,
-                refine_levels=p.refine_levels, slo=Slo(**{k: float(v) for k, v in p.slo.model_dump().items()
+                refine_levels=p.refine_levels, client_workers=p.client_workers, slo=Slo(**{k: float(v) for k, v in p.slo.model_dump().items()
                                                            if v is not None}))
 
 

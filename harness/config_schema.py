@@ -157,6 +157,9 @@ class Profile(Table):
     description="requests per level (an SLO's 95% upper bound on a p95 needs at least 59)")
     load_seed: int = Field(0, ge=0, description="the load schedule's seed: gaps and item order")
     refine_levels: int = Field(2, ge=0, description="extra levels spent bracketing each crossover")
+    client_workers: int = Field(None, ge=1,
+    description="load client processes (default: as many as the measured client cost needs for the rate, "
+                "at most the cores)")
     slo: Annotated[Slo, Must("a table of ttft_p95_s, tpot_p95_s, e2e_p95_s")] = Field(
         Slo(), description="[profiles.NAME.slo]: p95 objectives in seconds, gated where the baseline meets them")
 
@@ -207,7 +210,7 @@ class Engine(Table):
     health_timeout_s: Annotated[float, Must("a positive number of seconds")] = Field(
         300.0, gt=0, description="how long to wait for a launched engine to become healthy")
     request_timeout_s: Annotated[float, Must("a positive number of seconds")] = Field(
-        300.0, gt=0, description="one request, streaming included")
+        300.0, gt=0, description="one whole request, streaming included (not each read)")
     retries: int = Field(2, ge=0,
     description="bounded retries per request (connection errors, timeouts) before the run ends with exit 2")
     concurrency: int = Field(1, ge=1, description="requests in flight at once")

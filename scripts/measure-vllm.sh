@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The A/A speedup and the load comparison with `vllm bench serve`, on one plain vLLM server
-# (docs/vllm.md, "The A/A speedup" and "Load figures against vllm bench serve").
+# (docs/vllm.md, "The A/A speedup" and "Load figures against the server's own clock").
 #
 #   scripts/measure-vllm.sh [OUT_DIR] [REPEATS] [RATE]      defaults: vllm-measure, 3, 1 (SKIP_AA=1: no step 2)
 #

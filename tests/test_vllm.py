@@ -26,8 +26,9 @@ What is checked:
 - a wrong model, and a target whose tokenizer disagrees (the probe through vLLM's /tokenize),
   are refused; the engine's description records its version, speculative config and prefix
   caching;
-- decodegate's load figures against `vllm bench serve` on the plain server, the same prompts,
-  rate and token budget: their medians within the spread measured between runs of one tool;
+- each tool's latency against the server's own clock: decodegate's load levels and `vllm bench
+  serve` on the plain server (the same prompts, rate and token budget), their mean TTFT and E2E
+  within 0.1 s and mean TPOT within 10% of vLLM's own histograms differenced around each run;
 - load at two rates with the draft-model server killed after its first level (it stays down):
   error rows for that level, the other levels kept;
 - a top-k request that kills the n-gram server's engine (vLLM-CPU's sampler bug): item errors,
@@ -35,7 +36,6 @@ What is checked:
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -367,38 +367,71 @@ def test_a_wrong_model_and_a_tokenizer_that_disagrees_are_refused(servers, tiny_
         make_decoder("vllm", tiny_llama, engine=servers["plain"])
 
 
-# decodegate's load p50s over `vllm bench serve`'s, on the same server, prompts, rate and token
-# budget, agree within this factor. On a quiet machine they agreed within 2%; over six repeats on a
-# shared one, one tool's own p50 moved by up to 2.07x; inside `make test`, with the other worker's
-# tests loading both cores, decodegate read up to 2.59x the benchmark's (docs/vllm.md, "Load
-# figures"). The factor is the largest ratio measured where this test runs, rounded up.
-BENCH_TOLERANCE = 3.0
+# Each tool's per-run means against vLLM's own latency histograms, differenced around that run on
+# the same server: TTFT and E2E within this many seconds, TPOT within this share. The server's
+# clock starts when its API server receives a request and stops at its last token, so a client's
+# means sit a little above it (the issue's measurement: decodegate +20 ms TTFT, <1 ms TPOT, +14-28
+# ms E2E; `vllm bench serve` +11 to +74 ms E2E). Unlike a ratio of two runs' medians, this holds
+# on a machine whose speed moves between runs: each tool is compared with the same window.
+CLOCK_TOLERANCE_S = 0.1
+TPOT_TOLERANCE = 0.10
 
 
-def test_load_figures_agree_with_vllm_bench_serve(servers, tmp_path):
+def _means(ttfts: list[float], e2es: list[float], tokens: list[int]) -> dict:
+    tpots = [(e - t) / (n - 1) for t, e, n in zip(ttfts, e2es, tokens) if n > 1]
+    return {"ttft": sum(ttfts) / len(ttfts), "e2e": sum(e2es) / len(e2es), "tpot": sum(tpots) / len(tpots)}
+
+
+def _against_the_server(tool: str, mine: dict, server: dict) -> list[str]:
+    """What disagrees (empty: agreement), in ms, for the assertion's message."""
+    out = []
+    for key in ("ttft", "e2e"):
+        if abs(mine[key] - server[f"{key}_mean_s"]) > CLOCK_TOLERANCE_S:
+            out.append(f"{tool} {key} mean {1e3 * mine[key]:.0f} ms vs the server's {1e3 * server[f'{key}_mean_s']:.0f} ms")
+    if abs(mine["tpot"] - server["tpot_mean_s"]) > TPOT_TOLERANCE * server["tpot_mean_s"]:
+        out.append(f"{tool} tpot mean {1e3 * mine['tpot']:.1f} ms vs the server's {1e3 * server['tpot_mean_s']:.1f} ms")
+    return out
+
+
+def test_load_latency_agrees_with_the_servers_own_clock(servers, tmp_path):
     """20 requests at 1 req/s (Poisson), the 10 factual smoke prompts, 8 tokens at T = 0, to the
-    plain server: decodegate's `load` profile, then vLLM's own benchmark client. Their TTFT, TPOT,
-    ITL and E2E medians agree within the measured spread."""
+    plain server: decodegate's `load` profile (its two decoders, each level differenced on its
+    own), then vLLM's own benchmark client. Each tool's mean TTFT, TPOT and E2E agree with what
+    vLLM's histograms say about the same requests (the bench comparison this replaces divided two
+    runs' p50s, on a machine whose speed moved 1.7x between two quiet windows, within a factor of 3)."""
+    from decoders.engines.telemetry import latency_delta, latency_sums
     from suites import load_suite
     cfg = tmp_path / "load.toml"
     cfg.write_text((ROOT / "scripts" / "vllm-plain.toml").read_text().replace("{base_url}", servers["plain"].base_url))
     main(["regress", "--config", str(cfg), "--profile", "load", "--run-dir", str(tmp_path / "run"), "--no-tracking",
           "--no-progress", "--baseline-store", str(tmp_path / "store")])
+    rows, levels = read_records(tmp_path / "run", "load.jsonl"), read_records(tmp_path / "run", "load_levels.jsonl")
+    wrong = []
+    assert {lv["candidate"] for lv in levels} == {"vllm", "vllm-again"}
+    for lv in levels:
+        mine = [r for r in rows if r["candidate"] == lv["candidate"] and r["rate"] == lv["rate"]]
+        assert [r["error"] for r in mine] == [None] * 20 and lv["server_latency"]["requests"] == 20, lv
+        wrong += _against_the_server(f"decodegate ({lv['candidate']})", _means(
+            [r["ttft_s"] for r in mine], [r["e2e_s"] for r in mine], [r["n_tokens"] for r in mine]), lv["server_latency"])
+
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": it.prompt}) + "\n" for it in load_suite("factual").select("smoke")))
+    before = latency_sums(servers["plain"].metrics())
+    # --ready-check-timeout-sec 0: no untimed test request, so the histograms hold the 20 alone.
     subprocess.run([vllm_tool(), "bench", "serve", "--backend", "vllm", "--base-url", servers["plain"].base_url,
                     "--model", "smollm2-135m", "--tokenizer", model_folder("smollm2-135m"), "--dataset-name", "custom",
                     "--dataset-path", str(prompts), "--custom-output-len", "8", "--num-prompts", "20",
-                    "--request-rate", "1", "--seed", "0", "--temperature", "0", "--save-result", "--save-detailed",
-                    "--result-dir", str(tmp_path), "--result-filename", "bench.json"],
+                    "--request-rate", "1", "--seed", "0", "--temperature", "0", "--ready-check-timeout-sec", "0",
+                    "--save-result", "--save-detailed", "--result-dir", str(tmp_path), "--result-filename", "bench.json"],
                    check=True, capture_output=True, timeout=600)
-    spec = importlib.util.spec_from_file_location("compare_vllm_bench", ROOT / "scripts" / "compare_vllm_bench.py")
-    cmp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cmp)
-    out = cmp.compare(read_records(tmp_path / "run", "load.jsonl"), json.loads((tmp_path / "bench.json").read_text()))
-    assert out["requests"] == {"decodegate": 20, "vllm_bench": 20}, out
-    for metric in ("TTFT", "TPOT", "ITL", "E2E"):
-        assert 1 / BENCH_TOLERANCE <= out[metric]["p50_ratio"] <= BENCH_TOLERANCE, (metric, out)
+    server = latency_delta(before, latency_sums(servers["plain"].metrics()))
+    bench = json.loads((tmp_path / "bench.json").read_text())
+    ok = [i for i, e in enumerate(bench.get("errors") or [""] * len(bench["ttfts"])) if not e]
+    assert len(ok) == 20 and server["requests"] == 20, server
+    wrong += _against_the_server("vllm bench serve", _means([bench["ttfts"][i] for i in ok],
+                                                            [bench["latencies"][i] for i in ok],
+                                                            [len(bench["itls"][i]) + 1 for i in ok]), server)
+    assert not wrong, wrong
 
 
 def _kill_after_first_level(run_dir: Path, name: str, server: EngineServer, stop: threading.Event,

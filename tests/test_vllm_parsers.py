@@ -170,3 +170,35 @@ def test_the_report_marks_sglang_results_as_unverified():
     assert "SGLang, parser checked on documented payloads only" in engine_lines(summary)
     assert ": sg" in engine_lines(summary) and "vl" not in engine_lines(summary).split("only")[1]
     assert engine_lines({"engines": {}, "candidates": {"vl": {"decoder": "vllm"}}}) == ""
+
+
+def test_the_servers_latency_histograms_differenced_around_one_request():
+    """vLLM's own clock (the latency test in test_vllm.py holds each tool's means to it): the
+    captured scrapes around one 8-token request give that request's TTFT, E2E and TPOT, and the
+    server's TPOT is decodegate's (E2E - TTFT) / (tokens - 1)."""
+    flat = lambda name: telemetry.flatten((DATA / name).read_text())  # noqa: E731
+    d = telemetry.latency_delta(telemetry.latency_sums(flat("ngram-metrics-before.txt")),
+                                telemetry.latency_sums(flat("ngram-metrics-after.txt")))
+    assert d["requests"] == d["ttft_requests"] == d["tpot_requests"] == 1
+    # (its TPOT clock is its decode phase's, which differs from E2E - TTFT by a few tens of µs)
+    assert d["tpot_mean_s"] == pytest.approx((d["e2e_mean_s"] - d["ttft_mean_s"]) / 7, rel=1e-3)
+    assert 0 < d["ttft_mean_s"] < d["e2e_mean_s"]
+    # A scrape without the histograms (llama.cpp's server) is no measurement, never zero.
+    assert telemetry.latency_sums({"llamacpp:prompt_seconds_total": 1.0}) is None
+    assert telemetry.latency_delta(None, telemetry.latency_sums(flat("plain-metrics.txt"))) is None
+
+
+def test_the_servers_latency_across_a_restart_is_no_measurement():
+    """A server restarted between the scrapes (its counters start again from 0) gave -80 requests
+    and a mean TTFT of -0.33 s; with more requests after the restart than before, positive but
+    unrelated figures. Its start time, or any sum or count that went back, says so: None."""
+    def scrape(n, total, started=1.0e9):
+        hists = ("time_to_first_token_seconds", "request_time_per_output_token_seconds", "e2e_request_latency_seconds")
+        return telemetry.latency_sums({**{f'vllm:{h}_{k}{{model_name="m"}}': (n if k == "count" else total)
+                                          for h in hists for k in ("sum", "count")},
+                                       "process_start_time_seconds": started})
+    assert telemetry.latency_delta(scrape(100, 50.0), scrape(120, 60.0)) == {
+        "requests": 20, **{f"{k}_{f}": v for k in ("ttft", "tpot", "e2e") for f, v in (("mean_s", 0.5), ("requests", 20))}}
+    assert telemetry.latency_delta(scrape(100, 50.0), scrape(20, 4.0, started=2.0e9)) is None      # fewer
+    assert telemetry.latency_delta(scrape(100, 50.0), scrape(130, 40.0)) is None                   # a sum went back
+    assert telemetry.latency_delta(scrape(100, 50.0), scrape(300, 90.0, started=2.0e9)) is None    # restarted, more

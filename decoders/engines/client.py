@@ -13,12 +13,15 @@ way for all of them:
   `DecoderError` for that item only;
 - concurrency: `generate_many` keeps up to `concurrency` requests in flight (asyncio) and yields
   each result as it finishes, so the runner writes every record the moment it exists;
+- warm-up: before its first timed request to a server, a decoder sends a few untimed requests
+  shaped like the timed ones (`warm`), so a cold server does not read as a slow one;
 - telemetry: per-request acceptance from the final chunk when the flavour has it, else the
   engine's Prometheus counters differenced around the request (one request in flight only).
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import queue
 import threading
@@ -48,6 +51,46 @@ def top2_gap(logprobs: list[float]) -> float | None:
     """Top-1 minus top-2 logprob: the logit gap (softmax shifts every logit by one constant)."""
     finite = sorted((x for x in logprobs if x is not None and math.isfinite(x)), reverse=True)
     return finite[0] - finite[1] if len(finite) >= 2 else None
+
+
+# Warm-up before any timed request (`warm`): requests shaped like the timed ones, timed by no
+# one. A cold server reads as a slower baseline (compilation, allocator and cache warm-up land
+# on the first requests): `make regress-vllm` once timed its first baseline request at 5.28 s
+# against 2.13 s for the same request in the A/A repeat, and reported the plain server 1.09x
+# faster than itself.
+WARMUP_SEQUENTIAL = 2   # one at a time: first-call costs
+WARMUP_BURST = 8        # then up to this many at once (at most the timed concurrency): batch shapes
+
+
+def warmup_requests(requests: list[GenerationRequest], n: int) -> list[GenerationRequest]:
+    """`n` requests shaped like the timed ones (the same lengths, budget and sampling options),
+    cycling through them, each with its prompt ids reversed: a prefix cache (vLLM's, on by
+    default) then holds nothing a timed request would find, so warming does not make the timed
+    prompts cheaper than they are. A chat request keeps its messages (the engine renders those)."""
+    import dataclasses
+    return [dataclasses.replace(r, prompt_ids=tuple(reversed(r.prompt_ids)))
+            for r in (requests[i % len(requests)] for i in range(n))] if requests else []
+
+
+async def warm(decoder: "EngineDecoder", http: httpx.AsyncClient, requests: list[GenerationRequest],
+               burst: int) -> dict:
+    """Send warm-up requests (see WARMUP_SEQUENTIAL) and drop their answers; their errors are
+    counted, not raised: a server that is down is found by the timed requests, with their rows."""
+    t0, cpu0, errors = time.perf_counter(), time.thread_time(), []
+
+    async def one(r):
+        try:
+            await decoder._stream_once(http, r)
+        except Exception as e:  # noqa: BLE001 - a warm-up's failure is reported, never a run's
+            errors.append(f"{type(e).__name__}: {str(e)[:200]}")
+    sequential = warmup_requests(requests, WARMUP_SEQUENTIAL)
+    for r in sequential:
+        await one(r)
+    wave = warmup_requests(requests, min(burst, WARMUP_BURST)) if burst > 1 else []
+    await asyncio.gather(*(one(r) for r in wave))
+    decoder.server.warmed = True
+    return {"requests": len(sequential) + len(wave), "errors": len(errors), "first_error": errors[0] if errors else None,
+            "wall_s": time.perf_counter() - t0, "cpu_s": time.thread_time() - cpu0}
 
 
 class EngineRequestError(DecoderError):
@@ -121,6 +164,7 @@ class EngineDecoder(Decoder):
         self.retries = int(spec.retries if retries is None else retries)
         self.metrics_ok = spec_counters(engine.metrics()) is not None
         self.last_batch: dict = {}
+        self.warmup: dict | None = None   # what `warm` sent before this decoder's first timed batch
 
     # ------------------------------------------------------------------------- for flavours
 
@@ -187,8 +231,10 @@ class EngineDecoder(Decoder):
         limits = httpx.Limits(max_connections=self.concurrency + 2)
         timeout = httpx.Timeout(self.timeout, connect=10.0)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.server.headers()) as http:
-            before = await self._spec_counters(http) if self.metrics_ok else None
             self.session = await self.open_session()
+            if not getattr(self.server, "warmed", False):   # once per server and process, before any timing
+                self.warmup = await warm(self, http, requests, self.concurrency)
+            before = await self._spec_counters(http) if self.metrics_ok else None
 
             async def one(i, request):
                 async with gate:
@@ -272,6 +318,12 @@ class EngineDecoder(Decoder):
             # error for this item, not an engine that stopped answering.
             raise EngineRequestError(f"engine {self.server.spec.name!r} refused the request {self.retries + 1} "
                                      f"time(s): HTTP {_status(last)}: {_detail(last)}")
+        if isinstance(last, httpx.RemoteProtocolError) and self.server.alive() and await self._answers_health(http):
+            # It answers /health, and cut its answer to this request every time (a stream ended
+            # mid-chunk, a connection dropped mid-answer): that item's error, not an engine that
+            # stopped answering (which ended the whole run, resumable, for one request's cut).
+            raise EngineRequestError(f"engine {self.server.spec.name!r} cut its answer to this request "
+                                     f"{self.retries + 1} time(s) while it still answers /health: {last}")
         state = (self.server.exit_state() or "its process exited" if not self.server.alive()
                  else f"{type(last).__name__}: {last}" if last else "no answer")
         log = f"; log {self.server.log_path}:\n{self.server.log_tail()}" if self.server.log_path else ""
@@ -347,6 +399,97 @@ def _body(response: httpx.Response) -> str:
     except httpx.ResponseNotRead:  # flavours read error bodies before raising; this is a fallback
         text = ""
     return (text or "(no body)")[:300]
+
+
+JSON = {"content-type": "application/json"}
+
+
+async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterator:
+    """POST `body` as JSON and yield each server-sent event's `data` parsed with `json.loads`,
+    until the stream ends or sends `[DONE]`: the whole per-chunk cost of the light client.
+
+    The stream is read with aiohttp (its C HTTP parser: a few µs a read, where httpx's h11 and
+    anyio layers cost ~30 µs, and a GPU server sends a read per token), through a session of
+    its own that ends with the request (a connection per request, as harness.run.load's client
+    keeps none alive). `http` (the batch's httpx client) gives the headers and timeouts; its
+    errors are raised as httpx's (a refusal as `HTTPStatusError` with the body read, a
+    connection that fails as `ConnectError`, a cut as `RemoteProtocolError`, a silence or a
+    stream not done within the request's timeout as `ReadTimeout`), so what is retried, refused or counted as malformed is decided as before.
+
+    No per-chunk objects: the bytes are split into lines here (SSE ends a line at \\n, \\r\\n or
+    \\r), an event's `data:` lines are joined with \\n and the event is parsed when its blank
+    line arrives, as the SSE spec and httpx-sse read it; `id:` and comments carry nothing the
+    parsers use. An error event is yielded as `{"error": ...}`, the shape every flavour already
+    refuses as that request's error, whichever way the server sends it: `event: error` with its
+    data (the SSE way), or llama.cpp's own `error: {json}` field; read as data, the first was
+    taken for an ordinary chunk (a row of tokens whose server said it failed) and the second
+    was dropped (its message lost). An event cut off by the end of the stream is dropped (the
+    spec's rule), so a cut stream ends without a finish reason and the request says so."""
+    import aiohttp
+    content = json.dumps(body, separators=(",", ":")).encode()
+    t = http.timeout
+    # `request_timeout_s` is the whole request's, streaming included (EngineSpec): a bound on each
+    # read alone let a server that trickles keep-alive comments (or tokens past the budget) hold
+    # a request, and the level or batch waiting on it, for ever.
+    timeout = aiohttp.ClientTimeout(total=t.read, sock_connect=t.connect, sock_read=t.read)
+    headers = {**{k: v for k, v in http.headers.items() if k.lower() in ("authorization",)}, **JSON}
+    try:
+        async with aiohttp.request("POST", url, data=content, headers=headers, timeout=timeout) as response:
+            if response.status >= 400:
+                text = await response.text(errors="replace")
+                request = httpx.Request("POST", url)
+                raise httpx.HTTPStatusError(f"HTTP {response.status} from {url}", request=request,
+                                            response=httpx.Response(response.status, text=text, request=request))
+            async for payload, error in _events(response.content):
+                yield {"error": _error_value(payload)} if error else json.loads(payload)
+    except aiohttp.ClientConnectorError as e:
+        raise httpx.ConnectError(str(e)) from e
+    except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as e:
+        raise httpx.ReadTimeout(f"no complete answer from {url} within {t.read} s (request_timeout_s: the "
+                                f"whole request, streaming included)") from e
+    except aiohttp.ClientError as e:   # a reset, a cut chunk, a server that went away mid-stream
+        raise httpx.RemoteProtocolError(f"{type(e).__name__}: {e}") from e
+
+
+def _error_value(payload: bytes):
+    """An error event's data: its JSON (the `error` member of `{"error": ...}`), else its text."""
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        return payload.decode(errors="replace")[:300] or "(no detail)"
+    return value["error"] if isinstance(value, dict) and value.get("error") else value
+
+
+async def _events(content) -> AsyncIterator[tuple[bytes, bool]]:
+    """(data, is an error event) of each complete event in a byte stream (see sse_json), up to `[DONE]`."""
+    data: list[bytes] = []
+    error = False
+    rest = b""
+    async for block in content.iter_any():
+        buf = rest + block
+        if b"\r" in buf:   # rare: normalise, keeping a final \r back (its \n may be in the next block)
+            held = b"\r" if buf.endswith(b"\r") else b""
+            buf = buf[:len(buf) - len(held)].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            lines = buf.split(b"\n")
+            rest = lines.pop() + held
+        else:
+            lines = buf.split(b"\n")
+            rest = lines.pop()
+        for line in lines:
+            if not line:
+                if data or error:
+                    payload = data[0] if len(data) == 1 else b"\n".join(data)
+                    if not error and payload.strip() == b"[DONE]":
+                        return
+                    yield payload, error
+                data, error = [], False
+            elif line.startswith(b"data:"):
+                data.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif line.startswith(b"event:"):
+                error = line[6:].strip() == b"error"
+            elif line.startswith(b"error:"):   # llama.cpp's server: `error: {json}`, no data line
+                data.append(line[7:] if line[6:7] == b" " else line[6:])
+                error = True
 
 
 async def raise_for_status(response: httpx.Response) -> None:

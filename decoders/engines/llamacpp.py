@@ -14,10 +14,9 @@ from __future__ import annotations
 from typing import AsyncIterator
 
 import httpx
-from httpx_sse import aconnect_sse
 
 from decoders.base import GenerationRequest
-from decoders.engines.client import EngineDecoder, EngineRequestError, Piece, raise_for_status, top2_gap
+from decoders.engines.client import EngineDecoder, EngineRequestError, Piece, sse_json, top2_gap
 
 STOP_TYPES = {"eos": "eos", "word": "stop_string", "limit": "length"}
 
@@ -132,16 +131,15 @@ class LlamaCppDecoder(EngineDecoder):
         return [int(t) for t in body["tokens"]]
 
     async def stream(self, http: httpx.AsyncClient, request: GenerationRequest) -> AsyncIterator[Piece]:
-        body = completion_body(request, self.extra)
-        async with aconnect_sse(http, "POST", self.url("/completion"), json=body) as events:
-            await raise_for_status(events.response)
-            async for event in events.aiter_sse():
-                data = event.json()
-                if "error" in data:
-                    raise httpx.HTTPStatusError(str(data["error"]), request=events.response.request,
-                                                response=httpx.Response(int(data["error"].get("code", 500)),
-                                                                        text=str(data["error"])))
-                yield parse_chunk(data)
+        url = self.url("/completion")
+        async for data in sse_json(http, url, completion_body(request, self.extra)):
+            if "error" in data:
+                err = data["error"]   # a dict from llama.cpp; text where the event's data was not JSON
+                code = err.get("code", 500) if isinstance(err, dict) else 500
+                raise httpx.HTTPStatusError(str(err), request=httpx.Request("POST", url),
+                                            response=httpx.Response(int(code) if isinstance(code, int) else 500,
+                                                                    text=str(err)))
+            yield parse_chunk(data)
 
     def telemetry(self, final: dict) -> dict:
         stats = telemetry_from_timings(final)

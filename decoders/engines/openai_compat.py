@@ -1,4 +1,6 @@
-"""OpenAI-compatible routes through the official `openai` client (async, streamed).
+"""OpenAI-compatible routes, streamed through the light client (decoders.engines.client.sse_json:
+httpx bytes, `json.loads` per chunk, no per-chunk model objects; the `openai` SDK built a pydantic
+object per chunk and then `model_dump()`ed it, ~4x the client's CPU per token).
 
 - `openai`: `/v1/completions` with the prompt as token ids. Any engine that speaks the route
   (vLLM, SGLang, TGI, llama.cpp, ...). Top-2 logprobs come from `logprobs: 2`; token ids only
@@ -21,7 +23,7 @@ from typing import AsyncIterator
 import httpx
 
 from decoders.base import DecoderError, GenerationRequest
-from decoders.engines.client import EngineDecoder, Piece, top2_gap
+from decoders.engines.client import EngineDecoder, EngineRequestError, Piece, sse_json, top2_gap
 
 FINISH = {"stop": "eos", "length": "length"}
 
@@ -170,6 +172,23 @@ def completion_args(model: str, request: GenerationRequest, extra_body: dict) ->
                 stream_options={"include_usage": True}, extra_body=extra_body)
 
 
+def request_body(args: dict) -> dict:
+    """The JSON body the `openai` client sent for `args` (`completion_args`): its keyword
+    arguments with `extra_body` merged in at the top level, unset (None) fields left out."""
+    extra = args.get("extra_body") or {}
+    body = {k: v for k, v in args.items() if k != "extra_body" and v is not None}
+    body.update(extra)
+    return body
+
+
+def checked(chunk, engine: str) -> dict:
+    """A chunk that is an error event (`{"error": ...}` with HTTP 200, which the `openai` client
+    raised as an APIError) is that request's error, named; anything else is passed on."""
+    if isinstance(chunk, dict) and chunk.get("error"):
+        raise EngineRequestError(f"engine {engine!r} sent an error event: {str(chunk['error'])[:300]}")
+    return chunk
+
+
 class OpenAICompletionsDecoder(EngineDecoder):
     name = "openai"
     flavour = "OpenAI /v1/completions"
@@ -179,21 +198,18 @@ class OpenAICompletionsDecoder(EngineDecoder):
     def extra_body(self, request: GenerationRequest) -> dict:
         return {**top_k_field(request), **self.extra}
 
-    async def open_session(self):
-        import openai
-        return openai.AsyncOpenAI(base_url=self.url("/v1"), api_key=self.server.spec.api_key or "unused",
-                                  max_retries=0, timeout=self.timeout)
-
-    async def close_session(self) -> None:
-        await self.session.close()
-
     def create_args(self, request: GenerationRequest) -> dict:
         return completion_args(self.server.served_model, request, self.extra_body(request))
 
+    route = "/v1/completions"
+
+    def parse(self, chunk: dict) -> Piece:
+        return parse_completion_chunk(chunk)
+
     async def stream(self, http: httpx.AsyncClient, request: GenerationRequest) -> AsyncIterator[Piece]:
-        stream = await self.session.completions.create(**self.create_args(request))
-        async for chunk in stream:
-            yield parse_completion_chunk(chunk.model_dump())
+        name = self.server.spec.name
+        async for chunk in sse_json(http, self.url(self.route), request_body(self.create_args(request))):
+            yield self.parse(checked(chunk, name))
 
     def telemetry(self, final: dict) -> dict:
         return final_stats(final)
@@ -264,7 +280,7 @@ class OpenAIChatDecoder(OpenAICompletionsDecoder):
                     seed=request.seed, stop=list(request.stop_strings) or None, logprobs=True, top_logprobs=2,
                     stream=True, stream_options={"include_usage": True}, extra_body=self.extra_body(request))
 
-    async def stream(self, http: httpx.AsyncClient, request: GenerationRequest) -> AsyncIterator[Piece]:
-        stream = await self.session.chat.completions.create(**self.create_args(request))
-        async for chunk in stream:
-            yield parse_chat_chunk(chunk.model_dump())
+    route = "/v1/chat/completions"
+
+    def parse(self, chunk: dict) -> Piece:
+        return parse_chat_chunk(chunk)

@@ -14,10 +14,9 @@ from __future__ import annotations
 from typing import AsyncIterator
 
 import httpx
-from httpx_sse import aconnect_sse
 
 from decoders.base import GenerationRequest
-from decoders.engines.client import EngineDecoder, EngineRequestError, Piece, raise_for_status, top2_gap
+from decoders.engines.client import EngineDecoder, EngineRequestError, Piece, sse_json, top2_gap
 
 FINISH = {"stop": "eos", "length": "length", "abort": "abort"}
 
@@ -87,16 +86,11 @@ class SGLangDecoder(EngineDecoder):
 
     async def stream(self, http: httpx.AsyncClient, request: GenerationRequest) -> AsyncIterator[Piece]:
         state = StreamState()
-        async with aconnect_sse(http, "POST", self.url("/generate"), json=generate_body(request, self.extra)) as events:
-            await raise_for_status(events.response)
-            async for event in events.aiter_sse():
-                if event.data.strip() == "[DONE]":
-                    break
-                data = event.json()
-                if isinstance(data, dict) and "error" in data:   # how SGLang reports an error mid-stream
-                    raise EngineRequestError(f"engine {self.server.spec.name!r} sent an error event: "
-                                             f"{str(data['error'])[:300]}")
-                yield state.parse(data)
+        async for data in sse_json(http, self.url("/generate"), generate_body(request, self.extra)):
+            if isinstance(data, dict) and "error" in data:   # how SGLang reports an error mid-stream
+                raise EngineRequestError(f"engine {self.server.spec.name!r} sent an error event: "
+                                         f"{str(data['error'])[:300]}")
+            yield state.parse(data)
 
     def telemetry(self, final: dict) -> dict:
         return telemetry_from_meta(final, self.extra.get("k"))

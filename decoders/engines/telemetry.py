@@ -99,3 +99,48 @@ async def request_delta(scrape, before: dict | None, own: dict, *, tries: int = 
             return {}
         await asyncio.sleep(wait_s)
     return {}
+
+
+# vLLM's own per-request latency histograms (`_sum` and `_count`, summed over labels): the
+# server's clock. TTFT and E2E run from when the API server received the request to its first
+# token and to its end; TPOT is (E2E - TTFT) / (tokens - 1) per request, decodegate's definition.
+LATENCY_HISTOGRAMS = {"ttft": "time_to_first_token_seconds", "tpot": "request_time_per_output_token_seconds",
+                      "e2e": "e2e_request_latency_seconds"}
+
+
+def latency_sums(metrics: dict[str, float] | None) -> dict | None:
+    """{"ttft": [sum, count], "tpot": ..., "e2e": ..., "started": the server process's start
+    time or None} from a scrape; None where the engine does not export these histograms
+    (llama.cpp's server does not)."""
+    if not metrics:
+        return None
+    out: dict = {key: [0.0, 0.0] for key in LATENCY_HISTOGRAMS}
+    seen = False
+    for name, value in metrics.items():
+        base = name.split("{", 1)[0].rsplit(":", 1)[-1]
+        for key, hist in LATENCY_HISTOGRAMS.items():
+            if base in (f"{hist}_sum", f"{hist}_count"):
+                out[key][base.endswith("_count")] += value
+                seen = True
+    out["started"] = metrics.get("process_start_time_seconds")
+    return out if seen else None
+
+
+def latency_delta(before: dict | None, after: dict | None) -> dict | None:
+    """The server's mean TTFT / TPOT / E2E over the requests that finished between two scrapes
+    (`latency_sums`): {"requests", "ttft_mean_s", "tpot_mean_s", "e2e_mean_s"}; a mean with no
+    request under it is None, never 0. None where either scrape lacks the histograms, and where
+    the server restarted between them (its start time moved, or a sum or count went back): the
+    difference of two processes' counters is no measurement (it read -80 requests and a mean
+    TTFT of -0.33 s)."""
+    if before is None or after is None:
+        return None
+    if before.get("started") != after.get("started") or any(
+            after[key][i] < before[key][i] for key in LATENCY_HISTOGRAMS for i in (0, 1)):
+        return None
+    out: dict = {"requests": int(round(after["e2e"][1] - before["e2e"][1]))}
+    for key in LATENCY_HISTOGRAMS:
+        total, count = after[key][0] - before[key][0], after[key][1] - before[key][1]
+        out[f"{key}_mean_s"] = total / count if count > 0 else None
+        out[f"{key}_requests"] = int(round(count))
+    return out

@@ -8,16 +8,25 @@ the baseline and each engine candidate, one decoder after the other (each on its
   and divided by the rate, and the items (the profile's work items, reshuffled each time round)
   are drawn once too: every level holds the same items in the same order, every decoder at a
   level gets the same item at the same offset, and a rerun gets the same schedule.
-- **One client** (`httpx.AsyncClient`) and one event loop serve the whole phase; each request
-  waits for its offset, then (under `max_in_flight`, when set) for a free slot, then streams.
+- **One client** (`httpx.AsyncClient`, streams read by decoders.engines.client.sse_json) and one
+  event loop serve the whole phase; each request waits for its offset, then (under
+  `max_in_flight`, when set) for a free slot, then streams.
+- **Warm before timing**: a server no timed request has reached yet in this process gets
+  untimed warm-up requests shaped like the level's (decoders.engines.client.warm) first.
+- **Client workers**: a level whose rate needs more client CPU than one event loop has is
+  played by several forked client processes (harness.run.load_workers: `load.client_workers`,
+  or as many as the measured cost per request needs, at most the cores).
 - **The harness's own cost** is measured, not assumed: the event loop's CPU time over a level,
-  per request (`harness_cpu_per_request_s`), and how late each request left against its offset
-  (`lag_s`). The loop thread does nothing else, so its CPU time is what the load generator costs.
+  per request and per streamed token, as a share of the level (`loop_busy_share`), and how late
+  each request left against its offset (`lag_s`, p50/p99 per level). The loop thread does
+  nothing else, so its CPU time is what the load generator costs; analysis.load.generator_limit
+  says when a level's figures include its own stalls.
 - **Faults**: a request the engine refuses or drops is an error row for that request at that
   level; the level and the run go on (an engine that stays down fails every later request too).
 - **Telemetry**: per-request acceptance comes with each request where the engine reports it;
   Prometheus counters are read before and after each level and their difference is the level's
-  (many requests were in flight), never a request's.
+  (many requests were in flight), never a request's. So are vLLM's own latency histograms
+  (`server_latency`: the server's mean TTFT / TPOT / E2E over the level, on its own clock).
 - **Crossover bracketing**: after the configured rates, up to `refine_levels` extra levels are
   run at the geometric midpoint between a candidate's last paying level and its first
   non-paying one (analysis.load.judge_level decides "pays", the same function the verdict uses).
@@ -38,8 +47,8 @@ import httpx
 import numpy as np
 
 from decoders.base import DecoderError
-from decoders.engines.client import malformed
-from decoders.engines.telemetry import spec_counters, spec_delta
+from decoders.engines.client import WARMUP_BURST, malformed, warm
+from decoders.engines.telemetry import latency_delta, latency_sums, spec_counters, spec_delta
 from harness.run.records import LOAD, LOAD_LEVELS as LEVELS, RecordWriter, read_records
 from harness.run.runner import WorkItem, make_request, work_items
 
@@ -103,17 +112,22 @@ def _refusals() -> tuple:
 
 
 async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.AsyncClient,
-               max_in_flight: int | None = None) -> tuple[list[dict], dict]:
+               max_in_flight: int | None = None, start_at: float | None = None) -> tuple[list[dict], dict]:
     """Send each request at its offset (one event loop, the shared client); return the request
-    rows and the level's own measurements (wall time, the loop's CPU time, lag, most in flight)."""
+    rows and the level's own measurements (wall time, the loop's CPU time, lag, most in flight).
+    `start_at`: the level's start on `time.perf_counter`'s clock (the machine's monotonic clock,
+    shared by the client workers of harness.run.load_workers); default now."""
     refused = _refusals()
     gate = asyncio.Semaphore(max_in_flight) if max_in_flight else None
     rows: list[dict] = []
     state = {"in_flight": 0, "most": 0}
     http.headers.clear()  # one engine plays at a time: its key (if any) is the client's for now
     http.headers.update(decoder.server.headers())
-    decoder.session = await decoder.open_session()  # the openai flavours' client; None for httpx ones
-    cpu0, t0 = time.thread_time(), time.perf_counter()
+    decoder.session = await decoder.open_session()  # a flavour's own per-batch client, if any
+    warmup = None
+    if not getattr(decoder.server, "warmed", False):   # a cold server must not read as a slow one
+        warmup = await warm(decoder, http, requests, min(max_in_flight or len(requests), WARMUP_BURST))
+    cpu0, t0 = time.thread_time(), (time.perf_counter() if start_at is None else start_at)
 
     async def one(a: Arrival, request) -> None:
         delay = t0 + a.offset_s - time.perf_counter()
@@ -158,12 +172,20 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
         if decoder.session is not None:
             await decoder.close_session()
     wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
-    lags = [r["lag_s"] for r in rows]
-    info = {"requests": len(rows), "wall_s": wall, "harness_cpu_s": cpu,
-            "harness_cpu_per_request_s": cpu / max(len(rows), 1), "loop_busy_share": cpu / wall if wall > 0 else None,
-            "lag_p50_s": float(np.median(lags)) if lags else None, "lag_max_s": max(lags) if lags else None,
-            "most_in_flight": state["most"]}
-    return sorted(rows, key=lambda r: r["index"]), info
+    return sorted(rows, key=lambda r: r["index"]), {**level_info(rows, wall, cpu, state["most"]), "warmup": warmup}
+
+
+def level_info(rows: list[dict], wall: float, cpu: float, most: int, workers: int = 1) -> dict:
+    """A level's own measurements: the client's CPU (per request, per streamed token, as a share
+    of the level's wall time: of its busiest worker where there are several) and its send lag."""
+    lags = [r["lag_s"] for r in rows if isinstance(r.get("lag_s"), (int, float))]  # a lost worker's rows have none
+    tokens = sum(int(r.get("n_tokens") or 0) for r in rows)
+    busy = cpu / wall if wall > 0 else None
+    return {"requests": len(rows), "wall_s": wall, "harness_cpu_s": cpu,
+            "harness_cpu_per_request_s": cpu / max(len(rows), 1), "harness_cpu_per_token_s": cpu / tokens if tokens
+            else None, "loop_busy_share": busy, "lag_p50_s": float(np.median(lags)) if lags else None,
+            "lag_p99_s": float(np.percentile(lags, 99)) if lags else None, "lag_max_s": max(lags) if lags else None,
+            "most_in_flight": most, "client_workers": workers}
 
 
 def _prometheus(decoder) -> dict | None:
@@ -174,6 +196,15 @@ def _prometheus(decoder) -> dict | None:
         return None
     try:
         return spec_counters(decoder.server.metrics())
+    except ValueError:
+        return None
+
+
+def _server_latency(decoder) -> dict | None:
+    """vLLM's own latency histograms now (telemetry.latency_sums), or None: the server's clock,
+    differenced around each level beside the client's figures (outside the timed window)."""
+    try:
+        return latency_sums(decoder.server.metrics())
     except ValueError:
         return None
 
@@ -211,7 +242,7 @@ class LoadRun:
                 continue
             j = judge_level(self.rows.get((self.base, rate), []), self.rows.get((name, rate), []),
                             duration_s=level["wall_s"], slo=self.plan.slo.items(), alpha=self.config.gates.alpha,
-                            rate=rate)
+                            rate=rate, base_level=self.done.get((self.base, rate)), cand_level=level)
             out.append((rate, j["pays"]))
         return out
 
@@ -237,9 +268,7 @@ class LoadRun:
             decoder, target = self.lineup.decoders[spec.name], self.lineup.targets[spec.name]
             # Requests are rendered before the level starts: tokenizing is setup, not load.
             requests = [make_request(self.config, target, a.work) for a in arrivals]
-            before = _prometheus(decoder)
-            rows, info = await play(decoder, arrivals, requests, http, self.plan.max_in_flight)
-            delta = spec_delta(before, _prometheus(decoder))
+            rows, info, delta = await self.play_level(http, spec.name, decoder, rate, arrivals, requests)
             for r in rows:
                 r.update(candidate=spec.name, rate=rate)
             level = {"candidate": spec.name, "rate": rate, **info, "refine": refine,
@@ -263,7 +292,40 @@ class LoadRun:
             errors = sum(1 for r in rows if r.get("error"))
             print(f"decodegate: load {rate:g} req/s{' (bracketing)' if refine else ''} · {spec.name}: "
                   f"{len(rows)} requests, {errors} errors, {info['wall_s']:.1f} s, harness "
-                  f"{1e3 * info['harness_cpu_per_request_s']:.2f} ms CPU per request", file=sys.stderr, flush=True)
+                  f"{1e3 * info['harness_cpu_per_request_s']:.2f} ms CPU per request, {info['client_workers']} "
+                  f"client worker(s), send lag p99 {1e3 * (info['lag_p99_s'] or 0):.1f} ms", file=sys.stderr,
+                  flush=True)
+
+    def client_cost(self, name: str, decoder) -> float | None:
+        """This decoder's measured client CPU per request: its costliest level so far, else its warm-up."""
+        done = [lv["harness_cpu_per_request_s"] for (cand, _), lv in self.done.items()
+                if cand == name and lv.get("harness_cpu_per_request_s")]
+        if done:
+            return max(done)
+        w = getattr(decoder, "warmup", None) or {}
+        return w["cpu_s"] / w["requests"] if w.get("requests") and w.get("cpu_s") is not None else None
+
+    async def play_level(self, http, name: str, decoder, rate: float, arrivals, requests):
+        """Warm the server (once), pick the client workers, play the level; (rows, info, counters)."""
+        from harness.run.load_workers import play_workers, workers_needed
+        warmed_now = None
+        if not getattr(decoder.server, "warmed", False):
+            http.headers.clear()
+            http.headers.update(decoder.server.headers())
+            warmed_now = decoder.warmup = await warm(decoder, http, requests,
+                                                     min(self.plan.max_in_flight or len(requests), WARMUP_BURST))
+        n, why = workers_needed(rate, self.client_cost(name, decoder), self.plan.client_workers,
+                                self.plan.max_in_flight)
+        before, clock = _prometheus(decoder), _server_latency(decoder)
+        if n == 1:
+            rows, info = await play(decoder, arrivals, requests, http, self.plan.max_in_flight)
+        else:
+            rows, info = await asyncio.get_running_loop().run_in_executor(
+                None, play_workers, decoder, arrivals, requests, n, self.plan.max_in_flight, decoder.timeout)
+        delta = spec_delta(before, _prometheus(decoder))
+        info.update(client_workers=n, client_workers_why=why, warmup=warmed_now,
+                    server_latency=latency_delta(clock, _server_latency(decoder)))
+        return rows, info, delta
 
     async def all_levels(self) -> None:
         names = [s.name for s in self.specs]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from analysis.load import crossover, held_back, judge_level, level_metrics, sent_late
+from analysis.load import crossover, generator_limit, held_back, judge_level, level_metrics, sent_late
 from harness.run.records import LOAD, LOAD_LEVELS as LEVELS, read_records
 from harness.verdict import slo as slo_gates
 
@@ -29,8 +29,10 @@ NOTES = (
 )
 
 
-def summarize(config, rows: list[dict], levels: list[dict], baseline: str) -> dict:
-    """Every level's numbers, the crossovers and the overhead (see the module docstring)."""
+def summarize(config, rows: list[dict], levels: list[dict], baseline: str, timing_bias: str | None = None) -> dict:
+    """Every level's numbers, the crossovers and the overhead (see the module docstring).
+    `timing_bias` (harness.verdict.timing.bias): the run's A/A timing excluded a speedup of 1,
+    so no level is evidence that a candidate pays: each is "not measured", with that reason."""
     plan = config.profile.load
     slo, alpha = plan.slo.items(), config.gates.alpha
     by = {}
@@ -48,20 +50,23 @@ def summarize(config, rows: list[dict], levels: list[dict], baseline: str) -> di
                 continue
             entry = {"rate": rate, "decoder": name, "role": "baseline" if name == baseline else "candidate",
                      "refine": bool(lv.get("refine")), "harness": {k: lv.get(k) for k in (
-                         "wall_s", "harness_cpu_per_request_s", "loop_busy_share", "lag_p50_s", "lag_max_s",
-                         "most_in_flight")}}
+                         "wall_s", "harness_cpu_per_request_s", "harness_cpu_per_token_s", "loop_busy_share",
+                         "lag_p50_s", "lag_p99_s", "lag_max_s", "most_in_flight", "client_workers")}}
             if name == baseline:
                 entry["metrics"] = level_metrics(by.get((name, rate), []), duration_s=lv["wall_s"], slo=slo,
                                                  alpha=alpha, prometheus=lv.get("prometheus"))
             else:
                 j = judge_level(base_rows, by.get((name, rate), []), duration_s=lv["wall_s"], slo=slo, alpha=alpha,
-                                prometheus=lv.get("prometheus"), rate=rate)
+                                prometheus=lv.get("prometheus"), rate=rate, base_level=info.get((baseline, rate)),
+                                cand_level=lv)
+                if timing_bias:
+                    j["pays"], j["why"] = None, timing_bias
                 entry.update(metrics=j["metrics"], speedup=j["speedup"], pays=j["pays"], why=j["why"])
                 if (baseline, rate) in info:
                     judged[name].append((rate, j["pays"], j["why"]))
             mine = by.get((name, rate), [])
             entry["metrics"].update(scheduled=lv.get("requests"), held_back=held_back(mine, rate),
-                                    sent_late=sent_late(mine, rate))
+                                    sent_late=sent_late(mine, rate), generator=generator_limit(mine, lv))
             table.append(entry)
     for entry in table:
         if entry["role"] == "baseline":
@@ -139,9 +144,10 @@ def apply(summary: dict, config, run_dir: Path) -> bool:
     rows, levels = read_records(run_dir, LOAD), read_records(run_dir, LEVELS)
     base_name = next((lv["candidate"] for lv in levels if lv["candidate"] == summary["baseline"]
                       or lv["candidate"].startswith(summary["baseline"] + "@c")), summary["baseline"])
-    load = summarize(config, rows, levels, base_name)
+    from harness.verdict import timing
+    passed = timing.apply(summary, config.gates)   # idempotent: the closed loop's speed gates too
+    load = summarize(config, rows, levels, base_name, timing_bias=timing.bias(summary))
     summary["load"] = load
-    passed = True
     slo = load["slo"]
     from harness.run.load import load_specs
     played = {s.name for s in load_specs(config, None)[1:]}  # every engine candidate plays every rate
@@ -295,5 +301,27 @@ def lines(summary: dict) -> str:
                                for n, o in ov["by_decoder"].items())
                    + ("" if worst is None or worst < ov["limit"] else
                       f"; ABOVE {ov['limit']:.0%}: the load generator may be the bottleneck"))
+    out += _generator_lines(load)
     out += [f"note: {n}" for n in load["notes"]]
     return "\n".join(out)
+
+
+def _generator_lines(load: dict) -> list[str]:
+    """The load generator per level: its CPU per request and token, its send lag, and the levels
+    where it could not keep up (not judged: analysis.load.generator_limit)."""
+    rows = [("decoder", "req/s", "client workers", "CPU ms/request", "CPU µs/token", "loop busy", "lag p50 / p99 ms",
+             "kept up")]
+    for e in load["levels"]:
+        g = e["metrics"].get("generator") or {}
+        rows.append((e["decoder"], f"{e['rate']:g}", str(g.get("workers") or 1),
+                     _f(None if g.get("cpu_per_request_s") is None else 1e3 * g["cpu_per_request_s"], ".2f"),
+                     _f(None if g.get("cpu_per_token_s") is None else 1e6 * g["cpu_per_token_s"], ".1f"),
+                     _f(None if g.get("busy_share") is None else 100 * g["busy_share"], ".0f") + "%",
+                     f"{_f(None if g.get('lag_p50_s') is None else 1e3 * g['lag_p50_s'], '.1f')} / "
+                     f"{_f(None if g.get('lag_p99_s') is None else 1e3 * g['lag_p99_s'], '.1f')}",
+                     "NO: not judged" if g.get("limited") else "yes"))
+    out = ["", "load generator (send lag: how late a request left against its offset; a level past a lag p99 of "
+               "max(50 ms, 10% of its median TTFT) or a loop busy over 90% is not judged):"] + _table(rows)
+    out += [f"  {e['decoder']} at {e['rate']:g} req/s: {e['metrics']['generator']['why']}" for e in load["levels"]
+            if (e["metrics"].get("generator") or {}).get("limited")]
+    return out

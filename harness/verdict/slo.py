@@ -13,7 +13,10 @@ counted as never answered), so a candidate passes only on evidence:
 - either side held back by `max_in_flight` (its median wait for a slot longer than the mean gap
   between arrivals) or sent late by the load generator (its median delay after the offsets
   longer than that gap): inconclusive, since the engine was not offered that rate;
-- either side with rows that repeat a request: inconclusive (the rows are not the requests played).
+- either side with rows that repeat a request: inconclusive (the rows are not the requests played);
+- either side where the load generator could not keep up (analysis.load.generator_limit: its
+  send lag p99 or its event loop's CPU share past the stated threshold): inconclusive, since its
+  own stalls are in the latencies, which are then not the engine's.
 A level where the baseline misses the objective (its p95 above it, or more than 5% of its
 requests failed) is "over capacity": reported, not gated. But where a decoder played just before
 that baseline level left requests unanswered (a timeout or a dropped connection: the client gave
@@ -58,6 +61,9 @@ def level_outcome(key: str, base: dict | None, cand: dict | None) -> tuple[str, 
                                     f"{late['p50_s']:.3g} s after their offsets, longer than the mean gap between "
                                     f"arrivals): the engine was not offered this rate, and latencies counted from "
                                     f"sending hide the delay")
+        gen = (m or {}).get("generator") or {}
+        if gen.get("limited"):
+            return "inconclusive", f"the {side}'s level: {gen['why']}"
         if (m or {}).get("repeated"):
             return "inconclusive", (f"{m['repeated']} of the {side}'s {m['n']} rows repeat a request already "
                                     f"counted: the rows are not the requests played")
@@ -121,6 +127,14 @@ def error_gate(levels: list[dict], config_gates: Gates) -> GateResult:
         if lv.get("baseline") is None:
             unmatched.append(f"{rate}: no baseline requests to compare the candidate's with")
         ce, cn = cand.get("errors") or 0, cand.get("n") or 0
+        lost = {side: ((m or {}).get("generator") or {}).get("lost") or 0 for side, m in (("candidate", cand),
+                                                                                          ("baseline", base))}
+        if any(lost.values()):
+            # Rows a dead load client worker left are the harness's failure, not an engine's: that
+            # level decides nothing about errors (not a candidate's failure, not a pass either).
+            unmatched.append(f"{rate}: " + ", ".join(f"{n} of the {side}'s requests lost with a load client worker"
+                                                     for side, n in lost.items() if n))
+            continue
         for side, m, n in (("candidate", cand, cn), ("baseline", base, bn)):
             if m.get("scheduled") is not None and n - (m.get("repeated") or 0) < m["scheduled"]:
                 fails.append(f"{rate}: {m['scheduled'] - n + (m.get('repeated') or 0)} of the {side}'s "
@@ -139,7 +153,8 @@ def error_gate(levels: list[dict], config_gates: Gates) -> GateResult:
         return GateResult("load errors", "fail", "failed or missing requests where the baseline's did not fail "
                           "as often: " + "; ".join(fails))
     if unmatched:
-        # A level the candidate played without its baseline compared nothing: not a pass.
+        # A level the candidate played without its baseline, or where a client worker died,
+        # compared nothing: not a pass.
         return GateResult("load errors", inconclusive_status(config_gates), "inconclusive: " + "; ".join(unmatched))
     if not usable:
         return GateResult("load errors", inconclusive_status(config_gates), f"inconclusive: the baseline failed more than "
