@@ -373,6 +373,9 @@ def judge(summary: dict, config, run_dir: Path) -> None:
         cand["verdict"] = "pass" if decision.passed else "fail"
         cand["gates"] = [{"name": r.name, "status": r.status, "detail": r.detail} for r in decision.results]
         all_pass &= decision.passed
+    # An A/A speedup whose interval excludes 1 is a biased clock: no speed gate passes on it.
+    from harness.verdict import timing
+    all_pass &= timing.apply(summary, config.gates)
     if config.profile.load is not None:  # latency under load, SLO gates, crossovers (harness.verdict.load)
         from harness.verdict import load as load_verdict
         all_pass &= load_verdict.apply(summary, config, run_dir)
