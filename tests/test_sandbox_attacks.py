@@ -65,6 +65,7 @@ def leftovers():
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
     yield
+    assert sandbox.wait_for_cleanup(600) == []  # what the background cleaner still had
     assert leftovers() == []
 
 
@@ -371,12 +372,48 @@ def test_the_ipc_checks_see_what_the_host_creates():
 # --- resources -------------------------------------------------------------------------------
 
 def test_disk_use_is_capped_in_total(layers):
-    needs(layers, "minimal-root")
+    """With a view, the private /tmp is a tmpfs capped at disk_mb; without one (no namespaces)
+    the run creates nothing on the host's disk at all (seccomp: no O_CREAT, no mkdir)."""
+    needs(layers, "minimal-root", "seccomp")
     g = attack("n = 0\ntry:\n    for i in range(1000):\n"
                "        open(f'f{i}', 'wb').write(b'x' * (8 << 20))\n        n += 8\n"
                "except OSError as e:\n    raise Exception(f'wrote {n} MiB: {e}')\n")
     written = int(g.detail.split("wrote ")[1].split(" MiB")[0])
-    assert written <= sandbox.SandboxLimits().disk_mb and "No space left" in g.detail, g
+    if any(l.startswith("minimal-root") for l in layers):
+        assert written <= sandbox.SandboxLimits().disk_mb and "No space left" in g.detail, g
+    else:
+        assert written == 0 and "Operation not permitted" in g.detail, g
+
+
+# Trees a completion leaves in its folder: a chain of folders built bottom up with renames (one
+# step per level, so 20,000 levels take about a second), and a folder its owner cannot list.
+TREES = {
+    "20,000-deep rename chain": ("import os\nos.mkdir('a')\nfor _ in range(20000):\n"
+                                 "    os.mkdir('b')\n    os.rename('a', 'b/a')\n    os.rename('b', 'a')\n"),
+    "unlistable folder (0300, 60 MiB)": ("import os\nos.mkdir('x')\nfor i in range(4):\n"
+                                         "    open(f'x/f{i}', 'wb').write(b'0' * (15 << 20))\n"
+                                         "os.chmod('x', 0o300)\n"),
+}
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("tree", TREES)
+def test_what_a_run_leaves_never_changes_its_verdict_nor_stays(tree, mode):
+    """The verdict is fixed before cleanup, and cleanup (linear in the entries, modes fixed on
+    the way, in the background past a short while) leaves nothing: the wrong program is an
+    ordinary FAIL, never a "sandbox error", and the next grade is unaffected. With a view the
+    tree lives in the run's tmpfs; without namespaces it cannot be made (the run creates
+    nothing on the host); the control builds it in the host's folder."""
+    start = time.monotonic()
+    g = attack(TREES[tree], item=square_item(timeout_s=20.0))
+    took = time.monotonic() - start
+    assert g.error is None and not g.detail.startswith("sandbox error"), g
+    if mode == "control":
+        assert g.detail.startswith("failed: AssertionError"), g
+    left = sandbox.wait_for_cleanup(600)
+    print(f"{tree} ({mode}): {g.detail[:80]!r} after {took:.1f} s; left after the cleaner: {left}")
+    assert left == [] and leftovers() == []
+    assert grade(square_item(), "def square(x):\n    return x * x\n").passed
 
 
 def test_memfd_and_shared_memory_are_refused(layers):
