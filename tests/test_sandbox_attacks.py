@@ -192,9 +192,24 @@ def test_the_hosts_facts_in_proc_are_masked(mode, layers):
             assert sizes == [-1] + [0] * (len(HOST_FACTS) - 1), g  # /proc/sys an empty folder
 
 
-def test_what_a_completion_prints_in_its_exception_is_cut(layers):
-    g = attack("raise Exception('x' * 5000)\n")
-    assert g.detail.count("x") <= 200 and "<solution> line" in g.detail, g
+# Ways to carry more of an exception's text out than the cut allows, all in the candidate's
+# process: undo its cut, make the location long, or put the text on stderr and die of a signal.
+UNCUT = {
+    "plain": "raise Exception('x' * 5000)\n",
+    "the cut undone": "import sys\nsys.modules['sandbox_wire'].MESSAGE_CHARS = 10 ** 6\nraise Exception('x' * 5000)\n",
+    "a long location": ("import linecache\nlinecache.cache['<solution>'] = (0, None, ['x' * 5000 + chr(10)] * 9, "
+                        "'<solution>')\nimport sys\nsys.modules['sandbox_wire']._SOURCES.clear()\n"
+                        "raise Exception('x' * 5000)\n"),
+    "stderr and a signal": "import os, sys\nsys.stderr.write('x' * 5000)\nsys.stderr.flush()\nos.abort()\n",
+}
+
+
+@pytest.mark.parametrize("how", catalogue(UNCUT, fast=["plain"]))
+def test_what_a_completion_prints_in_its_exception_is_cut(how, layers):
+    """The cut is made on the grader's side: whatever the candidate's process does, at most
+    200 characters of its message and 80 of where it was raised reach Grade.detail."""
+    g = attack(UNCUT[how])
+    assert g.detail.count("x") <= 280, (len(g.detail), g.detail.count("x"), g.detail[:300])
 
 
 def test_the_tests_are_never_readable():
@@ -414,6 +429,34 @@ def test_what_a_run_leaves_never_changes_its_verdict_nor_stays(tree, mode):
     print(f"{tree} ({mode}): {g.detail[:80]!r} after {took:.1f} s; left after the cleaner: {left}")
     assert left == [] and leftovers() == []
     assert grade(square_item(), "def square(x):\n    return x * x\n").passed
+
+
+# 65,000 one-page mappings 1 GiB apart: each holds a page table and a page-middle directory of
+# its own, ~500 MiB of page tables within 254 MiB of address space (RLIMIT_AS does not count them).
+MAPPINGS = (LIBC + "libc.mmap.restype = ctypes.c_void_p\n"
+            "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n"
+            "made = 0\nfor i in range(65000):\n"
+            "    p = libc.mmap((1 << 44) + (i << 30), 4096, 3, 0x22 | 0x100000, -1, 0)\n"  # MAP_FIXED_NOREPLACE
+            "    if p is None or p == (1 << 64) - 1:\n        break\n"
+            "    ctypes.memset(p, 1, 1)\n    made += 1\n"
+            "try:\n    held = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('RssAnon', 'VmPTE'))]\n"
+            "except OSError as e:\n    held = str(e)\n"
+            "raise Exception(f'held {made} mappings: {held}')\n")
+
+
+@pytest.mark.full
+def test_page_tables_count_against_the_memory_cap(mode, layers):
+    """The run's memory, page tables included, stays under its cap: the memory cgroup counts
+    them; without one the host's memory watch reads them and kills the run past the cap. The
+    control (no cgroup, no watch) holds them all, well past the cap."""
+    g = attack(MAPPINGS)
+    cap = sandbox.SandboxLimits().watched_memory_mb()
+    if mode == "control":
+        import re
+        made, anon, pte = map(int, re.search(r"held (\d+) mappings: \['(\d+)', '(\d+)'\]", g.detail).groups())
+        assert made == 65000 and (anon + pte) >> 10 > cap, g
+    else:
+        assert g.detail.startswith("memory: "), g
 
 
 def test_memfd_and_shared_memory_are_refused(layers):

@@ -125,6 +125,11 @@ class SandboxLimits:
                 "file_size_bytes": self.file_size_mb << 20, "open_files": self.open_files,
                 "tmp_mb": self.disk_mb, "threads": self.threads}
 
+    def watched_memory_mb(self) -> int:
+        """Without a memory cgroup: the cap on the processes' memory and page tables (the
+        address space and ~64 MiB for the interpreters; the tmpfs has its own size cap)."""
+        return self.memory_mb + 64
+
     def cgroup_memory_mb(self) -> int:
         """The cgroup's cap: the address space, the tmpfs, and ~64 MiB for the interpreters."""
         return self.memory_mb + self.disk_mb + 64
@@ -453,6 +458,42 @@ def _remove_cgroup(path, tries=50) -> bool:
     return False
 
 
+class _MemoryWatch:
+    """Where the run has no memory cgroup (an unprivileged grader): its memory as the kernel
+    counts it for each of its processes (anonymous, shared and swapped pages, and page tables,
+    which no rlimit counts: 65,000 one-page mappings hold ~500 MiB of them within a 512 MiB
+    address space), read from /proc every INTERVAL_S; past `cap_mb` the whole tree is killed
+    and the result is "memory". A bound by polling: it can be passed by what the run
+    allocates within one interval."""
+
+    INTERVAL_S = 0.01
+    FIELDS = (b"RssAnon:", b"RssShmem:", b"VmSwap:", b"VmPTE:")
+
+    def __init__(self, sid: int, cap_mb: int):
+        self.sid, self.cap_kb, self.peak_kb, self.over = sid, cap_mb << 10, 0, False
+        self.pids, self.rescan, self.due = [], 0.0, 0.0
+
+    def check(self) -> bool:
+        """Read the run's memory if it is time to; True once it is past the cap."""
+        now = time.monotonic()
+        if now < self.due or self.over:
+            return self.over
+        if now >= self.rescan:  # the tree is fixed once both processes have confined themselves
+            self.pids, self.rescan = [pid for pid, _ in _session(self.sid)], now + 0.2
+        total = sum(self._kb(pid) for pid in self.pids)
+        self.peak_kb, self.due = max(self.peak_kb, total), time.monotonic() + self.INTERVAL_S
+        self.over = total > self.cap_kb
+        return self.over
+
+    def _kb(self, pid) -> int:
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return 0  # gone
+        return sum(int(line.split()[1]) for line in lines if line.startswith(self.FIELDS))
+
+
 # --- one run, host side ----------------------------------------------------------------------
 
 class _Run:
@@ -465,7 +506,7 @@ class _Run:
         self.limits, self.nonce = limits, config["nonce"]
         self.buffers = {name: bytearray() for name in self.STREAMS}
         self.dropped = {name: 0 for name in self.STREAMS}
-        self.proc, self.pipes, self.cgroup, self._writes = None, {}, None, []
+        self.proc, self.pipes, self.cgroup, self._writes, self.watch = None, {}, None, [], None
         self.tmpdir = tempfile.mkdtemp(prefix=f"{NAME_PREFIX}{os.getpid()}-")
         try:
             self._spawn(config, secret, limits, isolate)
@@ -509,6 +550,10 @@ class _Run:
         stdin[0].flush()
         if self.cgroup:
             self.cgroup.add(self.proc.pid)
+            if not any(n.startswith("cgroup (") and "memory" in n for n in self.cgroup.notes):
+                self.watch = _MemoryWatch(self.proc.pid, self.limits.watched_memory_mb())
+                self.cgroup.notes.append(f"memory-watch ({self.limits.watched_memory_mb()} MiB, "
+                                         f"every {_MemoryWatch.INTERVAL_S * 1000:g} ms)")
         self._send(stdin[0], b"")
         self._send(*tests_in)
 
@@ -765,12 +810,16 @@ def _collect(run, deadline) -> bool:
                 remaining = limit - time.monotonic()
                 if remaining <= 0:
                     return False
+                if run.watch is not None:
+                    remaining = min(remaining, run.watch.INTERVAL_S)
                 for key, _ in sel.select(timeout=remaining):
                     chunk = os.read(key.fd, 65536)
                     if chunk:
                         run.keep(key.data, chunk)
                     else:
                         sel.unregister(key.fileobj)
+                if run.watch is not None and run.watch.check():
+                    run.kill()  # past the memory cap: the pipes close, the verdict is "memory"
             return True
 
         def closed(*names):
@@ -800,6 +849,18 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+MESSAGE_CHARS = 200  # of an exception's line (or stderr's last) in a result
+WHERE_CHARS = 80     # of where it was raised: " (<tests> line 4: assert f(3) == [3, 5, 7])"
+
+
+def _cut(detail: str) -> str:
+    """A detail the code may have written, cut here, on our side (the candidate's process cuts
+    too, but it can undo that): the exception's line to MESSAGE_CHARS and where it was raised
+    to WHERE_CHARS, so that little of what the code read can leave in Grade.detail."""
+    head, sep, where = detail.partition(" (<")
+    return head[:MESSAGE_CHARS] + (sep + where[:WHERE_CHARS] if sep else "")
+
+
 def _interpret(run, timed_out, duration, limits) -> SandboxResult:
     ready = run.message("candidate", "ready")
     done = run.message("tests", "done") or {}
@@ -812,7 +873,7 @@ def _interpret(run, timed_out, duration, limits) -> SandboxResult:
     stderr = run.text("stderr")
 
     def result(passed, reason, detail):
-        return SandboxResult(passed=passed, reason=reason, detail=str(detail)[:2000],
+        return SandboxResult(passed=passed, reason=reason, detail=_cut(str(detail)),
                              returncode=returncode, stdout=run.text("stdout"), stderr=stderr,
                              duration_s=duration,
                              truncated=run.dropped["stdout"] > 0 or run.dropped["stderr"] > 0,
@@ -821,10 +882,13 @@ def _interpret(run, timed_out, duration, limits) -> SandboxResult:
     outcome, detail = done.get("outcome"), str(done.get("detail", ""))
     if outcome == "ok":
         return result(True, "passed", "")
+    if run.watch is not None and run.watch.over:
+        return result(False, "memory", f"{run.watch.peak_kb >> 10} MiB of memory and page tables, over "
+                                       f"the cap of {limits.watched_memory_mb()} MiB (no memory cgroup)")
     if timed_out:
         return result(False, "timeout", f"no result within {limits.timeout_s:g} s")
     if outcome == "forbidden":
-        return result(False, f"forbidden: {detail}"[:500], detail)
+        return result(False, f"forbidden: {_cut(detail)}", detail)
     if outcome == "memory":
         return result(False, "memory", f"{detail} (address-space cap {limits.memory_mb} MiB)")
     if outcome in ("failed", "error", "file_size"):
@@ -846,7 +910,8 @@ def _interpret(run, timed_out, duration, limits) -> SandboxResult:
             return result(False, "memory", f"cgroup memory cap ({limits.cgroup_memory_mb()} MiB)")
         if "MemoryError" in stderr or "Cannot allocate memory" in stderr:
             return result(False, "memory", f"address space limit ({limits.memory_mb} MiB)")
-        return result(False, f"killed: {_signal_name(sig)}", stderr[-2000:])
+        last = stderr.strip().splitlines()[-1:] or [""]
+        return result(False, f"killed: {_signal_name(sig)}", last[0])
     if "MemoryError" in stderr:
         return result(False, "memory", f"address space limit ({limits.memory_mb} MiB)")
     if outcome == "gone":
