@@ -174,6 +174,41 @@ HOST_FACTS = ("/proc/sys/kernel/random/boot_id", "/proc/cmdline", "/proc/meminfo
               "/proc/stat", "/proc/diskstats", "/proc/uptime", "/proc/interrupts")
 
 
+BOOT_TIME = ("import time\n"
+             "raise Exception(f'boot {time.clock_gettime(time.CLOCK_BOOTTIME):.0f} "
+             "monotonic {time.clock_gettime(time.CLOCK_MONOTONIC):.0f}')\n")
+
+
+def test_the_hosts_uptime_is_hidden(layers):
+    """A time namespace moves the boot-time and monotonic clocks back to about zero: they say
+    nothing of how long the host has been up (without namespaces they cannot be hidden: the
+    vDSO reads them without a system call; README, what remains)."""
+    needs(layers, "pidns")  # namespaces: the kernel may still lack time namespaces (before 5.6)
+    if any(l.startswith("no-timens") for l in layers):
+        pytest.skip(f"no time namespace here: {sorted(layers)}")
+    host = time.clock_gettime(time.CLOCK_BOOTTIME)
+    if host < 120:
+        pytest.skip(f"the host has been up only {host:.0f} s")
+    g = attack(BOOT_TIME)
+    import re
+    boot, monotonic = map(int, re.search(r"boot (\d+) monotonic (\d+)", g.detail).groups())
+    assert boot < host / 2 and monotonic < host / 2, (host, g.detail)
+
+
+def test_synchronous_writes_are_refused(layers):
+    """O_SYNC/O_DSYNC opens and RWF_SYNC/RWF_DSYNC writes: each write a flush of the disk
+    (977 in one 6 s grade without namespaces). seccomp refuses the flags."""
+    needs(layers, "seccomp")
+    g = attack("import os\nrefused = 0\n"
+               "for how in (lambda: os.open('f', os.O_WRONLY | os.O_CREAT | os.O_SYNC, 0o600),\n"
+               "            lambda: os.open(os.devnull, os.O_WRONLY | os.O_DSYNC),\n"
+               "            lambda: os.pwritev(os.open(os.devnull, os.O_WRONLY), [b'x'], 0, os.RWF_DSYNC),\n"
+               "            lambda: os.pwritev(os.open(os.devnull, os.O_WRONLY), [b'x'], 0, os.RWF_SYNC)):\n"
+               "    try:\n        how()\n    except PermissionError:\n        refused += 1\n"
+               "raise Exception(f'refused {refused} of 4')\n")
+    assert "refused 4 of 4" in g.detail, g
+
+
 def test_the_hosts_facts_in_proc_are_masked(mode, layers):
     """A fresh /proc still shows the host: its boot id, kernel command line, memory, load, CPU
     and disk activity. With a mount namespace they are masked (read as empty); without one,
