@@ -16,17 +16,19 @@ only waits, and reports how the candidate's process ended.
 Layers, in the order applied, each reported by name in `isolation` (or why it is missing):
 1. namespaces: the process forks; the child unshares user (where allowed: root inside is an
    unprivileged uid of its own outside), PID, mount, network, IPC, UTS and cgroup namespaces,
-   and forks again into pid 1 of the new PID namespace. The processes left behind only wait and
+   and a time namespace (its boot-time and monotonic clocks moved back to about zero), and
+   forks again into pid 1 of the new PID namespace. The processes left behind only wait and
    pass the exit status up (dying of the same signal); they hold no pipe.
-2. a filesystem view: a fresh tmpfs root holding, read-only, the interpreter's prefix, the
-   system's library directories and ld.so.cache, with Python package folders masked; /dev with
+2. a filesystem view: a fresh tmpfs root holding, read-only, only the host's allow-list
+   (parent._view: the interpreter, its standard library's entries but its package folders,
+   ld.so.cache, the shared objects it links, and the links to them); /dev with
    null, zero, full, random and urandom; a /proc of the new PID namespace; a private tmpfs /tmp
    capped in size and inodes (the working directory, gone with the namespace). pivot_root, and
    the host's tree is detached: no home, no /tmp, no other run, no /proc of the host is visible.
 3. Landlock (where the kernel has it): reading only the view, writing only /tmp and the
    devices; no TCP; no signals and no abstract Unix sockets outside the process (ABI 6). Without
-   namespaces this is what keeps the host's files out of reach, reading only the host's narrow
-   set (no package folder, no data); without it, or where that set is not tight, we refuse.
+   namespaces this is what keeps the host's files out of reach, reading the same allow-list
+   (no package folder, no data); without it we refuse.
 4. capabilities: all dropped (bounding set included); no_new_privs; not dumpable (no core
    files, and no other process of the same uid may read our memory or descriptors).
 5. rlimits: CPU seconds, address space, file size, open files, no core files, and (in a user
@@ -525,9 +527,9 @@ def confine(config, role, isolation):
         os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)
         libc.sethostname(b"sandbox", 7)
     else:  # the host's folder is shared: each process writes (and, under Landlock, reads) its own
-        # No view, so no mask: Landlock alone decides what is readable, and it reads only the
-        # narrow set (the standard library, lib-dynload, the system's libraries), never a
-        # package folder or data. Where that set is not tight, or Landlock is missing, refuse.
+        # No view: Landlock alone decides what is readable, the same allow-list (never a
+        # package folder or data; the host refused a list that is not tight). Without
+        # Landlock, refuse (below). seccomp lets nothing be created in this folder.
         tmpdir = os.path.join(tmpdir, role)
         os.mkdir(tmpdir, 0o700)
         os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)

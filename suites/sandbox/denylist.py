@@ -19,8 +19,12 @@ Denied here:
 - shared state outside the process: SysV IPC (shm*, sem*, msg*), POSIX message queues (mq_*),
   the kernel keyrings (add_key, request_key, keyctl), memfd_create/memfd_secret (memory no
   rlimit counts), mknod/mknodat;
-- flushing the host's disks: sync, syncfs, fsync, fdatasync, sync_file_range (msync with
-  MS_SYNC is refused by the allow-list only);
+- flushing the host's disks: sync, syncfs, fsync, fdatasync, sync_file_range, open/openat with
+  O_SYNC or O_DSYNC, pwritev2 with RWF_SYNC or RWF_DSYNC (msync with MS_SYNC is refused by the
+  allow-list only);
+- without the filesystem view (no namespaces), creating anything on the host's disk: creat,
+  mkdir, rename, link, symlink, truncate and their *at forms, open/openat with O_CREAT or
+  O_TMPFILE;
 - changing the confinement: mount and the new mount API, pivot_root, chroot, unshare, setns,
   bpf, perf_event_open, userfaultfd, open_by_handle_at, module and kexec loading, reboot,
   swap, acct, syslog, quotactl, Landlock (a new ruleset could only restrict further, but

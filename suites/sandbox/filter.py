@@ -16,10 +16,12 @@ of these are listed beside them (statx, faccessat2, fchmodat2, epoll_pwait2, clo
 What the list leaves out is refused even if nobody thought of it. That covers the whole of
 denylist.py, and also calls the deny-list lets through: sync, syncfs, flock, personality,
 setpriority, sched_setaffinity, inotify, prctl(PR_SET_DUMPABLE), any ioctl but six, and the
-calls that flush the host's disk (fsync, fdatasync, sync_file_range, msync with MS_SYNC).
+calls that flush the host's disk (fsync, fdatasync, sync_file_range, msync with MS_SYNC, opens
+with O_SYNC or O_DSYNC, pwritev2 with RWF_SYNC or RWF_DSYNC).
 Where the process has no filesystem view (the kernel refused namespaces), chmod and utime are
 left out as well: Landlock does not cover them, and only the view's read-only mounts keep them off
-the host's files.
+the host's files. So is creating files and folders (mkdir, rename, link, symlink, truncate,
+O_CREAT, O_TMPFILE): without the view's capped tmpfs the run writes nothing on the host's disk.
 
 Why EPERM and not kill for a call outside the list: the call does not happen either way. But
 EPERM becomes a PermissionError that the grader reports as "forbidden: PermissionError ...",

@@ -9,17 +9,19 @@ else runs (the tests reach only the second, on a pipe of its own):
   candidate's object, and executes `tests`. Only plain data crosses between them, as JSON
   (`wire.py`). The verdict is the tests' process's alone, sent on a status pipe the
   candidate's process never holds; the tests never enter the candidate's process.
-This module is the host side: a cgroup per run, the wall-clock timeout (the whole process group
-is killed), capped output, removal of everything the run leaves (its folder, its cgroup), and the
-translation of what happened into a `SandboxResult`. It never raises for what the code does, and
+This module is the host side: the filesystem view's allow-list (`_view`), a cgroup per run (or,
+without one, a watch on the run's memory and page tables), the wall-clock timeout (the whole
+process group is killed), capped output, the translation of what happened into a
+`SandboxResult`, and then, the verdict fixed, removal of everything the run leaves (its folder,
+its cgroup; a background cleaner finishes what takes longer). It never raises for what the code does, and
 a failure of its own machinery is a failed result too. README.md has the table of attacks and the
 layer that stops each (tests/test_sandbox_attacks.py tries every one).
 
 Layers (child.py and filter.py say how), each listed in `SandboxResult.isolation`
 with why where it is missing: user (root inside is an unprivileged uid of its own outside),
-PID, mount, network, IPC, UTS and cgroup namespaces; a minimal read-only root (the interpreter's
-prefix and the library folders, Python package folders masked, a few devices, its own /proc)
-with a private tmpfs /tmp capped in size; Landlock (read the view, write /tmp, no TCP, no signals
+PID, mount, network, IPC, UTS, cgroup and time namespaces; a minimal read-only root built from
+an allow-list (the interpreter, its standard library but its package folders, the shared objects
+it links, ld.so.cache, a few devices, its own /proc) with a private tmpfs /tmp capped in size; Landlock (read the view, write /tmp, no TCP, no signals
 out); a memory + pids cgroup (cgroup v1, or v2 where delegated); no capabilities, no_new_privs,
 not dumpable; rlimits; seccomp, an allow-list built with libseccomp (filter.py: what CPython
 needs; no processes, exec, sockets, io_uring, signals or limits aimed at other processes, IPC,
@@ -28,17 +30,16 @@ keyrings, memfd, mknod, mounts, nor anything else unlisted), or the hand-encoded
 Linux only.
 
 What stays possible inside: any computation within the CPU, memory, disk, thread and time caps;
-reading the view (the interpreter, the system's shared libraries, kernel facts such as
-/proc/cpuinfo); writing /tmp; printing (capped). Where the kernel refuses namespaces (an
-unprivileged container), the filesystem view, the PID and network isolation are gone, and
-Landlock is what keeps the host's files out of reach: it reads only a narrow set (the standard
-library, lib-dynload, the system's libraries; `_narrow_readable`), and without Landlock, or where
-a package folder would be in that set, the run refuses to grade (a sandbox error). seccomp then
-refuses chmod and utime too, which Landlock does not cover; the disk is capped per file and by
-the wall clock only. Without a user namespace RLIMIT_NPROC does not count threads (root is
-exempt): the cgroup's pids.max does, and where neither exists seccomp refuses clone. Without a
-cgroup memory is bounded per process (RLIMIT_AS), by the tmpfs size and by the denial of memfd
-and shared memory. The whole tree is reaped, also where its orphans become ours (a subreaper,
+reading the view (the allow-list, kernel facts such as /proc/cpuinfo); writing /tmp; printing
+(capped). Where a package folder would be in the allow-list, the run refuses to grade (a sandbox
+error). Where the kernel refuses namespaces (an unprivileged container), the filesystem view,
+the PID, network and time isolation are gone, and Landlock is what keeps the host's files out of
+reach: it reads the same allow-list, and without Landlock the run refuses to grade. seccomp then
+refuses chmod and utime too, which Landlock does not cover, and creating any file or folder:
+without a capped tmpfs the run writes nothing on the host's disk. Without a user namespace
+RLIMIT_NPROC does not count threads (root is exempt): the cgroup's pids.max does, and where
+neither exists seccomp refuses clone. Without a memory cgroup the host watches the run's memory
+and page tables (every 10 ms) and kills it past the cap. The whole tree is reaped, also where its orphans become ours (a subreaper,
 a container's PID 1). The verdict stays in the tests' process in every case.
 
 Reasons: "passed", "failed" (an assertion failed), "error" (any other exception, a syntax error,
