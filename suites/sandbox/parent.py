@@ -472,15 +472,17 @@ class _MemoryWatch:
 
     def __init__(self, sid: int, cap_mb: int):
         self.sid, self.cap_kb, self.peak_kb, self.over = sid, cap_mb << 10, 0, False
-        self.pids, self.rescan, self.due = [], 0.0, 0.0
+        self.pids, self.rescan, self.due, self.settled = [], 0.0, 0.0, False
 
-    def check(self) -> bool:
-        """Read the run's memory if it is time to; True once it is past the cap."""
+    def check(self, ready: bool) -> bool:
+        """Read the run's memory if it is time to; True once it is past the cap. `ready`: both
+        processes have confined themselves, so the tree is fixed (seccomp refuses fork): one
+        last look for its processes, then none (reading every /proc entry costs)."""
         now = time.monotonic()
         if now < self.due or self.over:
             return self.over
-        if now >= self.rescan:  # the tree is fixed once both processes have confined themselves
-            self.pids, self.rescan = [pid for pid, _ in _session(self.sid)], now + 0.2
+        if not self.settled and (ready or now >= self.rescan):
+            self.pids, self.rescan, self.settled = [pid for pid, _ in _session(self.sid)], now + 0.05, ready
         total = sum(self._kb(pid) for pid in self.pids)
         self.peak_kb, self.due = max(self.peak_kb, total), time.monotonic() + self.INTERVAL_S
         self.over = total > self.cap_kb
@@ -604,6 +606,10 @@ class _Run:
                     break
                 time.sleep(0.002)
         self.proc.wait()
+
+    def ready(self) -> bool:
+        """Both processes have said they are confined (a cheap look: the lines are parsed later)."""
+        return all(b'"ready"' in self.buffers[name] for name in ("candidate", "tests"))
 
     def text(self, name) -> str:
         return self.buffers[name].decode("utf-8", "replace")
@@ -819,7 +825,7 @@ def _collect(run, deadline) -> bool:
                         run.keep(key.data, chunk)
                     else:
                         sel.unregister(key.fileobj)
-                if run.watch is not None and run.watch.check():
+                if run.watch is not None and run.watch.check(run.ready()):
                     run.kill()  # past the memory cap: the pipes close, the verdict is "memory"
             return True
 
