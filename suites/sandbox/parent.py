@@ -315,7 +315,7 @@ def _view() -> tuple:
     devices = [("dev", f"/dev/{name}", None) for name in _DEVICES if os.path.exists(f"/dev/{name}")]
     why = None
     for folder in _package_folders():
-        holder = next((p for _, p, _ in binds if _inside(folder, p) or _inside(p, folder)), None)
+        holder = next((p for _, p, _ in binds if _inside(folder, p)), None)
         if holder is not None:
             why = f"{folder} would be readable (the view holds {holder})"
             break
@@ -447,7 +447,7 @@ class _Cgroup:
 
 def _remove_cgroup(path, tries=50) -> bool:
     """rmdir a cgroup whose tasks are gone; the last may take a moment to leave (longer under
-    load), so try again for up to ~1 s. True when it is gone."""
+    load), so try again for up to ~2 s. True when it is gone."""
     for i in range(tries):
         try:
             os.rmdir(path)
