@@ -226,6 +226,9 @@ def build_root(view, sources, mountpoint, tmp_mb, isolation):
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             os.symlink(extra, dest)
             continue
+        if kind == "mask":  # a package folder inside a bound standard library folder: empty
+            _mount("tmpfs", dest, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
+            continue
         if kind == "dir":
             os.makedirs(dest, exist_ok=True)
         else:
@@ -530,6 +533,7 @@ def confine(config, role, isolation):
         # No view: Landlock alone decides what is readable, the same allow-list (never a
         # package folder or data; the host refused a list that is not tight). Without
         # Landlock, refuse (below). seccomp lets nothing be created in this folder.
+        readable = [path for kind, path, _ in config["readable"] if kind in ("dir", "file")]
         tmpdir = os.path.join(tmpdir, role)
         os.mkdir(tmpdir, 0o700)
         os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)

@@ -322,6 +322,19 @@ def _view() -> tuple:
     return tuple(binds + links + devices), tuple(stdlib), why
 
 
+def _mounts(entries, folders) -> tuple:
+    """The view's mounts for the allow-list `entries`: the same, but each standard library folder
+    bound whole with its package folders (its only entries the list leaves out) covered by an
+    empty read-only tmpfs, one bind and a mask instead of one bind per entry (~200, a third of
+    a grade's CPU time). The list, not this, is what `_view` checks for tightness."""
+    masks = [("mask", os.path.join(f, name), None) for f in folders for name in ("site-packages", "dist-packages")
+             if os.path.isdir(os.path.join(f, name)) and not os.path.islink(os.path.join(f, name))]
+    kept = [e for e in entries if not any(_inside(e[1], f) for f in folders)]
+    binds = sorted([e for e in kept if e[0] in ("dir", "file")] + [("dir", f, None) for f in folders],
+                   key=lambda e: e[1])
+    return tuple(binds + masks + [e for e in kept if e[0] not in ("dir", "file")])
+
+
 def _package_folders() -> list:
     """Folders that hold packages or data a completion must never read: the interpreter's own
     site-packages, every folder on our search path that is not its standard library (a
@@ -785,7 +798,7 @@ def _run(code, tests, prefix, names, limits, isolate, audit_hook, start) -> Sand
         return SandboxResult(False, f"sandbox error: {detail}"[:500], detail, None, "", "",
                              time.monotonic() - start, False)
     config = {"nonce": secrets.token_hex(16), "limits": limits.child_config(), "isolate": isolate,
-              "view": view, "listable": folders,
+              "view": _mounts(view, folders), "readable": view, "listable": folders,
               "code": code, "audit_hook": audit_hook,
               "modules": {name: _CODE[name] for name in ("sandbox_wire", "sandbox_denylist", "sandbox_filter")},
               "pyseccomp": _seccomp_binding() if isolate else (None, {}, "not isolated")}
