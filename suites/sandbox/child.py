@@ -20,8 +20,9 @@ Layers, in the order applied, each reported by name in `isolation` (or why it is
    forks again into pid 1 of the new PID namespace. The processes left behind only wait and
    pass the exit status up (dying of the same signal); they hold no pipe.
 2. a filesystem view: a fresh tmpfs root holding, read-only, only the host's allow-list
-   (parent._view: the interpreter, its standard library's entries but its package folders,
-   ld.so.cache, the shared objects it links, and the links to them); /dev with
+   (parent._view: the interpreter, its standard library folders with their package folders
+   covered by an empty tmpfs, ld.so.cache, the shared objects it links, and the links to
+   them); /dev with
    null, zero, full, random and urandom; a /proc of the new PID namespace; a private tmpfs /tmp
    capped in size and inodes (the working directory, gone with the namespace). pivot_root, and
    the host's tree is detached: no home, no /tmp, no other run, no /proc of the host is visible.
