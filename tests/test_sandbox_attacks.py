@@ -15,6 +15,7 @@ checks can see what they guard against, so a passing attack test is not vacuous.
 import ctypes
 import functools
 import glob
+import json
 import os
 import secrets
 import subprocess
@@ -29,7 +30,7 @@ from suites.sandbox import parent as sandbox
 from suites.format import item_from_row
 from suites.graders import grade
 from suites.sandbox.denylist import SYSCALLS
-from tests.sandbox_modes import REFUSE_UNSHARE, catalogue
+from tests.sandbox_modes import REFUSE_UNSHARE, catalogue, refusing
 
 SQUARE_TESTS = "assert square(3) == 9\nassert square(-2) == 4\n"
 WRONG = "\ndef square(x):\n    return x + x\n"
@@ -663,6 +664,59 @@ def test_no_completion_makes_grade_raise_or_leave_anything(crash):
     code = CRASHES[crash]
     g = attack(code, wrong="def square" not in code)  # some crash in their own square
     assert isinstance(g.detail, str) and g.detail
+
+
+# --- a correct program fails ----------------------------------------------------------------
+
+# Correct programs that use the standard library: each must pass in every mode (a view too narrow
+# for what the standard library reads at run time fails them). Not numpy: it is no part of it.
+CORRECT = {
+    "the usual imports": ("import json, re, math, collections, itertools, functools, heapq, decimal, fractions\n"
+                          "import hashlib, statistics, datetime, bisect, string, typing, array, struct, random\n"
+                          "assert hashlib.sha256(b'x').hexdigest() and hashlib.md5(b'x').digest()\n"
+                          "assert decimal.Decimal('1.1') + decimal.Decimal('2.2') == decimal.Decimal('3.3')\n"
+                          "assert fractions.Fraction(1, 3) * 3 == 1 and statistics.median([1, 2, 3]) == 2\n"),
+    "compression and sqlite": ("import zlib, bz2, lzma, gzip, sqlite3, unicodedata, uuid\n"
+                               "assert sqlite3.connect(':memory:').execute('select 1').fetchall() == [(1,)]\n"
+                               "assert lzma.decompress(lzma.compress(b'x')) == b'x' and unicodedata.name('a')\n"),
+    # zoneinfo reads the time zone database (/usr/share/zoneinfo): it was not in the view.
+    "zoneinfo": ("import datetime, zoneinfo\n"
+                 "assert datetime.datetime(2024, 1, 1, tzinfo=zoneinfo.ZoneInfo('UTC')).utcoffset().seconds == 0\n"
+                 "zoneinfo.ZoneInfo('Europe/Paris')\n"),
+}
+RIGHT = "\ndef square(x):\n    return x * x\n"
+
+
+@pytest.mark.parametrize("program", catalogue(CORRECT, fast=["zoneinfo"]))
+def test_a_correct_program_passes(program):
+    g = grade(square_item(), CORRECT[program] + RIGHT)
+    assert g.passed is True, g
+
+
+# The same programs where a layer is missing (root's modes; the unprivileged runs repeat the
+# test above): the view alone (Landlock refused) and Landlock alone (namespaces refused).
+CORRECT_RUN = r"""
+import json, sys
+from suites.format import item_from_row
+from suites.graders import grade
+item = item_from_row({"id": "c", "prompt": "q", "references": [], "grader": "code",
+                      "grader_options": {"entry_point": "square", "tests": "assert square(3) == 9\n"}})
+print(json.dumps({name: [g.passed, g.detail] for name, g in
+                  ((name, grade(item, code)) for name, code in json.loads(sys.argv[1]).items())}))
+"""
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("missing", ["view-only", "no-namespaces"])
+def test_a_correct_program_passes_with_one_layer(missing, layers):
+    needs(layers, "landlock")
+    setup = {"view-only": refusing("landlock_create_ruleset"), "no-namespaces": refusing("unshare")}[missing]
+    programs = {name: code + RIGHT for name, code in CORRECT.items()}
+    out = subprocess.run([sys.executable, "-c", setup + CORRECT_RUN, json.dumps(programs)], capture_output=True,
+                         text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(passed for passed, _ in got.values()), got
 
 
 # --- an interpreter without a virtual environment, under /tmp ---------------------------------

@@ -229,7 +229,8 @@ def _interpreter() -> str:
 # The sandboxed interpreter's own answer, asked once with -I -S: its module search path (the
 # standard library, lib-dynload, a zip that may not exist), its package folders, its prefix,
 # and every shared object it maps once each extension module of its standard library is loaded
-# (the interpreter's DT_NEEDED, libpython's, theirs), as the paths the dynamic loader opened.
+# (the interpreter's DT_NEEDED, libpython's, theirs), as the paths the dynamic loader opened;
+# and where `zoneinfo` looks for the time zone database (public data a correct program may read).
 _PROBE = r"""
 import ctypes, json, os, site, sys
 for folder in sys.path:
@@ -250,8 +251,9 @@ def each(info, size, data):
         objects.append(os.fsdecode(name))
     return 0
 ctypes.CDLL(None).dl_iterate_phdr(each, None)
+import zoneinfo
 print(json.dumps({'path': sys.path, 'site': site.getsitepackages(), 'prefix': sys.base_prefix,
-                  'objects': objects}))
+                  'objects': objects, 'tzpath': list(zoneinfo.TZPATH)}))
 """
 
 
@@ -293,8 +295,9 @@ def _view() -> tuple:
     and without namespaces. `entries`: [(kind, path, extra)], parents first: "dir"/"file" bound
     read-only (the view) or readable (Landlock), "symlink" to extra, "dev" a device. Only what a
     graded program needs: the interpreter, each entry of its standard library folders but
-    site-packages/dist-packages (lib-dynload is one), ld.so.cache, and the shared objects it
-    links, each by the links the loader follows and its real path. Nothing else of the prefix,
+    site-packages/dist-packages (lib-dynload is one), ld.so.cache, the shared objects it
+    links, each by the links the loader follows and its real path, and the time zone database
+    where `zoneinfo` looks for it (without it `zoneinfo.ZoneInfo("UTC")` fails a correct program). Nothing else of the prefix,
     of /usr or of the system's library folders. `folders`: the standard library folders, which
     must be listable (the import system lists a folder before it imports from it). `why not`:
     a package folder that would still be in reach (None when the view is tight); the sandbox
@@ -302,7 +305,8 @@ def _view() -> tuple:
     layout = _layout()
     stdlib = sorted({os.path.realpath(p) for p in layout["path"] if os.path.isdir(p)})
     stdlib = [f for f in stdlib if not any(_inside(f, o) for o in stdlib if o != f)]
-    wanted = [_interpreter(), "/etc/ld.so.cache", *layout["objects"]]
+    wanted = [_interpreter(), "/etc/ld.so.cache", *layout["objects"],
+              *(p for p in layout.get("tzpath", ()) if os.path.isdir(p))]
     for folder in stdlib:
         wanted += sorted(e.path for e in os.scandir(folder) if e.name not in ("site-packages", "dist-packages"))
     steps = [step for path in wanted if os.path.lexists(path) for step in _chain(path)]
