@@ -495,6 +495,33 @@ def test_page_tables_count_against_the_memory_cap(mode, layers):
         assert g.detail.startswith("memory: "), g
 
 
+# Pipe buffers are kernel memory no process's /proc status counts (not RssAnon, not VmPTE): the
+# memory watch cannot see them. With F_SETPIPE_SZ each of the ~30 pipes the open-files cap allows
+# holds 1 MiB (29 MiB measured past the watched cap); at the default size, 64 KiB.
+PIPES = ("import fcntl, os\nheld, grown = [], 0\n"
+         "for _ in range(40):\n"
+         "    try:\n        r, w = os.pipe()\n    except OSError:\n        break\n"
+         "    try:\n        fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ\n        grown += 1\n"
+         "    except OSError:\n        pass\n"
+         "    os.set_blocking(w, False)\n"
+         "    try:\n        while True:\n            os.write(w, b'x' * 65536)\n"
+         "    except BlockingIOError:\n        pass\n"
+         "    held.append(fcntl.fcntl(w, 1032))  # F_GETPIPE_SZ\n"
+         "raise Exception(f'pipes {len(held)} grown {grown} held {sum(held) >> 10} KiB')\n")
+
+
+def test_pipe_buffers_stay_small(mode, layers):
+    """What the memory watch cannot see stays small: no pipe grows past its default 64 KiB."""
+    needs(layers, "seccomp")
+    import re
+    g = attack(PIPES)
+    pipes, grown, held = map(int, re.search(r"pipes (\d+) grown (\d+) held (\d+) KiB", g.detail).groups())
+    if mode == "control":
+        assert grown == pipes > 20 and held >= 20 << 10, g
+    else:
+        assert grown == 0 and held <= pipes * 64, g
+
+
 def test_memfd_and_shared_memory_are_refused(layers):
     needs(layers, "seccomp")
     g = attack("import os\nmade = []\n"

@@ -15,7 +15,8 @@ Denied here:
 - anything aimed at another process: kill/tgkill/rt_sigqueueinfo/rt_tgsigqueueinfo/prlimit64
   except on ourselves, tkill, pidfd_*, ptrace, process_vm_*, kcmp, move_pages, migrate_pages,
   process_madvise/mrelease, and the fcntl commands that make the kernel signal someone on our
-  behalf (F_SETOWN, F_SETOWN_EX, F_SETSIG, F_SETLEASE, F_NOTIFY);
+  behalf (F_SETOWN, F_SETOWN_EX, F_SETSIG, F_SETLEASE, F_NOTIFY), and F_SETPIPE_SZ (a pipe's
+  buffer is memory the host's memory watch cannot see);
 - shared state outside the process: SysV IPC (shm*, sem*, msg*), POSIX message queues (mq_*),
   the kernel keyrings (add_key, request_key, keyctl), memfd_create/memfd_secret (memory no
   rlimit counts), mknod/mknodat;
@@ -44,8 +45,10 @@ SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000
 SECCOMP_RET_KILL_PROCESS = 0x80000000
 EPERM, ENOSYS = 1, 38
-# fcntl commands that deliver signals or leases to a process we name (asm-generic/fcntl.h).
-FCNTL_DENIED = (8, 15, 10, 1024, 1026)  # F_SETOWN, F_SETOWN_EX, F_SETSIG, F_SETLEASE, F_NOTIFY
+# fcntl commands that deliver signals or leases to a process we name (asm-generic/fcntl.h), and
+# F_SETPIPE_SZ (a pipe's buffer is memory the host's memory watch cannot see).
+# F_SETOWN, F_SETOWN_EX, F_SETSIG, F_SETLEASE, F_NOTIFY, F_SETPIPE_SZ
+FCNTL_DENIED = (8, 15, 10, 1024, 1026, 1031)
 
 _COMMON = ("clone3", "pidfd_send_signal", "pidfd_open", "pidfd_getfd", "mount_setattr",
            "io_uring_setup", "io_uring_enter", "io_uring_register", "memfd_secret", "fsopen",
