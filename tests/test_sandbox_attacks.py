@@ -480,17 +480,38 @@ MAPPINGS = (LIBC + "libc.mmap.restype = ctypes.c_void_p\n"
             "raise Exception(f'held {made} mappings: {held}')\n")
 
 
+# The same as a burst the 10 ms watch must catch: x86-64 machine code that makes and touches the
+# 65,000 mappings without returning to Python (mmap with PROT_EXEC is allowed), 300 MiB of heap
+# held first. (rdi: the first address, rsi: how many; returns how many were not made.)
+BURST = bytes.fromhex("415441554989fc4989f54c89e7be00100000ba0300000041ba2200100049c7c0ffffffff4531c9b809"
+                      "0000000f05483d00f0ffff7712c6000148c7c1000000404901cc49ffcd75c24c89e8415d415cc3")
+MACHINE_CODE = (LIBC + "heap = b'\\x01' * (300 << 20)\n"
+                "libc.mmap.restype = ctypes.c_void_p\n"
+                "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n"
+                "page = libc.mmap(None, 4096, 7, 0x22, -1, 0)\n"
+                f"ctypes.memmove(page, {BURST!r}, {len(BURST)})\n"
+                "made = 65000 - ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_void_p, ctypes.c_long)(page)(1 << 44, 65000)\n"
+                "try:\n    held = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('RssAnon', 'VmPTE'))]\n"
+                "except OSError as e:\n    held = str(e)\n"
+                "raise Exception(f'held {made} mappings: {held}')\n")
+PAGE_TABLES = {"ctypes loop": MAPPINGS, "machine code": MACHINE_CODE}
+
+
 @pytest.mark.full
-def test_page_tables_count_against_the_memory_cap(mode, layers):
+@pytest.mark.parametrize("how", list(PAGE_TABLES))
+def test_page_tables_count_against_the_memory_cap(how, mode, layers):
     """The run's memory, page tables included, stays under its cap: the memory cgroup counts
-    them; without one the host's memory watch reads them and kills the run past the cap. The
-    control (no cgroup, no watch) holds them all, well past the cap."""
-    g = attack(MAPPINGS)
+    them; without one the host's memory watch reads them and kills the run past the cap, also
+    when they come in a burst from machine code. The control (no cgroup, no watch) holds them
+    all, well past the cap."""
+    if how == "machine code" and os.uname().machine != "x86_64":
+        pytest.skip("the burst is x86-64 machine code")
+    g = attack(PAGE_TABLES[how])
     cap = sandbox.SandboxLimits().watched_memory_mb()
     if mode == "control":
         import re
         made, anon, pte = map(int, re.search(r"held (\d+) mappings: \['(\d+)', '(\d+)'\]", g.detail).groups())
-        assert made == 65000 and (anon + pte) >> 10 > cap, g
+        assert made > 40000 and (anon + pte) >> 10 > cap, g  # the burst may stop at the kernel's map count
     else:
         assert g.detail.startswith("memory: "), g
 
