@@ -731,6 +731,8 @@ CORRECT = {
     "zoneinfo": ("import datetime, zoneinfo\n"
                  "assert datetime.datetime(2024, 1, 1, tzinfo=zoneinfo.ZoneInfo('UTC')).utcoffset().seconds == 0\n"
                  "zoneinfo.ZoneInfo('Europe/Paris')\n"),
+    # The locale the sandbox sets (LC_ALL=C.UTF-8) must load: its files were not in the view.
+    "locale": "import locale\nassert locale.setlocale(locale.LC_ALL, '') == 'C.UTF-8'\n",
 }
 RIGHT = "\ndef square(x):\n    return x * x\n"
 

@@ -230,7 +230,8 @@ def _interpreter() -> str:
 # standard library, lib-dynload, a zip that may not exist), its package folders, its prefix,
 # and every shared object it maps once each extension module of its standard library is loaded
 # (the interpreter's DT_NEEDED, libpython's, theirs), as the paths the dynamic loader opened;
-# and where `zoneinfo` looks for the time zone database (public data a correct program may read).
+# where `zoneinfo` looks for the time zone database (public data a correct program may read); and
+# the files of the locale the sandbox sets (LC_ALL=C.UTF-8), as the C library mapped them.
 _PROBE = r"""
 import ctypes, json, os, site, sys
 for folder in sys.path:
@@ -251,9 +252,15 @@ def each(info, size, data):
         objects.append(os.fsdecode(name))
     return 0
 ctypes.CDLL(None).dl_iterate_phdr(each, None)
-import zoneinfo
+import locale, zoneinfo
+try:
+    locale.setlocale(locale.LC_ALL, '')
+except locale.Error:
+    pass  # the host cannot load it either
+with open('/proc/self/maps') as f:
+    maps = {line.split(None, 5)[-1].strip() for line in f if '/locale/' in line}
 print(json.dumps({'path': sys.path, 'site': site.getsitepackages(), 'prefix': sys.base_prefix,
-                  'objects': objects, 'tzpath': list(zoneinfo.TZPATH)}))
+                  'objects': objects, 'tzpath': list(zoneinfo.TZPATH), 'locale': sorted(maps)}))
 """
 
 
@@ -298,7 +305,8 @@ def _view() -> tuple:
     site-packages/dist-packages (lib-dynload is one), the standard library's zip where there is
     one, ld.so.cache, the shared objects it
     links, each by the links the loader follows and its real path, and the time zone database
-    where `zoneinfo` looks for it (without it `zoneinfo.ZoneInfo("UTC")` fails a correct program). Nothing else of the prefix,
+    where `zoneinfo` looks for it (without it `zoneinfo.ZoneInfo("UTC")` fails a correct program),
+    and the locale the sandbox sets, C.UTF-8 (without it `locale.setlocale(LC_ALL, "")` fails). Nothing else of the prefix,
     of /usr or of the system's library folders. `folders`: the standard library folders, which
     must be listable (the import system lists a folder before it imports from it). `why not`:
     a package folder that would still be in reach (None when the view is tight); the sandbox
@@ -309,7 +317,11 @@ def _view() -> tuple:
     # A file on the module search path is the standard library zipped (lib/pythonXY.zip): where
     # it exists the interpreter cannot start without it.
     zipped = [p for p in layout["path"] if os.path.isfile(p)]
-    wanted = [_interpreter(), "/etc/ld.so.cache", *zipped, *layout["objects"],
+    # The locale's folder (.../locale/C.utf8) or archive (.../locale/locale-archive), found by
+    # the files the C library mapped for it: without it setlocale(LC_ALL, "") fails.
+    locales = {m[:m.index("/locale/") + 8] + m[m.index("/locale/") + 8:].split("/")[0]
+               for m in layout.get("locale", ())}
+    wanted = [_interpreter(), "/etc/ld.so.cache", *zipped, *sorted(locales), *layout["objects"],
               *(p for p in layout.get("tzpath", ()) if os.path.isdir(p))]
     for folder in stdlib:
         wanted += sorted(e.path for e in os.scandir(folder) if e.name not in ("site-packages", "dist-packages"))
