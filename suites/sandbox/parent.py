@@ -258,7 +258,8 @@ try:
 except locale.Error:
     pass  # the host cannot load it either
 with open('/proc/self/maps') as f:
-    maps = {line.split(None, 5)[-1].strip() for line in f if '/locale/' in line}
+    maps = {p for p in (line.split(None, 5)[-1].strip() for line in f if '/locale/' in line)
+            if os.path.basename(p).startswith(('LC_', 'SYS_LC_', 'locale-archive'))}
 print(json.dumps({'path': sys.path, 'site': site.getsitepackages(), 'prefix': sys.base_prefix,
                   'objects': objects, 'tzpath': list(zoneinfo.TZPATH), 'locale': sorted(maps)}))
 """
