@@ -15,6 +15,7 @@ checks can see what they guard against, so a passing attack test is not vacuous.
 import ctypes
 import functools
 import glob
+import json
 import os
 import secrets
 import subprocess
@@ -29,7 +30,7 @@ from suites.sandbox import parent as sandbox
 from suites.format import item_from_row
 from suites.graders import grade
 from suites.sandbox.denylist import SYSCALLS
-from tests.sandbox_modes import REFUSE_UNSHARE, catalogue
+from tests.sandbox_modes import REFUSE_UNSHARE, catalogue, refusing
 
 SQUARE_TESTS = "assert square(3) == 9\nassert square(-2) == 4\n"
 WRONG = "\ndef square(x):\n    return x + x\n"
@@ -65,6 +66,7 @@ def leftovers():
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
     yield
+    assert sandbox.wait_for_cleanup(600) == []  # what the background cleaner still had
     assert leftovers() == []
 
 
@@ -173,6 +175,41 @@ HOST_FACTS = ("/proc/sys/kernel/random/boot_id", "/proc/cmdline", "/proc/meminfo
               "/proc/stat", "/proc/diskstats", "/proc/uptime", "/proc/interrupts")
 
 
+BOOT_TIME = ("import time\n"
+             "raise Exception(f'boot {time.clock_gettime(time.CLOCK_BOOTTIME):.0f} "
+             "monotonic {time.clock_gettime(time.CLOCK_MONOTONIC):.0f}')\n")
+
+
+def test_the_hosts_uptime_is_hidden(layers):
+    """A time namespace moves the boot-time and monotonic clocks back to about zero: they say
+    nothing of how long the host has been up (without namespaces they cannot be hidden: the
+    vDSO reads them without a system call; README, what remains)."""
+    needs(layers, "pidns")  # namespaces: the kernel may still lack time namespaces (before 5.6)
+    if any(l.startswith("no-timens") for l in layers):
+        pytest.skip(f"no time namespace here: {sorted(layers)}")
+    host = time.clock_gettime(time.CLOCK_BOOTTIME)
+    if host < 120:
+        pytest.skip(f"the host has been up only {host:.0f} s")
+    g = attack(BOOT_TIME)
+    import re
+    boot, monotonic = map(int, re.search(r"boot (\d+) monotonic (\d+)", g.detail).groups())
+    assert boot < host / 2 and monotonic < host / 2, (host, g.detail)
+
+
+def test_synchronous_writes_are_refused(layers):
+    """O_SYNC/O_DSYNC opens and RWF_SYNC/RWF_DSYNC writes: each write a flush of the disk
+    (977 in one 6 s grade without namespaces). seccomp refuses the flags."""
+    needs(layers, "seccomp")
+    g = attack("import os\nrefused = 0\n"
+               "for how in (lambda: os.open('f', os.O_WRONLY | os.O_CREAT | os.O_SYNC, 0o600),\n"
+               "            lambda: os.open(os.devnull, os.O_WRONLY | os.O_DSYNC),\n"
+               "            lambda: os.pwritev(os.open(os.devnull, os.O_WRONLY), [b'x'], 0, os.RWF_DSYNC),\n"
+               "            lambda: os.pwritev(os.open(os.devnull, os.O_WRONLY), [b'x'], 0, os.RWF_SYNC)):\n"
+               "    try:\n        how()\n    except PermissionError:\n        refused += 1\n"
+               "raise Exception(f'refused {refused} of 4')\n")
+    assert "refused 4 of 4" in g.detail, g
+
+
 def test_the_hosts_facts_in_proc_are_masked(mode, layers):
     """A fresh /proc still shows the host: its boot id, kernel command line, memory, load, CPU
     and disk activity. With a mount namespace they are masked (read as empty); without one,
@@ -191,9 +228,24 @@ def test_the_hosts_facts_in_proc_are_masked(mode, layers):
             assert sizes == [-1] + [0] * (len(HOST_FACTS) - 1), g  # /proc/sys an empty folder
 
 
-def test_what_a_completion_prints_in_its_exception_is_cut(layers):
-    g = attack("raise Exception('x' * 5000)\n")
-    assert g.detail.count("x") <= 200 and "<solution> line" in g.detail, g
+# Ways to carry more of an exception's text out than the cut allows, all in the candidate's
+# process: undo its cut, make the location long, or put the text on stderr and die of a signal.
+UNCUT = {
+    "plain": "raise Exception('x' * 5000)\n",
+    "the cut undone": "import sys\nsys.modules['sandbox_wire'].MESSAGE_CHARS = 10 ** 6\nraise Exception('x' * 5000)\n",
+    "a long location": ("import linecache\nlinecache.cache['<solution>'] = (0, None, ['x' * 5000 + chr(10)] * 9, "
+                        "'<solution>')\nimport sys\nsys.modules['sandbox_wire']._SOURCES.clear()\n"
+                        "raise Exception('x' * 5000)\n"),
+    "stderr and a signal": "import os, sys\nsys.stderr.write('x' * 5000)\nsys.stderr.flush()\nos.abort()\n",
+}
+
+
+@pytest.mark.parametrize("how", catalogue(UNCUT, fast=["plain"]))
+def test_what_a_completion_prints_in_its_exception_is_cut(how, layers):
+    """The cut is made on the grader's side: whatever the candidate's process does, at most
+    200 characters of its message and 80 of where it was raised reach Grade.detail."""
+    g = attack(UNCUT[how])
+    assert g.detail.count("x") <= 280, (len(g.detail), g.detail.count("x"), g.detail[:300])
 
 
 def test_the_tests_are_never_readable():
@@ -371,12 +423,124 @@ def test_the_ipc_checks_see_what_the_host_creates():
 # --- resources -------------------------------------------------------------------------------
 
 def test_disk_use_is_capped_in_total(layers):
-    needs(layers, "minimal-root")
+    """With a view, the private /tmp is a tmpfs capped at disk_mb; without one (no namespaces)
+    the run creates nothing on the host's disk at all (seccomp: no O_CREAT, no mkdir)."""
+    needs(layers, "minimal-root", "seccomp")
     g = attack("n = 0\ntry:\n    for i in range(1000):\n"
                "        open(f'f{i}', 'wb').write(b'x' * (8 << 20))\n        n += 8\n"
                "except OSError as e:\n    raise Exception(f'wrote {n} MiB: {e}')\n")
     written = int(g.detail.split("wrote ")[1].split(" MiB")[0])
-    assert written <= sandbox.SandboxLimits().disk_mb and "No space left" in g.detail, g
+    if any(l.startswith("minimal-root") for l in layers):
+        assert written <= sandbox.SandboxLimits().disk_mb and "No space left" in g.detail, g
+    else:
+        assert written == 0 and "Operation not permitted" in g.detail, g
+
+
+# Trees a completion leaves in its folder: a chain of folders built bottom up with renames (one
+# step per level, so 20,000 levels take about a second), and a folder its owner cannot list.
+TREES = {
+    "20,000-deep rename chain": ("import os\nos.mkdir('a')\nfor _ in range(20000):\n"
+                                 "    os.mkdir('b')\n    os.rename('a', 'b/a')\n    os.rename('b', 'a')\n"),
+    "unlistable folder (0300, 60 MiB)": ("import os\nos.mkdir('x')\nfor i in range(4):\n"
+                                         "    open(f'x/f{i}', 'wb').write(b'0' * (15 << 20))\n"
+                                         "os.chmod('x', 0o300)\n"),
+}
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("tree", TREES)
+def test_what_a_run_leaves_never_changes_its_verdict_nor_stays(tree, mode):
+    """The verdict is fixed before cleanup, and cleanup (linear in the entries, modes fixed on
+    the way, in the background past a short while) leaves nothing: the wrong program is an
+    ordinary FAIL, never a "sandbox error", and the next grade is unaffected. With a view the
+    tree lives in the run's tmpfs; without namespaces it cannot be made (the run creates
+    nothing on the host); the control builds it in the host's folder."""
+    start = time.monotonic()
+    g = attack(TREES[tree], item=square_item(timeout_s=20.0))
+    took = time.monotonic() - start
+    assert g.error is None and not g.detail.startswith("sandbox error"), g
+    if mode == "control":
+        assert g.detail.startswith("failed: AssertionError"), g
+    left = sandbox.wait_for_cleanup(600)
+    print(f"{tree} ({mode}): {g.detail[:80]!r} after {took:.1f} s; left after the cleaner: {left}")
+    assert left == [] and leftovers() == []
+    assert grade(square_item(), "def square(x):\n    return x * x\n").passed
+
+
+# 65,000 one-page mappings 1 GiB apart: each holds a page table and a page-middle directory of
+# its own, ~500 MiB of page tables within 254 MiB of address space (RLIMIT_AS does not count them).
+MAPPINGS = (LIBC + "libc.mmap.restype = ctypes.c_void_p\n"
+            "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n"
+            "made = 0\nfor i in range(65000):\n"
+            "    p = libc.mmap((1 << 44) + (i << 30), 4096, 3, 0x22 | 0x100000, -1, 0)\n"  # MAP_FIXED_NOREPLACE
+            "    if p is None or p == (1 << 64) - 1:\n        break\n"
+            "    ctypes.memset(p, 1, 1)\n    made += 1\n"
+            "try:\n    held = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('RssAnon', 'VmPTE'))]\n"
+            "except OSError as e:\n    held = str(e)\n"
+            "raise Exception(f'held {made} mappings: {held}')\n")
+
+
+# The same as a burst the 10 ms watch must catch: x86-64 machine code that makes and touches the
+# 65,000 mappings without returning to Python (mmap with PROT_EXEC is allowed), 300 MiB of heap
+# held first. (rdi: the first address, rsi: how many; returns how many were not made.)
+BURST = bytes.fromhex("415441554989fc4989f54c89e7be00100000ba0300000041ba2200100049c7c0ffffffff4531c9b809"
+                      "0000000f05483d00f0ffff7712c6000148c7c1000000404901cc49ffcd75c24c89e8415d415cc3")
+MACHINE_CODE = (LIBC + "heap = b'\\x01' * (300 << 20)\n"
+                "libc.mmap.restype = ctypes.c_void_p\n"
+                "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n"
+                "page = libc.mmap(None, 4096, 7, 0x22, -1, 0)\n"
+                f"ctypes.memmove(page, {BURST!r}, {len(BURST)})\n"
+                "made = 65000 - ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_void_p, ctypes.c_long)(page)(1 << 44, 65000)\n"
+                "try:\n    held = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('RssAnon', 'VmPTE'))]\n"
+                "except OSError as e:\n    held = str(e)\n"
+                "raise Exception(f'held {made} mappings: {held}')\n")
+PAGE_TABLES = {"ctypes loop": MAPPINGS, "machine code": MACHINE_CODE}
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("how", list(PAGE_TABLES))
+def test_page_tables_count_against_the_memory_cap(how, mode, layers):
+    """The run's memory, page tables included, stays under its cap: the memory cgroup counts
+    them; without one the host's memory watch reads them and kills the run past the cap, also
+    when they come in a burst from machine code. The control (no cgroup, no watch) holds them
+    all, well past the cap."""
+    if how == "machine code" and os.uname().machine != "x86_64":
+        pytest.skip("the burst is x86-64 machine code")
+    g = attack(PAGE_TABLES[how])
+    cap = sandbox.SandboxLimits().watched_memory_mb()
+    if mode == "control":
+        import re
+        made, anon, pte = map(int, re.search(r"held (\d+) mappings: \['(\d+)', '(\d+)'\]", g.detail).groups())
+        assert made > 40000 and (anon + pte) >> 10 > cap, g  # the burst may stop at the kernel's map count
+    else:
+        assert g.detail.startswith("memory: "), g
+
+
+# Pipe buffers are kernel memory no process's /proc status counts (not RssAnon, not VmPTE): the
+# memory watch cannot see them. With F_SETPIPE_SZ each of the ~30 pipes the open-files cap allows
+# holds 1 MiB (29 MiB measured past the watched cap); at the default size, 64 KiB.
+PIPES = ("import fcntl, os\nheld, grown = [], 0\n"
+         "for _ in range(40):\n"
+         "    try:\n        r, w = os.pipe()\n    except OSError:\n        break\n"
+         "    try:\n        fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ\n        grown += 1\n"
+         "    except OSError:\n        pass\n"
+         "    os.set_blocking(w, False)\n"
+         "    try:\n        while True:\n            os.write(w, b'x' * 65536)\n"
+         "    except BlockingIOError:\n        pass\n"
+         "    held.append(fcntl.fcntl(w, 1032))  # F_GETPIPE_SZ\n"
+         "raise Exception(f'pipes {len(held)} grown {grown} held {sum(held) >> 10} KiB')\n")
+
+
+def test_pipe_buffers_stay_small(mode, layers):
+    """What the memory watch cannot see stays small: no pipe grows past its default 64 KiB."""
+    needs(layers, "seccomp")
+    import re
+    g = attack(PIPES)
+    pipes, grown, held = map(int, re.search(r"pipes (\d+) grown (\d+) held (\d+) KiB", g.detail).groups())
+    if mode == "control":
+        assert grown == pipes > 20 and held >= 20 << 10, g
+    else:
+        assert grown == 0 and held <= pipes * 64, g
 
 
 def test_memfd_and_shared_memory_are_refused(layers):
@@ -548,6 +712,61 @@ def test_no_completion_makes_grade_raise_or_leave_anything(crash):
     code = CRASHES[crash]
     g = attack(code, wrong="def square" not in code)  # some crash in their own square
     assert isinstance(g.detail, str) and g.detail
+
+
+# --- a correct program fails ----------------------------------------------------------------
+
+# Correct programs that use the standard library: each must pass in every mode (a view too narrow
+# for what the standard library reads at run time fails them). Not numpy: it is no part of it.
+CORRECT = {
+    "the usual imports": ("import json, re, math, collections, itertools, functools, heapq, decimal, fractions\n"
+                          "import hashlib, statistics, datetime, bisect, string, typing, array, struct, random\n"
+                          "assert hashlib.sha256(b'x').hexdigest() and hashlib.md5(b'x').digest()\n"
+                          "assert decimal.Decimal('1.1') + decimal.Decimal('2.2') == decimal.Decimal('3.3')\n"
+                          "assert fractions.Fraction(1, 3) * 3 == 1 and statistics.median([1, 2, 3]) == 2\n"),
+    "compression and sqlite": ("import zlib, bz2, lzma, gzip, sqlite3, unicodedata, uuid\n"
+                               "assert sqlite3.connect(':memory:').execute('select 1').fetchall() == [(1,)]\n"
+                               "assert lzma.decompress(lzma.compress(b'x')) == b'x' and unicodedata.name('a')\n"),
+    # zoneinfo reads the time zone database (/usr/share/zoneinfo): it was not in the view.
+    "zoneinfo": ("import datetime, zoneinfo\n"
+                 "assert datetime.datetime(2024, 1, 1, tzinfo=zoneinfo.ZoneInfo('UTC')).utcoffset().seconds == 0\n"
+                 "zoneinfo.ZoneInfo('Europe/Paris')\n"),
+    # The locale the sandbox sets (LC_ALL=C.UTF-8) must load: its files were not in the view.
+    "locale": "import locale\nassert locale.setlocale(locale.LC_ALL, '') == 'C.UTF-8'\n",
+}
+RIGHT = "\ndef square(x):\n    return x * x\n"
+
+
+@pytest.mark.parametrize("program", catalogue(CORRECT, fast=["zoneinfo"]))
+def test_a_correct_program_passes(program):
+    g = grade(square_item(), CORRECT[program] + RIGHT)
+    assert g.passed is True, g
+
+
+# The same programs where a layer is missing (root's modes; the unprivileged runs repeat the
+# test above): the view alone (Landlock refused) and Landlock alone (namespaces refused).
+CORRECT_RUN = r"""
+import json, sys
+from suites.format import item_from_row
+from suites.graders import grade
+item = item_from_row({"id": "c", "prompt": "q", "references": [], "grader": "code",
+                      "grader_options": {"entry_point": "square", "tests": "assert square(3) == 9\n"}})
+print(json.dumps({name: [g.passed, g.detail] for name, g in
+                  ((name, grade(item, code)) for name, code in json.loads(sys.argv[1]).items())}))
+"""
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("missing", ["view-only", "no-namespaces"])
+def test_a_correct_program_passes_with_one_layer(missing, layers):
+    needs(layers, "minimal-root" if missing == "view-only" else "landlock")
+    setup = {"view-only": refusing("landlock_create_ruleset"), "no-namespaces": refusing("unshare")}[missing]
+    programs = {name: code + RIGHT for name, code in CORRECT.items()}
+    out = subprocess.run([sys.executable, "-c", setup + CORRECT_RUN, json.dumps(programs)], capture_output=True,
+                         text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(passed for passed, _ in got.values()), got
 
 
 # --- an interpreter without a virtual environment, under /tmp ---------------------------------

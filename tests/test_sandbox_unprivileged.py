@@ -30,7 +30,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-FILES = ["tests/test_sandbox_attacks.py", "tests/test_sandbox.py", "tests/test_sandbox_seccomp.py"]
+FILES = ["tests/test_sandbox_attacks.py", "tests/test_sandbox.py", "tests/test_sandbox_seccomp.py",
+         "tests/test_sandbox_layouts.py"]
+# The system interpreter's layout plants its data under /usr in a private mount namespace: root only.
+SYSTEM_LAYOUT = {f"test_sandbox_layouts.py::test_the_humaneval_cheat_fails_in_every_layout[system-{mode}]"
+                 for mode in ("namespaces", "view-only", "no-namespaces", "control")}
 NOBODY = 65534
 # Each reruns three test files as another user (~1-3 min): the full tier (make test).
 pytestmark = pytest.mark.full
@@ -94,13 +98,15 @@ os.execv(sys.argv[2], sys.argv[2:])
 
 # The tests skipped there, each because every layer its check relies on is missing:
 EXPECTED_SKIPS = {
-    "userns": {"test_sandbox.py::test_timeout_kills_the_whole_process_group"},  # root only
+    "userns": {"test_sandbox.py::test_timeout_kills_the_whole_process_group", *SYSTEM_LAYOUT},  # root only
     "no-userns": {
-        # The disk: without a mount namespace there is no capped tmpfs. The code writes into
-        # its own folder of the host's /tmp, bounded per file (RLIMIT_FSIZE) and by the wall
-        # clock only: a hole of this kind of machine, named in suites/sandbox/README.md.
-        "test_sandbox_attacks.py::test_disk_use_is_capped_in_total",
-        "test_sandbox.py::test_timeout_kills_the_whole_process_group",  # root only
+        "test_sandbox.py::test_timeout_kills_the_whole_process_group", *SYSTEM_LAYOUT,  # root only
+        # No namespaces, so no time namespace: the vDSO reads the host's clocks (README).
+        "test_sandbox_attacks.py::test_the_hosts_uptime_is_hidden",
+        # Landlock refused on top of no namespaces: no view and no Landlock, the sandbox refuses.
+        *(f"test_sandbox_layouts.py::test_the_humaneval_cheat_fails_in_every_layout[{layout}-view-only]"
+          for layout in ("pyenv-virtualenv", "conda", "checkout", "zipped")),
+        "test_sandbox_attacks.py::test_a_correct_program_passes_with_one_layer[view-only]",
     },
 }
 

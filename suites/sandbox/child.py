@@ -16,17 +16,20 @@ only waits, and reports how the candidate's process ended.
 Layers, in the order applied, each reported by name in `isolation` (or why it is missing):
 1. namespaces: the process forks; the child unshares user (where allowed: root inside is an
    unprivileged uid of its own outside), PID, mount, network, IPC, UTS and cgroup namespaces,
-   and forks again into pid 1 of the new PID namespace. The processes left behind only wait and
+   and a time namespace (its boot-time and monotonic clocks moved back to about zero), and
+   forks again into pid 1 of the new PID namespace. The processes left behind only wait and
    pass the exit status up (dying of the same signal); they hold no pipe.
-2. a filesystem view: a fresh tmpfs root holding, read-only, the interpreter's prefix, the
-   system's library directories and ld.so.cache, with Python package folders masked; /dev with
+2. a filesystem view: a fresh tmpfs root holding, read-only, only the host's allow-list
+   (parent._view: the interpreter, its standard library folders with their package folders
+   covered by an empty tmpfs, ld.so.cache, the shared objects it links, and the links to
+   them); /dev with
    null, zero, full, random and urandom; a /proc of the new PID namespace; a private tmpfs /tmp
    capped in size and inodes (the working directory, gone with the namespace). pivot_root, and
    the host's tree is detached: no home, no /tmp, no other run, no /proc of the host is visible.
 3. Landlock (where the kernel has it): reading only the view, writing only /tmp and the
    devices; no TCP; no signals and no abstract Unix sockets outside the process (ABI 6). Without
-   namespaces this is what keeps the host's files out of reach, reading only the host's narrow
-   set (no package folder, no data); without it, or where that set is not tight, we refuse.
+   namespaces this is what keeps the host's files out of reach, reading the same allow-list
+   (no package folder, no data); without it we refuse.
 4. capabilities: all dropped (bounding set included); no_new_privs; not dumpable (no core
    files, and no other process of the same uid may read our memory or descriptors).
 5. rlimits: CPU seconds, address space, file size, open files, no core files, and (in a user
@@ -47,8 +50,9 @@ import os
 import resource
 import signal
 import sys
+import time
 
-CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
+CLONE_NEWTIME, CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x00000080, 0x00020000, 0x02000000, 0x04000000
 CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
@@ -175,10 +179,33 @@ def enter_namespaces(outer_uid, paths, isolation):
     else:
         isolation.append(f"no-userns ({why})")
     isolation += ["pidns", "mountns", "netns", "ipcns", "utsns", "cgroupns"]
+    _enter_time_namespace(isolation)
     pid = os.fork()
     if pid:
         _pass_status_up(pid)
     return sources
+
+
+def _enter_time_namespace(isolation):
+    """A time namespace for the children to come, its monotonic and boot-time clocks moved back
+    to about zero: CLOCK_BOOTTIME, CLOCK_MONOTONIC and a process's start time in /proc then say
+    nothing of how long the host has been up. Where the kernel has none (before 5.6), the
+    clocks are the host's (isolation says so)."""
+    if libc.unshare(CLONE_NEWTIME) != 0:
+        isolation.append(f"no-timens ({os.strerror(ctypes.get_errno())})")
+        return
+    # Not dumpable, our /proc files belong to the host's root, whom a user namespace does not
+    # map: be dumpable while we write the offsets (nothing untrusted has run yet).
+    libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    try:
+        with open("/proc/self/timens_offsets", "w") as f:
+            for name, clock in (("monotonic", time.CLOCK_MONOTONIC), ("boottime", time.CLOCK_BOOTTIME)):
+                f.write(f"{name} {-int(time.clock_gettime(clock)) + 1} 0\n")
+        isolation.append("timens")
+    except OSError as exc:
+        isolation.append(f"no-timens (offsets: {_why(exc)})")
+    finally:
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 # --- 2. the filesystem view ------------------------------------------------------------------
@@ -200,9 +227,8 @@ def build_root(view, sources, mountpoint, tmp_mb, isolation):
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             os.symlink(extra, dest)
             continue
-        if kind == "mask":  # an empty read-only folder over one inside the view
-            if os.path.isdir(dest):
-                _mount("tmpfs", dest, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
+        if kind == "mask":  # a package folder inside a bound standard library folder: empty
+            _mount("tmpfs", dest, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
             continue
         if kind == "dir":
             os.makedirs(dest, exist_ok=True)
@@ -493,7 +519,7 @@ def confine(config, role, isolation):
     readable = [path for kind, path, _ in view if kind in ("dir", "file")]
     devices = [path for kind, path, _ in view if kind == "dev"]
     paths = [path for kind, path, _ in view if kind in ("dir", "file", "dev")]
-    listable = ()
+    listable = config["listable"]  # the import system lists a folder before importing from it
     sources = enter_namespaces(config["outer_uid"], paths, isolation)
     own_uid = sources is not None and isolation[0] == "userns"
     if sources is not None:
@@ -505,13 +531,10 @@ def confine(config, role, isolation):
         os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)
         libc.sethostname(b"sandbox", 7)
     else:  # the host's folder is shared: each process writes (and, under Landlock, reads) its own
-        # No view, so no mask: Landlock alone decides what is readable, and it reads only the
-        # narrow set (the standard library, lib-dynload, the system's libraries), never a
-        # package folder or data. Where that set is not tight, or Landlock is missing, refuse.
-        readable, loose, listable = config["narrow"]
-        if loose:
-            raise OSError(1, f"refusing to grade: no filesystem view ({isolation[0]}) and the "
-                             f"Landlock read set is not tight: {loose}")
+        # No view: Landlock alone decides what is readable, the same allow-list (never a
+        # package folder or data; the host refused a list that is not tight). Without
+        # Landlock, refuse (below). seccomp lets nothing be created in this folder.
+        readable = [path for kind, path, _ in config["readable"] if kind in ("dir", "file")]
         tmpdir = os.path.join(tmpdir, role)
         os.mkdir(tmpdir, 0o700)
         os.environ.update(HOME=tmpdir, TMPDIR=tmpdir)

@@ -15,12 +15,17 @@ Denied here:
 - anything aimed at another process: kill/tgkill/rt_sigqueueinfo/rt_tgsigqueueinfo/prlimit64
   except on ourselves, tkill, pidfd_*, ptrace, process_vm_*, kcmp, move_pages, migrate_pages,
   process_madvise/mrelease, and the fcntl commands that make the kernel signal someone on our
-  behalf (F_SETOWN, F_SETOWN_EX, F_SETSIG, F_SETLEASE, F_NOTIFY);
+  behalf (F_SETOWN, F_SETOWN_EX, F_SETSIG, F_SETLEASE, F_NOTIFY), and F_SETPIPE_SZ (a pipe's
+  buffer is memory the host's memory watch cannot see);
 - shared state outside the process: SysV IPC (shm*, sem*, msg*), POSIX message queues (mq_*),
   the kernel keyrings (add_key, request_key, keyctl), memfd_create/memfd_secret (memory no
   rlimit counts), mknod/mknodat;
-- flushing the host's disks: sync, syncfs, fsync, fdatasync, sync_file_range (msync with
-  MS_SYNC is refused by the allow-list only);
+- flushing the host's disks: sync, syncfs, fsync, fdatasync, sync_file_range, open/openat with
+  O_SYNC or O_DSYNC, pwritev2 with RWF_SYNC or RWF_DSYNC (msync with MS_SYNC is refused by the
+  allow-list only);
+- without the filesystem view (no namespaces), creating anything on the host's disk: creat,
+  mkdir, rename, link, symlink, truncate and their *at forms, open/openat with O_CREAT or
+  O_TMPFILE;
 - changing the confinement: mount and the new mount API, pivot_root, chroot, unshare, setns,
   bpf, perf_event_open, userfaultfd, open_by_handle_at, module and kexec loading, reboot,
   swap, acct, syslog, quotactl, Landlock (a new ruleset could only restrict further, but
@@ -40,8 +45,10 @@ SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000
 SECCOMP_RET_KILL_PROCESS = 0x80000000
 EPERM, ENOSYS = 1, 38
-# fcntl commands that deliver signals or leases to a process we name (asm-generic/fcntl.h).
-FCNTL_DENIED = (8, 15, 10, 1024, 1026)  # F_SETOWN, F_SETOWN_EX, F_SETSIG, F_SETLEASE, F_NOTIFY
+# fcntl commands that deliver signals or leases to a process we name (asm-generic/fcntl.h), and
+# F_SETPIPE_SZ (a pipe's buffer is memory the host's memory watch cannot see).
+# F_SETOWN, F_SETOWN_EX, F_SETSIG, F_SETLEASE, F_NOTIFY, F_SETPIPE_SZ
+FCNTL_DENIED = (8, 15, 10, 1024, 1026, 1031)
 
 _COMMON = ("clone3", "pidfd_send_signal", "pidfd_open", "pidfd_getfd", "mount_setattr",
            "io_uring_setup", "io_uring_enter", "io_uring_register", "memfd_secret", "fsopen",
@@ -69,6 +76,9 @@ SYSCALLS = {
         "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320, "reboot": 169,
         "swapon": 167, "swapoff": 168, "acct": 163, "syslog": 103, "quotactl": 179,
         "sync": 162, "syncfs": 306, "fsync": 74, "fdatasync": 75, "sync_file_range": 277,
+        "open": 2, "openat": 257, "creat": 85, "pwritev2": 328, "mkdir": 83, "mkdirat": 258,
+        "rename": 82, "renameat": 264, "renameat2": 316, "link": 86, "linkat": 265,
+        "symlink": 88, "symlinkat": 266, "truncate": 76,
     })),
     "aarch64": (0xC00000B7, dict(_NEW, **{
         "clone": 220, "execve": 221, "execveat": 281, "socket": 198, "socketpair": 199,
@@ -86,7 +96,8 @@ SYSCALLS = {
         "init_module": 105, "finit_module": 273, "delete_module": 106, "kexec_load": 104,
         "kexec_file_load": 294, "reboot": 142, "swapon": 224, "swapoff": 225, "acct": 89,
         "syslog": 116, "quotactl": 60, "sync": 81, "syncfs": 267, "fsync": 82, "fdatasync": 83,
-        "sync_file_range": 84,
+        "sync_file_range": 84, "openat": 56, "pwritev2": 287, "mkdirat": 34, "renameat": 38,
+        "renameat2": 276, "linkat": 37, "symlinkat": 36, "truncate": 45,
     })),
 }
 
@@ -104,24 +115,34 @@ DENIED = ("fork", "vfork", "execve", "execveat", "socket", "socketpair", "tkill"
           "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff",
           "acct", "syslog", "quotactl", "landlock_create_ruleset", "landlock_add_rule",
           "landlock_restrict_self", "sync", "syncfs", "fsync", "fdatasync", "sync_file_range")
+# Without the filesystem view (no namespaces) the run creates nothing on the host's disk: these
+# are denied, and so are open/openat with O_CREAT or O_TMPFILE (with O_SYNC/O_DSYNC: always).
+CREATING = ("creat", "mkdir", "mkdirat", "rename", "renameat", "renameat2", "link", "linkat",
+            "symlink", "symlinkat", "truncate")
+O_CREAT, O_DSYNC, O_TMPFILE_BIT = 0o100, 0o10000, 0o20000000
+RWF_DSYNC, RWF_SYNC = 2, 4
 # Allowed only when their first argument (a pid or thread group id) is our own pid, or 0 for
 # prlimit64 (which means ourselves).
 OWN_PID_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "prlimit64")
 
 
-def program(pid: int, arch: str | None = None, threads: bool = True):
+def program(pid: int, arch: str | None = None, threads: bool = True, view: bool = True):
     """The BPF program as (code, jt, jf, k) tuples, or None on an architecture not listed.
-    `threads`: clone is allowed for threads (else refused: nothing would count them)."""
+    `threads`: clone is allowed for threads (else refused: nothing would count them); `view`:
+    inside the filesystem view (else nothing may be created: CREATING and O_CREAT)."""
     arch = arch or os.uname().machine
     if arch not in SYSCALLS:
         return None
     audit_arch, nr = SYSCALLS[arch]
     LD_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
-    ARG0, ARG1 = 16, 24  # offsetof(seccomp_data, args[i]), low 32 bits (little-endian)
+    ARG0, ARG1, ARG2, ARG5 = 16, 24, 32, 56  # offsetof(seccomp_data, args[i]), low 32 bits (little-endian)
+    opening = O_DSYNC | (0 if view else O_CREAT | O_TMPFILE_BIT)
     prog = [("ld", 4), ("jeq", audit_arch, None, "kill"), ("ld", 0)]
     if arch == "x86_64":
         prog.append(("jge", 0x40000000, "eperm", None))  # the x32 ABI: refuse it outright
-    prog += [("jeq", nr[n], "eperm", None) for n in DENIED if n in nr]
+    prog += [("jeq", nr[n], "eperm", None) for n in DENIED + (() if view else CREATING) if n in nr]
+    prog += [("jeq", nr[n], label, None) for n, label in (("open", "open"), ("openat", "openat"),
+                                                          ("pwritev2", "pwritev2")) if n in nr]
     prog.append(("jeq", nr["clone3"], "enosys", None))  # glibc falls back to clone for threads
     prog.append(("jeq", nr["clone"], "clone", None))
     prog.append(("jeq", nr["fcntl"], "fcntl", None))
@@ -129,6 +150,9 @@ def program(pid: int, arch: str | None = None, threads: bool = True):
     prog += [("jeq", nr[n], "self", None) for n in OWN_PID_ONLY if n != "prlimit64"]
     prog += [("ret", SECCOMP_RET_ALLOW),
              ("label", "clone"), ("ld", ARG0), ("jset", CLONE_THREAD if threads else 0, "allow", "eperm"),
+             ("label", "open"), ("ld", ARG1), ("jset", opening, "eperm", "allow"),
+             ("label", "openat"), ("ld", ARG2), ("jset", opening, "eperm", "allow"),
+             ("label", "pwritev2"), ("ld", ARG5), ("jset", RWF_DSYNC | RWF_SYNC, "eperm", "allow"),
              ("label", "fcntl"), ("ld", ARG1)]
     prog += [("jeq", cmd, "eperm", None) for cmd in FCNTL_DENIED]
     prog += [("ret", SECCOMP_RET_ALLOW),
@@ -167,10 +191,10 @@ def _assemble(prog, codes):
     return out
 
 
-def install(libc, pid: int, why: str, threads: bool = True) -> str:
+def install(libc, pid: int, why: str, threads: bool = True, view: bool = True) -> str:
     """Install the filter on this thread and its future threads; the layer's name (with `why`
     the allow-list is not in force), or why not."""
-    prog = program(pid, threads=threads)
+    prog = program(pid, threads=threads, view=view)
     if prog is None:
         return f"no-seccomp (unsupported arch {os.uname().machine})"
 
@@ -186,4 +210,5 @@ def install(libc, pid: int, why: str, threads: bool = True) -> str:
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or \
             libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
         return f"no-seccomp ({os.strerror(ctypes.get_errno())})"
-    return f"seccomp (deny-list, hand-encoded BPF: {why}{'' if threads else '; no threads'})"
+    notes = ("" if threads else "; no threads") + ("" if view else "; no file creation")
+    return f"seccomp (deny-list, hand-encoded BPF: {why}{notes})"

@@ -16,10 +16,12 @@ of these are listed beside them (statx, faccessat2, fchmodat2, epoll_pwait2, clo
 What the list leaves out is refused even if nobody thought of it. That covers the whole of
 denylist.py, and also calls the deny-list lets through: sync, syncfs, flock, personality,
 setpriority, sched_setaffinity, inotify, prctl(PR_SET_DUMPABLE), any ioctl but six, and the
-calls that flush the host's disk (fsync, fdatasync, sync_file_range, msync with MS_SYNC).
+calls that flush the host's disk (fsync, fdatasync, sync_file_range, msync with MS_SYNC, opens
+with O_SYNC or O_DSYNC, pwritev2 with RWF_SYNC or RWF_DSYNC).
 Where the process has no filesystem view (the kernel refused namespaces), chmod and utime are
 left out as well: Landlock does not cover them, and only the view's read-only mounts keep them off
-the host's files.
+the host's files. So is creating files and folders (mkdir, rename, link, symlink, truncate,
+O_CREAT, O_TMPFILE): without the view's capped tmpfs the run writes nothing on the host's disk.
 
 Why EPERM and not kill for a call outside the list: the call does not happen either way. But
 EPERM becomes a PermissionError that the grader reports as "forbidden: PermissionError ...",
@@ -39,10 +41,12 @@ NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x
 OWN_PID = "own pid"  # filled in by `install` with the process's pid
 PR_SET_NAME, PR_GET_NAME = 15, 16
 MS_SYNC = 4
-# fcntl: descriptor flags, duplication, pipe sizes, record locks (sqlite takes them on files in
-# /tmp). Not F_SETOWN, F_SETOWN_EX, F_SETSIG, F_SETLEASE or F_NOTIFY: they make the kernel
-# signal a process we name.
-FCNTL_ALLOWED = (0, 1, 2, 3, 4, 5, 6, 7, 1030, 1031, 1032)  # F_DUPFD..F_SETLKW, F_DUPFD_CLOEXEC, F_[SG]ETPIPE_SZ
+# fcntl: descriptor flags, duplication, a pipe's size, record locks (sqlite takes them on files
+# in /tmp). Not F_SETOWN, F_SETOWN_EX, F_SETSIG, F_SETLEASE or F_NOTIFY: they make the kernel
+# signal a process we name. Not F_SETPIPE_SZ: a pipe's buffer is kernel memory that no /proc
+# status counts, so the memory watch cannot see it (1 MiB a pipe, ~30 pipes: 29 MiB past the
+# cap); at the default size the open-files cap bounds them to ~2 MiB.
+FCNTL_ALLOWED = (0, 1, 2, 3, 4, 5, 6, 7, 1030, 1032)  # F_DUPFD..F_SETLKW, F_DUPFD_CLOEXEC, F_GETPIPE_SZ
 # ioctl: isatty (TCGETS), the terminal's size (TIOCGWINSZ), bytes waiting (FIONREAD), blocking
 # (FIONBIO) and close-on-exec (FIOCLEX, FIONCLEX): CPython sets the last three with ioctl.
 IOCTL_ALLOWED = (0x5401, 0x5413, 0x541B, 0x5421, 0x5451, 0x5450)
@@ -55,7 +59,7 @@ ALLOWED = {
     # Not fsync, fdatasync or sync_file_range: on any file, even one open read-only in the
     # view, each is a flush of the host's disk, and a graded program needs none of them.
     "descriptors": ("read", "write", "readv", "writev", "pread64", "pwrite64", "preadv",
-                    "pwritev", "preadv2", "pwritev2", "lseek", "close", "close_range", "dup",
+                    "pwritev", "preadv2", "lseek", "close", "close_range", "dup",
                     "dup2", "dup3", "fstat", "ftruncate", "sendfile", "copy_file_range", "pipe",
                     "pipe2"),
     # Waiting on descriptors (select, selectors).
@@ -63,15 +67,19 @@ ALLOWED = {
                 "epoll_ctl", "epoll_wait", "epoll_pwait", "epoll_pwait2"),
     # Looking paths up and reading them: imports walk the standard library. The filesystem view
     # and Landlock decide what there is to see.
-    "paths": ("open", "openat", "stat", "lstat", "newfstatat", "statx", "access", "faccessat",
+    "paths": ("stat", "lstat", "newfstatat", "statx", "access", "faccessat",
               "faccessat2", "readlink", "readlinkat", "getdents64", "getcwd", "chdir", "fchdir",
               "statfs", "fstatfs", "getxattr", "lgetxattr", "fgetxattr", "listxattr",
               "llistxattr", "flistxattr"),
     # Changing files and folders. Only the run's own /tmp is writable (read-only mounts and
     # Landlock, which covers each of these), so they reach nothing else. Not mknod: no devices
     # or FIFOs.
-    "file changes": ("mkdir", "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat",
-                     "renameat2", "link", "linkat", "symlink", "symlinkat", "truncate", "umask"),
+    "file changes": ("rmdir", "unlink", "unlinkat", "umask"),
+    # Making folders, links and names. Only inside the filesystem view, whose /tmp is a tmpfs
+    # capped in size and inodes: without it (no namespaces) the run would write on the host's
+    # disk with nothing to bound it, so it creates nothing there (open without O_CREAT too).
+    "creating": ("mkdir", "mkdirat", "rename", "renameat", "renameat2", "link", "linkat",
+                 "symlink", "symlinkat", "truncate"),
     # Modes and times. Landlock does not cover them, so they are allowed only inside the
     # filesystem view, where everything but /tmp is a read-only mount. Without it (no
     # namespaces) they could change the host's files of the same uid.
@@ -114,7 +122,12 @@ CONDITIONAL = (
 )
 
 
-ONLY_IN_VIEW = ("metadata",)
+ONLY_IN_VIEW = ("metadata", "creating")
+# open and openat (the flags are argument 1 and 2): never O_SYNC or O_DSYNC (each write a flush of
+# the host's disk; O_SYNC holds O_DSYNC's bit); outside the view not O_CREAT or O_TMPFILE either.
+OPENS = (("open", 1), ("openat", 2))
+O_CREAT, O_DSYNC, O_TMPFILE_BIT = 0o100, 0o10000, 0o20000000
+RWF_DSYNC, RWF_SYNC = 2, 4  # pwritev2's flags (argument 5): a flush per write
 
 
 def allowed_names(view: bool = True) -> list:
@@ -132,6 +145,9 @@ def build(seccomp, pid: int, view: bool = True, threads: bool = True):
     f.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
     actions = {"allow": seccomp.ALLOW, "enosys": seccomp.ERRNO(errno.ENOSYS)}
     rules = [(name, "allow", None) for name in allowed_names(view)]
+    refused = O_DSYNC | (0 if view else O_CREAT | O_TMPFILE_BIT)
+    rules += [(name, "allow", (index, "masked_eq", refused, 0)) for name, index in OPENS]
+    rules.append(("pwritev2", "allow", (5, "masked_eq", RWF_DSYNC | RWF_SYNC, 0)))
     rules += [rule for rule in CONDITIONAL if threads or rule[0] != "clone"]
     for name, action, condition in rules:
         number = seccomp.resolve_syscall(seccomp.Arch.NATIVE, name)
@@ -166,10 +182,10 @@ def install(libc, pid: int, missing: str | None, view: bool, threads: bool = Tru
     seccomp = sys.modules.get("pyseccomp")
     deny = sys.modules["sandbox_denylist"]
     if seccomp is None:
-        return deny.install(libc, pid, missing or "pyseccomp not loaded", threads=threads)
+        return deny.install(libc, pid, missing or "pyseccomp not loaded", threads=threads, view=view)
     try:
         build(seccomp, pid, view, threads).load()
     except OSError as exc:  # e.g. a kernel without the seccomp() call: the older interface remains
-        return deny.install(libc, pid, f"libseccomp failed: {exc}", threads=threads)
-    notes = ("" if view else ", no chmod or utime") + ("" if threads else ", no threads")
+        return deny.install(libc, pid, f"libseccomp failed: {exc}", threads=threads, view=view)
+    notes = ("" if view else ", no chmod, utime or file creation") + ("" if threads else ", no threads")
     return f"seccomp (allow-list, libseccomp {_version(seccomp)}{notes})"

@@ -9,17 +9,19 @@ else runs (the tests reach only the second, on a pipe of its own):
   candidate's object, and executes `tests`. Only plain data crosses between them, as JSON
   (`wire.py`). The verdict is the tests' process's alone, sent on a status pipe the
   candidate's process never holds; the tests never enter the candidate's process.
-This module is the host side: a cgroup per run, the wall-clock timeout (the whole process group
-is killed), capped output, removal of everything the run leaves (its folder, its cgroup), and the
-translation of what happened into a `SandboxResult`. It never raises for what the code does, and
+This module is the host side: the filesystem view's allow-list (`_view`), a cgroup per run (or,
+without one, a watch on the run's memory and page tables), the wall-clock timeout (the whole
+process group is killed), capped output, the translation of what happened into a
+`SandboxResult`, and then, the verdict fixed, removal of everything the run leaves (its folder,
+its cgroup; a background cleaner finishes what takes longer). It never raises for what the code does, and
 a failure of its own machinery is a failed result too. README.md has the table of attacks and the
 layer that stops each (tests/test_sandbox_attacks.py tries every one).
 
 Layers (child.py and filter.py say how), each listed in `SandboxResult.isolation`
 with why where it is missing: user (root inside is an unprivileged uid of its own outside),
-PID, mount, network, IPC, UTS and cgroup namespaces; a minimal read-only root (the interpreter's
-prefix and the library folders, Python package folders masked, a few devices, its own /proc)
-with a private tmpfs /tmp capped in size; Landlock (read the view, write /tmp, no TCP, no signals
+PID, mount, network, IPC, UTS, cgroup and time namespaces; a minimal read-only root built from
+an allow-list (the interpreter, its standard library but its package folders, the shared objects
+it links, ld.so.cache, a few devices, its own /proc) with a private tmpfs /tmp capped in size; Landlock (read the view, write /tmp, no TCP, no signals
 out); a memory + pids cgroup (cgroup v1, or v2 where delegated); no capabilities, no_new_privs,
 not dumpable; rlimits; seccomp, an allow-list built with libseccomp (filter.py: what CPython
 needs; no processes, exec, sockets, io_uring, signals or limits aimed at other processes, IPC,
@@ -28,17 +30,16 @@ keyrings, memfd, mknod, mounts, nor anything else unlisted), or the hand-encoded
 Linux only.
 
 What stays possible inside: any computation within the CPU, memory, disk, thread and time caps;
-reading the view (the interpreter, the system's shared libraries, kernel facts such as
-/proc/cpuinfo); writing /tmp; printing (capped). Where the kernel refuses namespaces (an
-unprivileged container), the filesystem view, the PID and network isolation are gone, and
-Landlock is what keeps the host's files out of reach: it reads only a narrow set (the standard
-library, lib-dynload, the system's libraries; `_narrow_readable`), and without Landlock, or where
-a package folder would be in that set, the run refuses to grade (a sandbox error). seccomp then
-refuses chmod and utime too, which Landlock does not cover; the disk is capped per file and by
-the wall clock only. Without a user namespace RLIMIT_NPROC does not count threads (root is
-exempt): the cgroup's pids.max does, and where neither exists seccomp refuses clone. Without a
-cgroup memory is bounded per process (RLIMIT_AS), by the tmpfs size and by the denial of memfd
-and shared memory. The whole tree is reaped, also where its orphans become ours (a subreaper,
+reading the view (the allow-list, kernel facts such as /proc/cpuinfo); writing /tmp; printing
+(capped). Where a package folder would be in the allow-list, the run refuses to grade (a sandbox
+error). Where the kernel refuses namespaces (an unprivileged container), the filesystem view,
+the PID, network and time isolation are gone, and Landlock is what keeps the host's files out of
+reach: it reads the same allow-list, and without Landlock the run refuses to grade. seccomp then
+refuses chmod and utime too, which Landlock does not cover, and creating any file or folder:
+without a capped tmpfs the run writes nothing on the host's disk. Without a user namespace
+RLIMIT_NPROC does not count threads (root is exempt): the cgroup's pids.max does, and where
+neither exists seccomp refuses clone. Without a memory cgroup the host watches the run's memory
+and page tables (every 10 ms) and kills it past the cap. The whole tree is reaped, also where its orphans become ours (a subreaper,
 a container's PID 1). The verdict stays in the tests' process in every case.
 
 Reasons: "passed", "failed" (an assertion failed), "error" (any other exception, a syntax error,
@@ -49,22 +50,23 @@ operation), "killed: <signal>", "sandbox error: <what>" (the machinery failed, n
 
 from __future__ import annotations
 
+import atexit
 import builtins
+import dataclasses
 import fcntl
 import functools
-import glob
 import json
 import marshal
 import math
 import os
 import secrets
 import selectors
-import shutil
 import signal
 import subprocess
 import symtable
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +126,11 @@ class SandboxLimits:
                 "file_size_bytes": self.file_size_mb << 20, "open_files": self.open_files,
                 "tmp_mb": self.disk_mb, "threads": self.threads}
 
+    def watched_memory_mb(self) -> int:
+        """Without a memory cgroup: the cap on the processes' memory and page tables (the
+        address space and ~64 MiB for the interpreters; the tmpfs has its own size cap)."""
+        return self.memory_mb + 64
+
     def cgroup_memory_mb(self) -> int:
         """The cgroup's cap: the address space, the tmpfs, and ~64 MiB for the interpreters."""
         return self.memory_mb + self.disk_mb + 64
@@ -141,6 +148,7 @@ class SandboxResult:
     truncated: bool         # stdout or stderr went past max_output_bytes
     isolation: tuple[str, ...] = field(default_factory=tuple)  # layers the candidate's process got
     traceback: str = ""
+    cleanup: str = ""       # what of the run could not be removed yet ("" when nothing is left)
 
 
 def run_code(code: str, tests: str = "", *, prefix: str = "", names=None,
@@ -218,42 +226,134 @@ def _interpreter() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
-@functools.lru_cache(maxsize=1)
-def _view() -> tuple:
-    """[(kind, path, extra)], parents first: "dir"/"file"/"dev" bound read-only, "symlink" to
-    extra, "mask" an empty folder over one inside a bound folder."""
-    dirs, links = [os.path.realpath(sys.base_prefix)], []
-    for lib in ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "/lib64", "/lib32"):
-        if os.path.islink(lib):
-            links.append(("symlink", lib, os.readlink(lib)))
-        elif os.path.isdir(lib):
-            dirs.append(lib)
-    dirs = [d for d in sorted(set(dirs)) if not any(_inside(d, o) for o in dirs if o != d)]
-    entries = [("dir", d, None) for d in dirs] + links
-    files = [_interpreter()] + [p for p in ("/etc/ld.so.cache",) if os.path.isfile(p)]
-    entries += [("file", f, None) for f in files if not any(_inside(f, d) for d in dirs)]
-    patterns = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages",
-                "local/lib/python3*/site-packages", "local/lib/python3*/dist-packages")
-    for root in (dirs[0] if dirs else "", "/usr"):
-        for pattern in patterns:
-            for path in sorted(glob.glob(os.path.join(root, pattern))):
-                if any(_inside(path, d) for d in dirs) and ("mask", path, None) not in entries:
-                    entries.append(("mask", path, None))
-    entries += [("dev", f"/dev/{name}", None) for name in _DEVICES if os.path.exists(f"/dev/{name}")]
-    return tuple(entries)
+# The sandboxed interpreter's own answer, asked once with -I -S: its module search path (the
+# standard library, lib-dynload, a zip that may not exist), its package folders, its prefix,
+# and every shared object it maps once each extension module of its standard library is loaded
+# (the interpreter's DT_NEEDED, libpython's, theirs), as the paths the dynamic loader opened;
+# where `zoneinfo` looks for the time zone database (public data a correct program may read); and
+# the files of the locale the sandbox sets (LC_ALL=C.UTF-8), as the C library mapped them.
+_PROBE = r"""
+import ctypes, json, os, site, sys
+for folder in sys.path:
+    if os.path.isdir(folder):
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            if entry.name.endswith('.so') and entry.is_file():
+                try:
+                    ctypes.CDLL(entry.path)
+                except OSError:
+                    pass  # a library it links is missing: it cannot load in the sandbox either
+class Info(ctypes.Structure):
+    _fields_ = [('addr', ctypes.c_void_p), ('name', ctypes.c_char_p)]
+objects = []
+@ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Info), ctypes.c_size_t, ctypes.c_void_p)
+def each(info, size, data):
+    name = info.contents.name
+    if name and name.startswith(b'/'):
+        objects.append(os.fsdecode(name))
+    return 0
+ctypes.CDLL(None).dl_iterate_phdr(each, None)
+import locale, zoneinfo
+try:
+    locale.setlocale(locale.LC_ALL, '')
+except locale.Error:
+    pass  # the host cannot load it either
+with open('/proc/self/maps') as f:
+    maps = {p for p in (line.split(None, 5)[-1].strip() for line in f if '/locale/' in line)
+            if os.path.basename(p).startswith(('LC_', 'SYS_LC_', 'locale-archive'))}
+print(json.dumps({'path': sys.path, 'site': site.getsitepackages(), 'prefix': sys.base_prefix,
+                  'objects': objects, 'tzpath': list(zoneinfo.TZPATH), 'locale': sorted(maps)}))
+"""
 
 
 @functools.lru_cache(maxsize=1)
 def _layout() -> dict:
-    """The sandboxed interpreter's own answer (asked once): its module search path under -I -S
-    (the standard library, lib-dynload, a zip that may not exist), its package folders
-    (site.getsitepackages) and its prefix."""
-    probe = ("import json, site, sys\n"
-             "print(json.dumps({'path': sys.path, 'site': site.getsitepackages(), "
-             "'prefix': sys.base_prefix}))\n")
-    out = subprocess.run([_interpreter(), "-I", "-S", "-c", probe], capture_output=True, text=True,
-                         timeout=60, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}, check=True)
+    """The sandboxed interpreter's own answer to `_PROBE` (asked once)."""
+    out = subprocess.run([_interpreter(), "-I", "-S", "-B", "-c", _PROBE], capture_output=True,
+                         text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+                         check=True)
     return json.loads(out.stdout)
+
+
+def _chain(path) -> list:
+    """How `path` resolves, one step at a time: [("symlink", link, target)] for each link on the
+    way, each at a path whose folders are real, then ("dir" or "file", the real path, None)."""
+    steps, done, parts, hops = [], "/", [p for p in path.split("/") if p], 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        here = os.path.join(done, part)
+        if part != "." and os.path.islink(here):
+            hops += 1
+            if hops > 40:
+                raise OSError(40, f"too many links resolving {path}")
+            target = os.readlink(here)
+            steps.append(("symlink", here, target))
+            parts = [p for p in target.split("/") if p] + parts
+            done = "/" if target.startswith("/") else done
+        elif part != ".":
+            done = here
+    return steps + [("dir" if os.path.isdir(done) else "file", done, None)]
+
+
+@functools.lru_cache(maxsize=1)
+def _view() -> tuple:
+    """(entries, folders, why not): the filesystem view, built from an allow-list, the same with
+    and without namespaces. `entries`: [(kind, path, extra)], parents first: "dir"/"file" bound
+    read-only (the view) or readable (Landlock), "symlink" to extra, "dev" a device. Only what a
+    graded program needs: the interpreter, each entry of its standard library folders but
+    site-packages/dist-packages (lib-dynload is one), the standard library's zip where there is
+    one, ld.so.cache, the shared objects it
+    links, each by the links the loader follows and its real path, and the time zone database
+    where `zoneinfo` looks for it (without it `zoneinfo.ZoneInfo("UTC")` fails a correct program),
+    and the locale the sandbox sets, C.UTF-8 (without it `locale.setlocale(LC_ALL, "")` fails). Nothing else of the prefix,
+    of /usr or of the system's library folders. `folders`: the standard library folders, which
+    must be listable (the import system lists a folder before it imports from it). `why not`:
+    a package folder that would still be in reach (None when the view is tight); the sandbox
+    then refuses to grade."""
+    layout = _layout()
+    stdlib = sorted({os.path.realpath(p) for p in layout["path"] if os.path.isdir(p)})
+    stdlib = [f for f in stdlib if not any(_inside(f, o) for o in stdlib if o != f)]
+    # A file on the module search path is the standard library zipped (lib/pythonXY.zip): where
+    # it exists the interpreter cannot start without it.
+    zipped = [p for p in layout["path"] if os.path.isfile(p)]
+    # The locale's folder (.../locale/C.utf8) or archive (.../locale/locale-archive), found by
+    # the files the C library mapped for it: without it setlocale(LC_ALL, "") fails.
+    locales = {m[:m.index("/locale/") + 8] + m[m.index("/locale/") + 8:].split("/")[0]
+               for m in layout.get("locale", ())}
+    wanted = [_interpreter(), "/etc/ld.so.cache", *zipped, *sorted(locales), *layout["objects"],
+              *(p for p in layout.get("tzpath", ()) if os.path.isdir(p))]
+    for folder in stdlib:
+        wanted += sorted(e.path for e in os.scandir(folder) if e.name not in ("site-packages", "dist-packages"))
+    steps = [step for path in wanted if os.path.lexists(path) for step in _chain(path)]
+    binds = []
+    for kind, path, _ in sorted({s for s in steps if s[0] != "symlink"}, key=lambda s: s[1]):
+        if not any(_inside(path, d) for k, d, _ in binds if k == "dir"):
+            binds.append((kind, path, None))
+    links = sorted({s for s in steps if s[0] == "symlink"
+                    and not any(_inside(s[1], d) for k, d, _ in binds if k == "dir")}, key=lambda s: s[1])
+    devices = [("dev", f"/dev/{name}", None) for name in _DEVICES if os.path.exists(f"/dev/{name}")]
+    why = None
+    for folder in _package_folders():
+        holder = next((p for _, p, _ in binds if _inside(folder, p)), None)
+        if holder is not None:
+            why = f"{folder} would be readable (the view holds {holder})"
+            break
+    return tuple(binds + links + devices), tuple(stdlib), why
+
+
+def _mounts(entries, folders) -> tuple:
+    """The view's mounts for the allow-list `entries`: the same, but each standard library folder
+    bound whole with its package folders (its only entries the list leaves out) covered by an
+    empty read-only tmpfs, one bind and a mask instead of one bind per entry (~200, a third of
+    a grade's CPU time). The list, not this, is what `_view` checks for tightness."""
+    masks = [("mask", os.path.join(f, name), None) for f in folders for name in ("site-packages", "dist-packages")
+             if os.path.isdir(os.path.join(f, name)) and not os.path.islink(os.path.join(f, name))]
+    kept = [e for e in entries if not any(_inside(e[1], f) for f in folders)]
+    binds = sorted([e for e in kept if e[0] in ("dir", "file")] + [("dir", f, None) for f in folders],
+                   key=lambda e: e[1])
+    return tuple(binds + masks + [e for e in kept if e[0] not in ("dir", "file")])
 
 
 def _package_folders() -> list:
@@ -271,40 +371,6 @@ def _package_folders() -> list:
     if spec is not None and spec.submodule_search_locations:
         found += [os.path.realpath(p) for p in spec.submodule_search_locations]
     return sorted(set(found))
-
-
-@functools.lru_cache(maxsize=1)
-def _narrow_readable() -> tuple:
-    """(paths, why not, folders): what Landlock lets a process read where the kernel refused namespaces,
-    so that no view and no mask exist. Only what the interpreter needs once the preamble has
-    confined it: the interpreter and ld.so.cache, the entries of its standard library folder
-    but package folders (lib-dynload among them), libpython, and the entries of the system's
-    library folders but Python's own (/usr/lib/python3*). Nothing of the prefix besides: no
-    site-packages, no data. pyseccomp arrives compiled and libseccomp is loaded before
-    confinement, so no package folder is needed. `why not` names a package folder that would
-    still be readable (then the child refuses to grade without a view); None when tight.
-    `folders`: the standard library folders, which may be listed (not read): imports list them
-    again after importlib.invalidate_caches(). Listing reaches the names below them too (the
-    packages installed in site-packages), never a file's content."""
-    layout, prefix = _layout(), os.path.realpath(_layout()["prefix"])
-    stdlib = [os.path.realpath(p) for p in layout["path"] if os.path.isdir(p)]
-    skip = {"site-packages", "dist-packages"}
-    paths = [_interpreter()] + [p for p in ("/etc/ld.so.cache",) if os.path.isfile(p)]
-    for folder in stdlib:
-        if not any(_inside(folder, other) for other in stdlib if other != folder):
-            paths += [e.path for e in os.scandir(folder) if e.name not in skip]
-    for lib in ("lib", "lib64"):
-        paths += sorted(glob.glob(os.path.join(prefix, lib, "libpython*")))
-    for lib in ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/lib", "/lib64", "/lib32"):
-        if os.path.isdir(lib) and not os.path.islink(lib):
-            paths += [e.path for e in os.scandir(lib) if not e.name.startswith("python")
-                      and not any(_inside(f, e.path) for f in stdlib)]
-    paths = sorted(set(paths))
-    for folder in _package_folders():
-        holder = next((p for p in paths if _inside(folder, p) and folder not in stdlib), None)
-        if holder is not None:
-            return tuple(paths), f"{folder} would be readable (inside {holder})", tuple(stdlib)
-    return tuple(paths), None, tuple(stdlib)
 
 
 def _inside(path, folder) -> bool:
@@ -408,16 +474,61 @@ class _Cgroup:
                     pass
         return False
 
-    def remove(self):
-        for _, _, path in self.dirs:
-            for _ in range(50):  # the last task may take a moment to leave
-                try:
-                    os.rmdir(path)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.005)
+    def remove(self) -> list:
+        """Remove the run's cgroups; the paths of those still there (retried later)."""
+        return [path for _, _, path in self.dirs if not _remove_cgroup(path)]
+
+
+def _remove_cgroup(path, tries=50) -> bool:
+    """rmdir a cgroup whose tasks are gone; the last may take a moment to leave (longer under
+    load), so try again for up to ~2 s. True when it is gone."""
+    for i in range(tries):
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            time.sleep(min(0.001 * 2 ** i, 0.05))
+    return False
+
+
+class _MemoryWatch:
+    """Where the run has no memory cgroup (an unprivileged grader): its memory as the kernel
+    counts it for each of its processes (anonymous, shared and swapped pages, and page tables,
+    which no rlimit counts: 65,000 one-page mappings hold ~500 MiB of them within a 512 MiB
+    address space), read from /proc every INTERVAL_S; past `cap_mb` the whole tree is killed
+    and the result is "memory". A bound by polling: it can be passed by what the run
+    allocates within one interval."""
+
+    INTERVAL_S = 0.01
+    FIELDS = (b"RssAnon:", b"RssShmem:", b"VmSwap:", b"VmPTE:")
+
+    def __init__(self, sid: int, cap_mb: int):
+        self.sid, self.cap_kb, self.peak_kb, self.over = sid, cap_mb << 10, 0, False
+        self.pids, self.rescan, self.due, self.settled = [], 0.0, 0.0, False
+
+    def check(self, ready: bool) -> bool:
+        """Read the run's memory if it is time to; True once it is past the cap. `ready`: both
+        processes have confined themselves, so the tree is fixed (seccomp refuses fork): one
+        last look for its processes, then none (reading every /proc entry costs)."""
+        now = time.monotonic()
+        if now < self.due or self.over:
+            return self.over
+        if not self.settled and (ready or now >= self.rescan):
+            self.pids, self.rescan, self.settled = [pid for pid, _ in _session(self.sid)], now + 0.05, ready
+        total = sum(self._kb(pid) for pid in self.pids)
+        self.peak_kb, self.due = max(self.peak_kb, total), time.monotonic() + self.INTERVAL_S
+        self.over = total > self.cap_kb
+        return self.over
+
+    def _kb(self, pid) -> int:
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return 0  # gone
+        return sum(int(line.split()[1]) for line in lines if line.startswith(self.FIELDS))
 
 
 # --- one run, host side ----------------------------------------------------------------------
@@ -432,7 +543,7 @@ class _Run:
         self.limits, self.nonce = limits, config["nonce"]
         self.buffers = {name: bytearray() for name in self.STREAMS}
         self.dropped = {name: 0 for name in self.STREAMS}
-        self.proc, self.pipes, self.cgroup, self._writes = None, {}, None, []
+        self.proc, self.pipes, self.cgroup, self._writes, self.watch = None, {}, None, [], None
         self.tmpdir = tempfile.mkdtemp(prefix=f"{NAME_PREFIX}{os.getpid()}-")
         try:
             self._spawn(config, secret, limits, isolate)
@@ -476,6 +587,10 @@ class _Run:
         stdin[0].flush()
         if self.cgroup:
             self.cgroup.add(self.proc.pid)
+            if not any(n.startswith("cgroup (") and "memory" in n for n in self.cgroup.notes):
+                self.watch = _MemoryWatch(self.proc.pid, self.limits.watched_memory_mb())
+                self.cgroup.notes.append(f"memory-watch ({self.limits.watched_memory_mb()} MiB, "
+                                         f"every {_MemoryWatch.INTERVAL_S * 1000:g} ms)")
         self._send(stdin[0], b"")
         self._send(*tests_in)
 
@@ -526,6 +641,10 @@ class _Run:
                 time.sleep(0.002)
         self.proc.wait()
 
+    def ready(self) -> bool:
+        """Both processes have said they are confined (a cheap look: the lines are parsed later)."""
+        return all(b'"ready"' in self.buffers[name] for name in ("candidate", "tests"))
+
     def text(self, name) -> str:
         return self.buffers[name].decode("utf-8", "replace")
 
@@ -540,7 +659,10 @@ class _Run:
                 return msg
         return None
 
-    def close(self):
+    def close(self) -> str:
+        """Reap, close, and remove the run's folder and cgroup; never raises. What could not be
+        removed at once goes to the background cleaner (`_leave`) and is named in the returned
+        note ("" when nothing is left)."""
         if self.proc is not None:
             if self.proc.returncode is None:
                 self.reap()
@@ -553,9 +675,12 @@ class _Run:
                 pipe.close()
             except OSError:
                 pass
-        if self.cgroup:
-            self.cgroup.remove()
-        _remove_tree(self.tmpdir)
+        left = {path: "cgroup" for path in (self.cgroup.remove() if self.cgroup else [])}
+        if not _remove_tree(self.tmpdir):
+            left[self.tmpdir] = "folder"
+        if left:
+            _leave(left)
+        return f"being removed in the background: {', '.join(left)}" if left else ""
 
 
 PR_GET_CHILD_SUBREAPER = 37
@@ -588,25 +713,113 @@ def _session(sid) -> list:
     return found
 
 
-def _remove_tree(path):
-    """Remove a folder the code may have filled with anything, deeper than Python recurses."""
+_LEFT: dict = {}  # {path: "cgroup" or "folder"} that runs could not remove yet
+_LEFT_LOCK = threading.Lock()
+_CLEANER: list = []  # the background thread that removes them, while there is one
+
+
+def _leave(left: dict):
+    """Hand what a run could not remove at once to the background cleaner: it keeps trying
+    (a deep tree takes its time, an emptied cgroup may need a moment) off any run's clock."""
+    with _LEFT_LOCK:
+        _LEFT.update(left)
+        if not (_CLEANER and _CLEANER[0].is_alive()):
+            _CLEANER[:] = [threading.Thread(target=_clean_left, name="sandbox-cleanup", daemon=True)]
+            _CLEANER[0].start()
+
+
+def _clean_left():
+    while True:
+        with _LEFT_LOCK:
+            todo = sorted(_LEFT.items())
+        if not todo:
+            return
+        for path, kind in todo:
+            if _remove_cgroup(path) if kind == "cgroup" else _remove_tree(path, budget_s=None):
+                with _LEFT_LOCK:
+                    _LEFT.pop(path, None)
+        with _LEFT_LOCK:
+            if not _LEFT:
+                return
+        time.sleep(0.5)  # a failure (e.g. a transient error): try again
+
+
+def wait_for_cleanup(timeout_s: float = 120.0) -> list:
+    """Wait for the background cleaner; the paths still left after `timeout_s` ([] when none)."""
+    thread = _CLEANER[0] if _CLEANER else None
+    if thread is not None:
+        thread.join(timeout_s)
+    with _LEFT_LOCK:
+        return sorted(_LEFT)
+
+
+atexit.register(wait_for_cleanup, 60.0)
+
+
+def _remove_tree(path, budget_s: float | None = 2.0) -> bool:
+    """Remove `path` and everything below it in time linear in its entries, whatever its depth
+    and modes, never raising; True when it is gone (False: out of `budget_s`, or an error).
+    Every folder is first moved up to be a child of `path` (renameat between descriptors), then
+    emptied and removed, so no lookup is ever more than two steps deep (a chain of 20,000
+    folders is 20,000 renames, not 20,000 walks of a growing path). We own what the run made,
+    so each folder's mode is set to 0700 before it is listed or moved (a folder made 0300
+    cannot be listed, nor moved without write permission, by a grader that is not root)."""
+    deadline, tag = time.monotonic() + (budget_s if budget_s is not None else math.inf), secrets.token_hex(6)
     try:
-        os.rmdir(path)  # the usual case: the code wrote into its own tmpfs, not here
-        return
+        os.rmdir(path)  # the usual case: the run wrote into its own tmpfs, not here
+        return True
     except FileNotFoundError:
-        return
+        return True
     except OSError:
         pass
+    top = None
     try:
-        shutil.rmtree(path)
-    except (OSError, RecursionError):
-        subprocess.run(["rm", "-rf", "--one-file-system", "--", path], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=120, check=False)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        queue, moved = [None], 0
+        while queue:
+            if time.monotonic() > deadline:
+                return False
+            name = queue.pop()
+            fd = top if name is None else os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                                  dir_fd=top)
+            try:
+                with os.scandir(fd) as entries:
+                    children = list(entries)
+                for entry in children:
+                    if entry.is_dir(follow_symlinks=False):
+                        if entry.stat(follow_symlinks=False).st_mode & 0o700 != 0o700:
+                            os.chmod(entry.name, 0o700, dir_fd=fd)  # a real folder: no link to follow
+                        moved += 1
+                        queue.append(f".rm-{tag}-{moved}")
+                        os.rename(entry.name, queue[-1], src_dir_fd=fd, dst_dir_fd=top)
+                    else:
+                        os.unlink(entry.name, dir_fd=fd)
+            finally:
+                if fd != top:
+                    os.close(fd)
+            if name is not None:
+                os.rmdir(name, dir_fd=top)
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return not os.path.lexists(path)
+    except OSError:
+        return False
+    finally:
+        if top is not None:
+            os.close(top)
 
 
 def _run(code, tests, prefix, names, limits, isolate, audit_hook, start) -> SandboxResult:
+    view, folders, why = _view() if isolate else ((), (), None)
+    if why is not None:  # one line, never a grade: the view would hold a package folder
+        detail = f"refusing to grade: the allow-list cannot make the view tight: {why}"
+        return SandboxResult(False, f"sandbox error: {detail}"[:500], detail, None, "", "",
+                             time.monotonic() - start, False)
     config = {"nonce": secrets.token_hex(16), "limits": limits.child_config(), "isolate": isolate,
-              "view": _view(), "narrow": _narrow_readable() if isolate else ((), None, ()),
+              "view": _mounts(view, folders), "readable": view, "listable": folders,
               "code": code, "audit_hook": audit_hook,
               "modules": {name: _CODE[name] for name in ("sandbox_wire", "sandbox_denylist", "sandbox_filter")},
               "pyseccomp": _seccomp_binding() if isolate else (None, {}, "not isolated")}
@@ -616,10 +829,14 @@ def _run(code, tests, prefix, names, limits, isolate, audit_hook, start) -> Sand
         run = _Run(config, secret, limits, isolate)
         run.start()
         timed_out = _collect(run, start + limits.timeout_s)
-        return _interpret(run, timed_out, time.monotonic() - start, limits)
-    finally:
+        result = _interpret(run, timed_out, time.monotonic() - start, limits)
+    except BaseException:
         if run is not None:
             run.close()
+        raise
+    # The verdict is fixed: cleanup happens after it, off its clock, and can only add a note.
+    left = run.close()
+    return dataclasses.replace(result, cleanup=left) if left else result
 
 
 def _collect(run, deadline) -> bool:
@@ -634,12 +851,16 @@ def _collect(run, deadline) -> bool:
                 remaining = limit - time.monotonic()
                 if remaining <= 0:
                     return False
+                if run.watch is not None:
+                    remaining = min(remaining, run.watch.INTERVAL_S)
                 for key, _ in sel.select(timeout=remaining):
                     chunk = os.read(key.fd, 65536)
                     if chunk:
                         run.keep(key.data, chunk)
                     else:
                         sel.unregister(key.fileobj)
+                if run.watch is not None and run.watch.check(run.ready()):
+                    run.kill()  # past the memory cap: the pipes close, the verdict is "memory"
             return True
 
         def closed(*names):
@@ -669,6 +890,18 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+MESSAGE_CHARS = 200  # of an exception's line (or stderr's last) in a result
+WHERE_CHARS = 80     # of where it was raised: " (<tests> line 4: assert f(3) == [3, 5, 7])"
+
+
+def _cut(detail: str) -> str:
+    """A detail the code may have written, cut here, on our side (the candidate's process cuts
+    too, but it can undo that): the exception's line to MESSAGE_CHARS and where it was raised
+    to WHERE_CHARS, so that little of what the code read can leave in Grade.detail."""
+    head, sep, where = detail.partition(" (<")
+    return head[:MESSAGE_CHARS] + (sep + where[:WHERE_CHARS] if sep else "")
+
+
 def _interpret(run, timed_out, duration, limits) -> SandboxResult:
     ready = run.message("candidate", "ready")
     done = run.message("tests", "done") or {}
@@ -681,7 +914,7 @@ def _interpret(run, timed_out, duration, limits) -> SandboxResult:
     stderr = run.text("stderr")
 
     def result(passed, reason, detail):
-        return SandboxResult(passed=passed, reason=reason, detail=str(detail)[:2000],
+        return SandboxResult(passed=passed, reason=reason, detail=_cut(str(detail)),
                              returncode=returncode, stdout=run.text("stdout"), stderr=stderr,
                              duration_s=duration,
                              truncated=run.dropped["stdout"] > 0 or run.dropped["stderr"] > 0,
@@ -690,10 +923,13 @@ def _interpret(run, timed_out, duration, limits) -> SandboxResult:
     outcome, detail = done.get("outcome"), str(done.get("detail", ""))
     if outcome == "ok":
         return result(True, "passed", "")
+    if run.watch is not None and run.watch.over:
+        return result(False, "memory", f"{run.watch.peak_kb >> 10} MiB of memory and page tables, over "
+                                       f"the cap of {limits.watched_memory_mb()} MiB (no memory cgroup)")
     if timed_out:
         return result(False, "timeout", f"no result within {limits.timeout_s:g} s")
     if outcome == "forbidden":
-        return result(False, f"forbidden: {detail}"[:500], detail)
+        return result(False, f"forbidden: {_cut(detail)}", detail)
     if outcome == "memory":
         return result(False, "memory", f"{detail} (address-space cap {limits.memory_mb} MiB)")
     if outcome in ("failed", "error", "file_size"):
@@ -715,7 +951,8 @@ def _interpret(run, timed_out, duration, limits) -> SandboxResult:
             return result(False, "memory", f"cgroup memory cap ({limits.cgroup_memory_mb()} MiB)")
         if "MemoryError" in stderr or "Cannot allocate memory" in stderr:
             return result(False, "memory", f"address space limit ({limits.memory_mb} MiB)")
-        return result(False, f"killed: {_signal_name(sig)}", stderr[-2000:])
+        last = stderr.strip().splitlines()[-1:] or [""]
+        return result(False, f"killed: {_signal_name(sig)}", last[0])
     if "MemoryError" in stderr:
         return result(False, "memory", f"address space limit ({limits.memory_mb} MiB)")
     if outcome == "gone":
