@@ -114,9 +114,9 @@ test: setup
 check: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=10 -m "not full" tests
 
-# The calibration studies' full grids (minutes): regenerates analysis/calibration/CALIBRATION.md.
+# The calibration studies' full grids (minutes): regenerates harness/calibration/CALIBRATION.md.
 calibrate: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m analysis.calibration.report
+	OMP_NUM_THREADS=1 $(BIN)/python -m harness.calibration.report
 
 regress: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/decodegate regress --config regress.toml --profile smoke

@@ -1,4 +1,4 @@
-"""The A/A floor's calibration (analysis.calibration.floor) on a few hundred studies, through the
+"""The A/A floor's calibration (harness.calibration.floor) on a few hundred studies, through the
 gate's own code (level_floor -> compare -> gate_detail), in seconds:
 - a correct engine, at a size the plan calls enough, fails no more than alpha allows (and the check
   has teeth: the rule the floor had before, an exact test of "more often" with an inconclusive for
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.calibration import floor as cal
+from harness.calibration import floor as cal
 from harness.verdict import floor
 
 STUDIES = 200

@@ -1,4 +1,4 @@
-"""The engine seed gate's two rates (analysis.calibration.seeds) on a few hundred studies, through
+"""The engine seed gate's two rates (harness.calibration.seeds) on a few hundred studies, through
 the gate's own code (seed_check -> seed_gates), in seconds:
 - an honest quantized engine, more peaked than its fp32 reference (top 0.999 against 0.98, 8
   prompts x 48 tokens), is not called seed-deaf; the rule before (every pair identical and the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.calibration import seeds as cal
+from harness.calibration import seeds as cal
 from harness.run.engine_exactness import SEED_LEVEL, combined_pvalue, raised
 
 

@@ -1,12 +1,12 @@
 """The speed gate's lower bound (analysis.latency.speed_bounds through paired_speedup): coverage
 where the gain depends on output length (issue 49), the minimum number of prompts, and that the
-calibration (analysis.calibration.speed) computes what the gate uses."""
+calibration (harness.calibration.speed) computes what the gate uses."""
 import numpy as np
 import pytest
 
 from analysis import pair_records
-from analysis.calibration import speed
-from analysis.calibration.synthetic import make_record
+from harness.calibration import speed
+from harness.calibration.synthetic import make_record
 from analysis.latency import (MIN_PROMPTS, jackknife_bounds, length_log_sd, length_log_sd_limit, paired_speedup,
                               speed_bounds, speedup_from_arrays)
 from harness.config import Gates

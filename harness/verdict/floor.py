@@ -20,7 +20,7 @@ The floor is measured in the units a divergence is judged in, logit margins, not
   correct candidate (its divergences the same noise, independent of the A/A run's) and fails one
   whose rate is twice the A/A run's, by enumerating the trinomial of discordant prompts; the size
   is enough where a correct candidate passes with probability >= PLAN_PASS. Stated beside every
-  verdict. Calibrated by simulation through `compare` and `gate_detail` (analysis.calibration.floor).
+  verdict. Calibrated by simulation through `compare` and `gate_detail` (harness.calibration.floor).
 - The A/A run is gated itself: error rows, missing margins, fewer pairs than the candidate, a
   divergence rate above `gates.aa_floor_max` or a noise scale above `gates.aa_noise_max` make the
   floor invalid. A candidate that needs the floor (a divergence above the near-tie epsilon) is

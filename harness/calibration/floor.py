@@ -1,6 +1,6 @@
 """Calibration of the A/A floor's rate rule, by simulation through the gate's own code.
 
-Part of ``python -m analysis.calibration.report`` (the section "A/A floor" in CALIBRATION.md).
+Part of ``python -m harness.calibration.report`` (the section "A/A floor" in CALIBRATION.md).
 Each simulated study builds one suite's identity blocks as the summary does (an A/A run and an
 exact candidate over ``n`` greedy prompts, one pair each) and judges them with
 ``harness.verdict.floor.level_floor`` -> ``compare`` -> ``gate_detail``, the functions the gate
@@ -85,7 +85,7 @@ def report_lines(*, rng, grid: str = "full") -> list[str]:
     tol = GATES.aa_excess_tolerance
     out = [HEADING, "",
            f"Through the gate's own code (`harness.verdict.floor`: `level_floor` -> `compare` -> `gate_detail`; "
-           f"analysis/calibration/floor.py), {studies:,} simulated studies per cell, tolerance "
+           f"harness/calibration/floor.py), {studies:,} simulated studies per cell, tolerance "
            f"`aa_excess_tolerance` = {tol:g}, alpha {ALPHA}, `inconclusive = \"fail\"`. Per prompt the engine "
            f"flips with probability `rate` in each run independently, within the A/A noise; the small-margin "
            f"bug doubles the rate at the same margins; the wider-noise bug doubles it with margins up to twice "

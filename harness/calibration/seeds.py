@@ -1,6 +1,6 @@
 """Calibration of the engine seed gate, by simulation through the gate's own code.
 
-Part of ``python -m analysis.calibration.report`` (the section "Engine seed gate" in CALIBRATION.md).
+Part of ``python -m harness.calibration.report`` (the section "Engine seed gate" in CALIBRATION.md).
 Each simulated study samples two seeds' outputs per prompt from an engine and judges them with
 ``harness.run.engine_exactness.seed_check`` and ``harness.verdict.engine_exactness.seed_gates``,
 the functions a run calls; an alarm is the gate's "ignores the request's seed" (fail).
@@ -79,7 +79,7 @@ def report_lines(*, rng, grid: str = "full") -> list[str]:
     n_honest, n_deaf, tokens = pick(10_000, 300, grid), pick(2000, 100, grid), 48
     out = [HEADING, "",
            f"Through the gate's own code (`harness.run.engine_exactness.seed_check` -> "
-           f"`harness.verdict.engine_exactness.seed_gates`; analysis/calibration/seeds.py), two seeds per prompt, "
+           f"`harness.verdict.engine_exactness.seed_gates`; harness/calibration/seeds.py), two seeds per prompt, "
            f"{tokens} tokens per sample, two tokens per position (the engine's top probability against the "
            f"reference's; the noise is the gap between their top-2 margins, as `measured_noise` reads it). "
            f"'before': every pair identical and the product of the reference's chances below {SEED_LEVEL:g}. "
