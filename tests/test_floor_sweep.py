@@ -31,8 +31,8 @@ def cand_with(ident: dict) -> dict:
 def test_candidate_within_a_nonzero_floor_passes():
     aa = block(200, [1, 2, 3, 4, 5, 6])           # the engine disagrees with itself on 6/200, at margin 0.05
     cand = block(200, [1, 2, 3, 7, 8, 9])         # 3 shared, 3 of its own: no more than the floor
-    f = cand["floor"] = floor.compare(cand, aa, level(0.1), alpha=0.05, tolerance=0.1)
-    assert f["rate"] == pytest.approx(0.03) and not f["exceeds"] and f["shown_within"]
+    f = cand["floor"] = floor.compare(cand, aa, level(0.1), alpha=0.05)
+    assert f["rate"] == pytest.approx(0.03) and not f["exceeds"] and f["plan"]["shared"] == pytest.approx(0.5)
     assert cand["within_noise"] == 6 and cand["real_divergences"] == 0
     [g] = _identity_gates(cand_with(cand), check_sampled=False)
     assert g.status == "pass" and "within the floor" in g.detail
