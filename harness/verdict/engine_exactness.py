@@ -13,9 +13,14 @@
   never reproduce them ignores the seed: its draws are not independent, so no test on them can be
   read (fail). Judged prompt by prompt (harness/run/engine_exactness.py `seed_check`): each
   identical pair's chance under the reference, each token raised by the measured engine-reference
-  noise, combined over prompts by Fisher's method, below SEED_LEVEL (1e-3); an engine deaf on a
-  share of its prompts is caught without every pair being identical (CALIBRATION.md, "Engine seed
-  gate"). One whose A/A run at the same seed does not reproduce it is named (warn).
+  noise, then four routes over the prompts, each at its share of SEED_LEVEL (1e-3): Fisher's
+  combination (many weakly repeated prompts), the smallest prompt's p times the prompts (one deaf
+  prompt among many), the product over every pair where all repeated (predictable outputs, fully
+  deaf), and, for a candidate, the baseline's own pairs as control (CALIBRATION.md, "Engine seed
+  gate"). Every pair identical with no route below its share is inconclusive where the bound is
+  below the level or loosened by left-out positions, a warning only where an honoured seed gives
+  the repeats with probability >= the level. One whose A/A run at the same seed does not
+  reproduce it is named (warn).
 - `candidate seed`: the same for each candidate's own samples (fail): an engine whose speculative
   path ignores the seed gives, token by token, draws the PIT accepts.
 - `temperature`: a candidate whose acceptance does not move with temperature while the
@@ -118,33 +123,62 @@ def gates(cand: dict, gates_cfg) -> list[GateResult]:
     return out
 
 
+ROUTE_WORDS = {"fisher": "Fisher's combination over prompts", "min-p": "the most repeated prompt's, times the prompts",
+               "product": "every pair's repeat together", "control": "against the baseline engine's own pairs"}
+
+
 def _unchecked(seeds: dict, undecided: str, name: str, whose: str) -> GateResult | None:
-    """Identical samples at every pair of seeds that the chance bound cannot call ignored because
-    positions the reference left out count as probability 1 (the bound is loose, not the engine
-    honest): inconclusive, not a warning, or a seed-deaf engine passes on a run with a loose bound."""
-    off = seeds.get("off_reference") or 0
-    if not (seeds.get("left_out") or off) or seeds.get("ignored") or seeds["identical"] != seeds["pairs"]:
+    """Identical samples at every pair of seeds that no route calls ignored, where the chance an
+    honoured seed gives them could not be bounded below the level: positions the reference left
+    out and tokens it calls impossible count as probability 1 (the bound is loose, not the engine
+    honest), or the bound lies between the product route's share of the level and the level.
+    Inconclusive with its reason, never a warning naming a probability below the level."""
+    if seeds.get("ignored") or not seeds.get("pairs") or seeds["identical"] != seeds["pairs"]:
         return None
+    level = seeds.get("level", 1e-3)
+    bound = (seeds.get("routes") or {}).get("product")
+    bound = seeds["chance"] if bound is None else bound
+    off = seeds.get("off_reference") or 0
     why = [f"{seeds['left_out']} position(s) the reference left out (counted as probability 1)"] if seeds.get("left_out") else []
     if off:
         why.append(f"{off} repeat(s) holding a token the reference gives probability 0, which it cannot score "
-                   f"(the engine does not sample from it there)")
+                   f"(the engine does not sample from it there; left out, counted as probability 1)")
+    if not why and bound >= level:
+        return None  # merely predictable: `_predictable` warns
+    loosened = (f", a bound loosened by {' and '.join(why)}" if why else
+                f", below the level {level:g} but not below the product route's share of it "
+                f"{(seeds.get('route_levels') or {}).get('product', level):.2g}")
     return GateResult(name, undecided, f"inconclusive: {whose} samples at different seeds are "
                       f"identical on all {seeds['pairs']} pair(s); an honoured seed would give that with probability "
-                      f"at most {seeds['chance']:.2g}, a bound loosened by {' and '.join(why)}: more seeds or items decide")
+                      f"at most {bound:.2g}{loosened}: more seeds or items decide")
+
+
+def _predictable(seeds: dict, name: str, whose: str) -> GateResult | None:
+    """Every pair identical, and an honoured seed gives that with probability at least the level:
+    outputs too predictable to tell (warn)."""
+    if seeds.get("ignored") or not seeds.get("pairs") or seeds["identical"] != seeds["pairs"]:
+        return None
+    bound = (seeds.get("routes") or {}).get("product")
+    bound = seeds["chance"] if bound is None else bound
+    return GateResult(name, "warn", f"{whose} seed could not be checked: its samples at different seeds are identical "
+                      f"on all {seeds['pairs']} pair(s), which an honoured seed gives with probability {bound:.2g} "
+                      f"(>= the level {seeds.get('level', 1e-3):g}; outputs too predictable to tell)")
 
 
 def _repeats(seeds: dict) -> str:
-    """How often the samples at different seeds repeated, and how likely an honoured seed makes that."""
+    """How often the samples at different seeds repeated, and which route found that unlikely."""
     if seeds.get("pvalue") is None:  # a result from before the per-prompt test: all pairs identical
         return (f"identical on all {seeds['pairs']} pair(s), which an honoured seed would give with probability "
                 f"{seeds['chance']:.2g}")
     share = ("all " if seeds["identical"] == seeds["pairs"] else f"{seeds['identical']} of ") + f"{seeds['pairs']}"
-    return (f"identical on {share} pair(s) ({seeds.get('repeated_prompts', 0)} of "
-            f"{seeds.get('prompts', 0)} prompts), which an honoured seed would give with probability "
-            f"{seeds['pvalue']:.2g} (each prompt's chance of the repeat under the reference, every token raised by "
-            f"the measured engine-reference noise {seeds.get('noise', 0.0):.3g} logits, combined over prompts by "
-            f"Fisher's method)")
+    routes = {k: v for k, v in (seeds.get("routes") or {"fisher": seeds["pvalue"]}).items() if v is not None}
+    levels = seeds.get("route_levels") or {}
+    route = min(routes, key=lambda k: routes[k] / levels.get(k, 1.0))
+    level = levels.get(route, seeds.get("level", 1e-3))
+    return (f"identical on {share} pair(s) ({seeds.get('repeated_prompts', 0)} of {seeds.get('prompts', 0)} prompts), "
+            f"which an honoured seed would give with probability {routes[route]:.2g} by {ROUTE_WORDS[route]} (< "
+            f"{level:.2g}, its share of the level; each prompt's chance of the repeat under the reference, every "
+            f"token raised by the measured engine-reference noise {seeds.get('noise', 0.0):.3g} logits)")
 
 
 def seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResult]:
@@ -157,10 +191,8 @@ def seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResult]:
         out.append(GateResult("seed", "warn", "the seed was not checked: the profile has one seed (give two)"))
     elif (loose := _unchecked(seeds, undecided, "seed", "the baseline's")) is not None:
         out.append(loose)
-    elif seeds["identical"] == seeds["pairs"]:
-        out.append(GateResult("seed", "warn", f"the seed could not be checked: the baseline's samples at different "
-                              f"seeds are identical on all {seeds['pairs']} pair(s), but an honoured seed would "
-                              f"give that with probability {seeds['chance']:.2g} (outputs too predictable to tell)"))
+    elif (flat := _predictable(seeds, "seed", "the baseline's")) is not None:
+        out.append(flat)
     if seeds.get("same_seed_pairs") and seeds["same_seed_identical"] < seeds["same_seed_pairs"]:
         out.append(GateResult("seed", "warn", f"the baseline engine does not reproduce its samples at the same seed: "
                               f"its A/A run {seeds.get('aa', '')} agrees on {seeds['same_seed_identical']} of "
@@ -169,23 +201,25 @@ def seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResult]:
 
 
 def candidate_seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResult]:
-    """A candidate whose samples at different seeds are all identical where an honoured seed would
-    almost never reproduce them: it repeats one draw per prompt, which the PIT (each token on its
-    own) cannot see."""
-    if seeds.get("pairs") and (loose := _unchecked(seeds, undecided, "candidate seed", "the candidate's")) is not None:
+    """A candidate whose samples at different seeds repeat where an honoured seed would almost never
+    reproduce them: it repeats one draw per prompt, which the PIT (each token on its own) cannot see."""
+    if not seeds.get("pairs"):
+        return []
+    if (loose := _unchecked(seeds, undecided, "candidate seed", "the candidate's")) is not None:
         return [loose]
-    if seeds.get("pairs") and not seeds.get("ignored") and seeds["identical"] == seeds["pairs"]:
-        return [GateResult("candidate seed", "warn", f"the candidate's seed could not be checked: its samples at "
-                           f"different seeds are identical on all {seeds['pairs']} pair(s), but an honoured seed "
-                           f"would give that with probability {seeds['chance']:.2g} (outputs too predictable to tell)")]
+    if (flat := _predictable(seeds, "candidate seed", "the candidate's")) is not None:
+        return [flat]
     if not seeds.get("ignored"):
         return []
-    own = seeds.get("pvalue") if seeds.get("pvalue") is not None else seeds.get("chance")
     why = _repeats(seeds)
-    if seeds.get("control_p") is not None and (own is None or seeds["control_p"] < own):
+    routes = {k: v for k, v in (seeds.get("routes") or {}).items() if v is not None}
+    control = seeds.get("control_p")
+    levels = seeds.get("route_levels") or {}
+    decided = min(routes, key=lambda k: routes[k] / levels.get(k, 1.0), default=None)
+    if control is not None and (decided == "control" or "routes" not in seeds):
         why = (f"identical on all {seeds['pairs']} pair(s), where the baseline engine {seeds.get('control_of', '')}'s "
                f"own samples were identical on {seeds['control_identical']} of {seeds['control_pairs']} (Fisher's "
-               f"exact p = {seeds['control_p']:.2g})")
+               f"exact p = {control:.2g})")
     return [GateResult("candidate seed", "fail", f"the candidate {seeds.get('of', '')} ignores the request's seed: "
                        f"its samples at different seeds are {why}; it "
                        f"repeats one draw per prompt whatever the seed, which a token-by-token fit cannot see")]
