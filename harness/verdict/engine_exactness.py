@@ -60,67 +60,82 @@ def gates(cand: dict, gates_cfg) -> list[GateResult]:
     level = pit.get("level", gates_cfg.exactness_pvalue / 2)
     undecided = inconclusive_status(gates_cfg)
     ref = pit.get("reference", "the reference")
-    out = []
-    control_bad = _failed(control, level)
-    if control_bad:
-        out.append(GateResult("exactness control", undecided, f"inconclusive: the reference does not reproduce the "
-                              f"engine's sampler: the baseline engine {control.get('of', '')}'s own samples fail "
-                              f"against {ref} ({_evidence(control, level)}); quantized kernels against an fp32 copy, "
-                              f"or a sampler the engine did not pin off? A candidate is judged only by whether it "
-                              f"deviates more than this control"))
-    elif control is None or control.get("pvalue") is None:
-        out.append(GateResult("exactness control", undecided, f"inconclusive: the baseline engine's own samples could "
-                              f"not check the reference: {(control or {}).get('note') or 'no sampled records'}"))
-    else:
-        out.append(GateResult("exactness control", "pass", f"the baseline engine's own samples follow {ref}: "
-                              f"p={control['pvalue']:.3g} vs {level:.3g}; {_coverage(control)}; {_detect(control)}"))
-    drafted = f"{mine.get('proposed', 0)} draft tokens proposed, {mine.get('rejected', 0)} rejected"
-    if mine.get("pvalue") is None:
-        more = needed(mine) or "more sampled tokens (seeds, items) would decide"
-        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: no p-value: "
-                              f"{mine.get('note') or 'too few tokens'}; {_coverage(mine)}; {more}"))
-    elif _failed(mine, level):
-        what = f"{_evidence(mine, level)}; {_coverage(mine)}; {drafted}"
-        a, b = mine.get("deviation"), (control or {}).get("deviation")
-        if control_bad and a is not None and b is not None and a <= b:
-            out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fails ({what}), but deviates no "
-                                  f"more than its control (deviation {a:.3f} <= {b:.3f}): the reference is at fault"))
-        elif control_bad:
-            more = (f"deviation {a:.3f} > its control's {b:.3f}" if a is not None and b is not None
-                    else "its deviation cannot be set against the control's")
-            out.append(GateResult("exactness PIT all", "fail", f"deviates more than its control ({more}): {what}"))
-        else:
-            out.append(GateResult("exactness PIT all", "fail", f"not the target's distribution: {what}"))
-    elif control_bad:
-        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but "
-                              f"against a reference its own control fails; {_coverage(mine)}"))
-    elif mine.get("drafting_counted") and not mine.get("proposed"):
-        # The engine counted its drafts per request and drafted none: the fit tested its plain
-        # sampler, not speculative verification (llama.cpp's n-gram drafter finds nothing on
-        # short prompts; a drafter that broke looks the same).
-        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but the "
-                              f"engine proposed no draft token in the {mine['drafting_counted']} record(s) that count "
-                              f"them: speculation never ran, so nothing tested its verifier; {_coverage(mine)}"))
-    elif mine.get("drafting_counted") and not mine.get("rejected"):
-        # Every draft accepted: the verifier's correction after a rejection, where a wrong residual
-        # would show, never ran (the in-process rejection check calls the same case inconclusive).
-        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but the "
-                              f"engine rejected none of the {mine['proposed']} draft token(s) it proposed in the "
-                              f"{mine['drafting_counted']} record(s) that count them: a wrong correction after a "
-                              f"rejection could not show; {_coverage(mine)}"))
-    elif not mine.get("detectable_tv"):
-        # A test that could not have failed does not pass: more sampled tokens (seeds, items) decide.
-        more = needed(mine) or "more sampled tokens would decide"
-        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but "
-                              f"{_detect(mine)}: a test of this size could not have failed; {_coverage(mine)}; "
-                              f"{drafted}; {more} (more seeds or items)"))
-    else:
-        out.append(GateResult("exactness PIT all", "pass", f"fits {ref}: p={mine['pvalue']:.3g} vs {level:.3g}; "
-                              f"{_coverage(mine)}; {_detect(mine)}; {drafted}"))
+    out = [_control_gate(control, level, ref, undecided),
+           _pit_gate(mine, control, level, ref, undecided, _failed(control, level))]
     out += seed_gates(ex.get("seeds") or {}, undecided)
     out += candidate_seed_gates(ex.get("candidate_seeds") or {}, undecided)
     out += temperature_gates(cand, ex)
     return out
+
+
+def _control_gate(control: dict | None, level: float, ref: str, undecided: str) -> GateResult:
+    """The baseline engine's own samples against the reference: whether the reference can judge."""
+    if _failed(control, level):
+        return GateResult("exactness control", undecided, f"inconclusive: the reference does not reproduce the "
+                          f"engine's sampler: the baseline engine {control.get('of', '')}'s own samples fail "
+                          f"against {ref} ({_evidence(control, level)}); quantized kernels against an fp32 copy, "
+                          f"or a sampler the engine did not pin off? A candidate is judged only by whether it "
+                          f"deviates more than this control")
+    if control is None or control.get("pvalue") is None:
+        return GateResult("exactness control", undecided, f"inconclusive: the baseline engine's own samples could "
+                          f"not check the reference: {(control or {}).get('note') or 'no sampled records'}")
+    return GateResult("exactness control", "pass", f"the baseline engine's own samples follow {ref}: "
+                      f"p={control['pvalue']:.3g} vs {level:.3g}; {_coverage(control)}; {_detect(control)}")
+
+
+def _pit_gate(mine: dict, control: dict | None, level: float, ref: str, undecided: str,
+              control_bad: bool) -> GateResult:
+    """Every token the candidate sampled against the reference, read beside its control."""
+    name = "exactness PIT all"
+    drafted = f"{mine.get('proposed', 0)} draft tokens proposed, {mine.get('rejected', 0)} rejected"
+    if mine.get("pvalue") is None:
+        more = needed(mine) or "more sampled tokens (seeds, items) would decide"
+        return GateResult(name, undecided, f"inconclusive: no p-value: {mine.get('note') or 'too few tokens'}; "
+                          f"{_coverage(mine)}; {more}")
+    if _failed(mine, level):
+        return _pit_failed(mine, control, level, undecided, control_bad, drafted)
+    if control_bad:
+        return GateResult(name, undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but against a reference "
+                          f"its own control fails; {_coverage(mine)}")
+    if mine.get("drafting_counted") and not mine.get("proposed"):
+        # The engine counted its drafts per request and drafted none: the fit tested its plain
+        # sampler, not speculative verification (llama.cpp's n-gram drafter finds nothing on
+        # short prompts; a drafter that broke looks the same).
+        return GateResult(name, undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but the engine proposed "
+                          f"no draft token in the {mine['drafting_counted']} record(s) that count them: speculation "
+                          f"never ran, so nothing tested its verifier; {_coverage(mine)}")
+    if mine.get("drafting_counted") and not mine.get("rejected"):
+        # Every draft accepted: the verifier's correction after a rejection, where a wrong residual
+        # would show, never ran (the in-process rejection check calls the same case inconclusive).
+        return GateResult(name, undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but the engine rejected "
+                          f"none of the {mine['proposed']} draft token(s) it proposed in the "
+                          f"{mine['drafting_counted']} record(s) that count them: a wrong correction after a "
+                          f"rejection could not show; {_coverage(mine)}")
+    if not mine.get("detectable_tv"):
+        # A test that could not have failed does not pass: more sampled tokens (seeds, items) decide.
+        more = needed(mine) or "more sampled tokens would decide"
+        return GateResult(name, undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but {_detect(mine)}: a "
+                          f"test of this size could not have failed; {_coverage(mine)}; {drafted}; {more} (more "
+                          f"seeds or items)")
+    return GateResult(name, "pass", f"fits {ref}: p={mine['pvalue']:.3g} vs {level:.3g}; {_coverage(mine)}; "
+                      f"{_detect(mine)}; {drafted}")
+
+
+def _pit_failed(mine: dict, control: dict | None, level: float, undecided: str, control_bad: bool,
+                drafted: str) -> GateResult:
+    """A failing fit: the reference's fault where the candidate deviates no more than its failing
+    control, else the candidate's."""
+    name = "exactness PIT all"
+    what = f"{_evidence(mine, level)}; {_coverage(mine)}; {drafted}"
+    a, b = mine.get("deviation"), (control or {}).get("deviation")
+    if control_bad and a is not None and b is not None and a <= b:
+        return GateResult(name, undecided, f"inconclusive: fails ({what}), but deviates no more than its control "
+                          f"(deviation {a:.3f} <= {b:.3f}): the reference is at fault")
+    if control_bad:
+        more = (f"deviation {a:.3f} > its control's {b:.3f}" if a is not None and b is not None
+                else "its deviation cannot be set against the control's")
+        return GateResult(name, "fail", f"deviates more than its control ({more}): {what}")
+    return GateResult(name, "fail", f"not the target's distribution: {what}")
 
 
 ROUTE_WORDS = {"fisher": "Fisher's combination over prompts", "min-p": "the most repeated prompt's, times the prompts",
