@@ -113,9 +113,9 @@ def _ci(x: Rate) -> str:
 
 
 def report_lines(*, rng, grid: str = "full") -> list[str]:
-    rates = pick((0.01, 0.02, 0.05, 0.1, 0.15, 0.25), (0.05,), grid)
-    sizes = pick((8, 10, 50, 100, 200, 500, 1000, 2000), (10, 100), grid)
-    studies = pick(2000, 100, grid)
+    rates = pick((0.01, 0.02, 0.05, 0.1, 0.25), (0.05,), grid)
+    sizes = pick((8, 10, 50, 100, 200, 500), (10, 100), grid)
+    studies = pick(1000, 100, grid)
     out = [HEADING, "",
            f"Through the gate's own code (`harness.verdict.floor`: `level_floor` -> `compare` -> `gate_detail`; "
            f"harness/calibration/floor.py), {studies:,} simulated studies per cell, alpha {ALPHA}, "

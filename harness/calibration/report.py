@@ -3,7 +3,7 @@ interval and the exactness checks (.gates), the group-sequential plans (.sequent
 floor's rate rule (.floor) and the engine seed gate (.seeds).
 
 ``make calibrate`` (``python -m harness.calibration.report [--studies N] [--seed S] [--out PATH]``)
-regenerates it; ``--only sequential`` (or ``floor``, ``seeds``) rewrites that section alone in an existing
+regenerates it; ``--only sequential`` (or ``floor``, ``seeds``, ``suite_speed``) rewrites that section alone in an existing
 file. ``--grid small`` runs every section on a few cells (seconds, not minutes): what the unit
 test runs; the tables in CALIBRATION.md are the full grid.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import floor, gates, paired_tests, seeds, sequential
+from . import floor, gates, paired_tests, seeds, sequential, suite_speed
 from .common import ALPHA, GRIDS, pick
 
 
@@ -36,15 +36,16 @@ def report(*, studies: int = 10_000, seed: int = 20240601, grid: str = "full") -
     out += gates.report_lines(studies=studies, rng=rng, grid=grid, pit_studies=pick(500, 10, grid))
     out += sequential.report_lines(studies=studies, rng=sequential.rng_for(seed), grid_size=grid)
     out += [""] + _section("floor", seed, grid) + [""] + _section("seeds", seed, grid)
+    out += [""] + _section("suite_speed", seed, grid)
     return "\n".join(out) + "\n"
 
 
-SECTIONS = {"floor": floor, "seeds": seeds}  # written last, each with its own random stream
+SECTIONS = {"floor": floor, "seeds": seeds, "suite_speed": suite_speed}  # last, each its own random stream
 
 
 def _section(name: str, seed: int, grid: str) -> list[str]:
     """One of the sections that keep their own random stream (written alone or with the rest)."""
-    rng = np.random.default_rng([seed, {"floor": 11, "seeds": 13}[name]])
+    rng = np.random.default_rng([seed, {"floor": 11, "seeds": 13, "suite_speed": 17}[name]])
     return SECTIONS[name].report_lines(rng=rng, grid=grid)
 
 

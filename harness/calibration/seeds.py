@@ -125,7 +125,7 @@ def report_lines(*, rng, grid: str = "full") -> list[str]:
                    (0.9, 0.9, 16), (0.9, 0.9, 40), (0.9, 0.9, 100), (0.999, 0.98, 100)), ((0.999, 0.98, 8),), grid)
     deafs = pick(((0.9, 0.9, 0.25), (0.9, 0.9, 0.5), (0.9, 0.9, 0.75), (0.9, 0.9, 0.9), (0.98, 0.98, 0.5),
                   (0.999, 0.98, 0.5), (0.999, 0.98, 0.9)), ((0.9, 0.9, 0.5),), grid)
-    n_honest, n_deaf, tokens = pick(10_000, 300, grid), pick(2000, 100, grid), 48
+    n_honest, n_deaf, tokens = pick(5000, 300, grid), pick(1000, 100, grid), 48
     out = [HEADING, "",
            f"Through the gate's own code (`harness.run.engine_exactness.seed_check` -> "
            f"`harness.verdict.engine_exactness.seed_gates`; harness/calibration/seeds.py), two seeds per prompt, "
@@ -156,7 +156,7 @@ def sparse_lines(*, rng, grid: str) -> list[str]:
     """The shapes issue 58 found missed: a few deaf prompts among many, a fully deaf engine with
     predictable outputs (and an honest one with the same outputs), and a deaf engine whose repeats
     hold a token outside the reference's nucleus (fails or is inconclusive, never silent)."""
-    n_deaf, n_honest, tokens = pick(2000, 100, grid), pick(10_000, 300, grid), 48
+    n_deaf, n_honest, tokens = pick(1000, 100, grid), pick(5000, 300, grid), 48
     out = [f"### Sparse and predictable deafness (targets: detected >= 0.8, fully deaf predictable >= 0.95), "
            f"{n_deaf:,} studies per row, honest rows {n_honest:,}", "",
            "| design | prompts | deaf prompts | detected: now | before |", "|---|---|---|---|---|"]
@@ -179,7 +179,7 @@ def noise_lines(*, rng, grid: str) -> list[str]:
     more often than the reference says), and a deaf one whose reference is more peaked than it by
     the noise (the raise by the noise then makes its repeats look likelier than they are)."""
     noises, tops = pick((0.1, 0.25, 0.5, 1.0), (0.5,), grid), pick((0.9, 0.95), (0.9,), grid)
-    n_honest, n_deaf = pick(10_000, 300, grid), pick(2000, 100, grid)
+    n_honest, n_deaf = pick(5000, 300, grid), pick(1000, 100, grid)
     out = ["### At real engines' noise (0.1-1 logits, e.g. 0.48 between llama.cpp's Q4_1 server and its own "
            "prompt logprobs): honest engine more peaked than the reference, deaf engine less peaked", "",
            f"False alarms at {n_honest:,} studies per row, detection (deaf on 4 of 8 prompts) at {n_deaf:,}; "

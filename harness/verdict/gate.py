@@ -382,7 +382,10 @@ def _speed_gate(cand: dict) -> list[GateResult]:
     if bound is None:
         n = sp.get("n_prompts") or 0
         spread, limit = sp.get("length_log_sd"), sp.get("length_log_sd_limit")
-        if n < SPEED_MIN_PROMPTS:
+        if sp.get("no_bound"):  # the suite's speedup from a timed subset (analysis.latency.suite_bounds)
+            why = (f"{sp['no_bound']}, of the {sp.get('suite_prompts')} prompts the timed {n} stand for: "
+                   "time more of the suite (speed_items)")
+        elif n < SPEED_MIN_PROMPTS:
             why = f"{n} prompt(s), fewer than the {SPEED_MIN_PROMPTS} a bound needs"
         elif _finite(spread) and _finite(limit) and spread > limit:
             # analysis.latency.length_log_sd_limit: a rare long tail carries the total, unseen
@@ -395,7 +398,14 @@ def _speed_gate(cand: dict) -> list[GateResult]:
     ok = bound >= minimum
     return [GateResult("speed", "pass" if ok else "fail",
                        f"one-sided {_pct(level)} lower bound {bound:.2f}x {'>=' if ok else '<'} minimum {minimum:.2f}x "
-                       f"(speedup {sp['statistic']:.2f}x, ratio of totals, skew-corrected jackknife over prompts){extra}")]
+                       f"(speedup {sp['statistic']:.2f}x, {_speed_method(sp)}){extra}")]
+
+
+def _speed_method(sp: dict) -> str:
+    if sp.get("suite_prompts"):
+        return (f"the suite's {sp['suite_prompts']} prompts from {sp.get('n_prompts')} timed, post-stratified on "
+                f"the baseline's lengths, stratified jackknife")
+    return "ratio of totals, skew-corrected jackknife over prompts"
 
 
 # ------------------------------------------------------------------------- acceptance drift
