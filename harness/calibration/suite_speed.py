@@ -83,7 +83,7 @@ def operating(design: str, m: int, studies: int, rng) -> dict:
 
 
 def report_lines(*, rng, grid: str = "full") -> list[str]:
-    sizes, studies = pick((8, 10, 20, 50, 100), (10,), grid), pick(1000, 100, grid)
+    sizes, studies = pick((8, 10, 20, 50, 100), (10,), grid), pick(2000, 100, grid)
     out = [HEADING, "",
            f"Through `analysis.latency.suite_bounds` (what `paired_speedup(..., suite=...)` gives the speed gate; "
            f"harness/calibration/suite_speed.py, the model in its docstring), {studies:,} studies per row: a suite "
