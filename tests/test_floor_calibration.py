@@ -86,3 +86,17 @@ def test_a_wider_noise_fails_beyond_the_floor():
     """Flips beyond the A/A noise fail whatever the rate says."""
     wide = cal.fail_rate(0.05, 100, "wider-noise", 100, np.random.default_rng(3))
     assert wide.simulated > 0.9, wide
+
+
+def test_a_correct_candidate_judged_in_several_blocks_is_refused_at_most_alpha():
+    """The family: a correct candidate judged in 4 greedy blocks (2 suites x 2 levels) of 200
+    prompts, at noise rate 0.25 (aa_floor_max), through apply_levels -> level_floor -> compare ->
+    gate_detail. Each block at alpha refused it 0.147 exactly (0.039 per block); alpha split over
+    the blocks: 0.037."""
+    blocks = (200,) * 4
+    ok, _ = cal.profile_plan(0.25, blocks)
+    assert 1 - ok <= 0.05
+    per_block_at_alpha = 1 - floor.pass_probability(0.25, 0.25, 200, 0.05) ** 4
+    assert per_block_at_alpha > 0.1  # what the gate did before the split
+    sim = cal.profile_fail_rate(0.25, "correct", 400, np.random.default_rng(5), blocks)
+    assert sim.simulated <= 0.05 + Z * np.sqrt(0.05 * 0.95 / 400), sim  # 0.147 before: far above 0.078

@@ -192,3 +192,35 @@ def test_an_aa_engine_serving_another_model_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"aa_engine.*'llama-unstable'.*'smollm2-360m'.*'llama'.*'smollm2-135m'"):
         load_config(cfg, "smoke")
     assert load_config(Path(__file__).parent / "data" / "engine-unstable.toml", "smoke")  # the same model: fine
+
+
+def _level_summary(aa: dict, cands: dict, noise: float) -> dict:
+    flips = [{"item_id": d["item_id"], "seed": 0, "position": 3, "margin": d["margin"], "aa_margin": d["margin"],
+              "shift": 2 * d["margin"]} for d in aa["divergences"]]
+    aa_suite = {"aa_noise": {"pairs": aa["n"], "errors": [], "flips": flips, "positions": 8 * aa["n"],
+                             "missing_margins": 0, "missing_at": [], "max_shift": noise, "p99_shift": noise},
+                "identity": {"T=0": aa}}
+    out = {"near_tie_epsilon": {"value": 1e-3}, "candidates": {"base~aa": {"suites": {"a": aa_suite, "b": aa_suite}}}}
+    for name, ident in cands.items():
+        out["candidates"][name] = {"kind": "exact", "suites": {s: {"identity": {"T=0": dict(ident, divergences=[
+            dict(d) for d in ident["divergences"]])}} for s in ("a", "b")}}
+    return out
+
+
+def test_alpha_is_split_over_a_candidates_blocks_across_levels():
+    """Two suites at concurrency 2 and 4 (each with a floor) are four blocks of the same candidate:
+    each is tested at alpha / 4; a concurrency-1 level whose A/A noise is 0 cannot excuse anything
+    and takes no share; another candidate is its own family."""
+    from harness.config import Gates
+    gates = Gates()
+    aa, cand = block(40, [1, 2]), block(40, [5, 6, 7, 8, 9])   # 5 candidate-only, 0 A/A-only shared
+    parts = [(_level_summary(aa if c > 1 else block(40, []), {f"ngram@c{c}": cand, f"draft@c{c}": cand},
+                             0.1 if c > 1 else 0.0),
+              "base~aa", [f"ngram@c{c}", f"draft@c{c}"]) for c in (1, 2, 4)]
+    floor.apply_levels(parts, gates)
+    f = parts[1][0]["candidates"]["ngram@c2"]["suites"]["a"]["identity"]["T=0"]["floor"]
+    assert f["blocks"] == 4 and f["alpha"] == pytest.approx(gates.alpha / 4) and f["family_alpha"] == gates.alpha
+    # b=5, c=2: p = 0.227 either way; b=7 c=0: p = 0.0078 < 0.0125 fails, b=5 c=0 (p 0.031) passes at alpha / 4
+    assert floor.rate_test(5, 0, 40, f["alpha"])["exceeds"] is False
+    status = floor.gate_detail(parts[2][0]["candidates"]["draft@c4"]["suites"]["b"]["identity"]["T=0"])
+    assert status[0] == "pass" and "split over the candidate's 4 greedy blocks" in status[1]

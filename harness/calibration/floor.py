@@ -17,7 +17,8 @@ prompt; the rest are each run's own, independent between runs. Candidates, by sh
 - ``wider-noise``: a bug whose own noise is twice as wide: twice the rate, margins up to 2 NOISE,
   so some flips lie beyond the A/A noise and fail outright.
 The shipped sweep (regress-engine.toml: factual 10 and longform 8 greedy prompts at the two
-levels with a floor, concurrency 2 and 4) is four such blocks; the candidate passes when all four do.
+levels with a floor, concurrency 2 and 4) is four such blocks; the candidate passes when all four do,
+each tested at alpha / 4 (``floor.apply_levels``, the gate's split over a candidate's blocks).
 The A/A run's validity cap is lifted (``aa_floor_max = 1``): at the default 0.25 an A/A run at
 noise rate 0.25 is no floor half the time, a separate check with its own words.
 """
@@ -47,22 +48,39 @@ def _divs(prompts, margins) -> list[dict]:
 SHIPPED_BLOCKS = (10, 8, 10, 8)  # regress-engine.toml's sweep: (factual, longform) x (c2, c4)
 
 
-def gate_status(aa_prompts, aa_margins, cand_prompts, cand_margins, n: int, gates=GATES) -> str:
-    """The gate's verdict ("pass", "fail" or "inconclusive") on one study, through level_floor,
-    compare and gate_detail."""
+def _aa_summary(aa_prompts, aa_margins, n: int) -> dict:
+    """One suite's A/A run as the summary holds it: its identity block and its noise."""
     aa_ident = {"n": n, "identical": n - len(aa_prompts), "divergences": _divs(aa_prompts, aa_margins),
                 "near_ties": 0}
     flips = [{"item_id": d["item_id"], "seed": 0, "position": 3, "margin": d["margin"], "aa_margin": d["margin"],
               "shift": 2 * d["margin"]} for d in aa_ident["divergences"]]
-    aa = {"suites": {"s": {"aa_noise": {"pairs": n, "errors": [], "flips": flips, "positions": 8 * n,
-                                        "missing_margins": 0, "missing_at": [], "max_shift": NOISE,
-                                        "p99_shift": NOISE / 2},
-                           "identity": {"T=0": aa_ident}}}}
-    level = floor.level_floor("base~aa", aa, EPS, gates)
-    ident = {"n": n, "identical": n - len(cand_prompts), "divergences": _divs(cand_prompts, cand_margins),
-             "near_ties": 0}
-    ident["floor"] = floor.compare(ident, aa_ident, level, gates.alpha)
-    return floor.gate_detail(ident)[0]
+    return {"aa_noise": {"pairs": n, "errors": [], "flips": flips, "positions": 8 * n, "missing_margins": 0,
+                         "missing_at": [], "max_shift": NOISE, "p99_shift": NOISE / 2},
+            "identity": {"T=0": aa_ident}}
+
+
+def _cand_ident(cand_prompts, cand_margins, n: int) -> dict:
+    return {"n": n, "identical": n - len(cand_prompts), "divergences": _divs(cand_prompts, cand_margins),
+            "near_ties": 0}
+
+
+def family_statuses(blocks, gates=GATES) -> list[str]:
+    """The gate's verdicts on one candidate's blocks, each (aa_prompts, aa_margins, cand_prompts,
+    cand_margins, n), one block per suite at one level: through apply_levels (alpha split over the
+    candidate's blocks) -> level_floor -> compare -> gate_detail."""
+    summary = {"near_tie_epsilon": {"value": EPS},
+               "candidates": {"base~aa": {"suites": {}}, "cand": {"kind": "exact", "suites": {}}}}
+    for i, (aa_p, aa_m, c_p, c_m, n) in enumerate(blocks):
+        summary["candidates"]["base~aa"]["suites"][f"s{i}"] = _aa_summary(aa_p, aa_m, n)
+        summary["candidates"]["cand"]["suites"][f"s{i}"] = {"identity": {"T=0": _cand_ident(c_p, c_m, n)}}
+    floor.apply_levels([(summary, "base~aa", ["cand"])], gates)
+    return [floor.gate_detail(s["identity"]["T=0"])[0] for s in summary["candidates"]["cand"]["suites"].values()]
+
+
+def gate_status(aa_prompts, aa_margins, cand_prompts, cand_margins, n: int, gates=GATES) -> str:
+    """The gate's verdict ("pass", "fail" or "inconclusive") on one study, one block, through
+    level_floor, compare and gate_detail."""
+    return family_statuses([(aa_prompts, aa_margins, cand_prompts, cand_margins, n)], gates)[0]
 
 
 def _draw(rng, common, rate: float, n: int, width: float):
@@ -80,14 +98,19 @@ class _Common:
         self.mask = rng.random(n) < self.mean_rate
 
 
-def study(rng, rate: float, n: int, shape: str, shared: float = 0.0, judge=gate_status) -> str:
-    """One simulated study's verdict for a candidate of ``shape``."""
+def draw(rng, rate: float, n: int, shape: str, shared: float = 0.0) -> tuple:
+    """One block's (aa_prompts, aa_margins, cand_prompts, cand_margins, n) for a candidate of ``shape``."""
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {SHAPES}, not {shape!r}")
     cand_rate = rate if shape == "correct" else min(2 * rate, 1.0)
     width = 2 * NOISE if shape == "wider-noise" else NOISE / 2
     common = _Common(rng, rate, shared, n)
-    return judge(*_draw(rng, common, rate, n, NOISE / 2), *_draw(rng, common, cand_rate, n, width), n)
+    return (*_draw(rng, common, rate, n, NOISE / 2), *_draw(rng, common, cand_rate, n, width), n)
+
+
+def study(rng, rate: float, n: int, shape: str, shared: float = 0.0, judge=gate_status) -> str:
+    """One simulated study's verdict for a candidate of ``shape``, one block."""
+    return judge(*draw(rng, rate, n, shape, shared))
 
 
 def fail_rate(rate: float, n: int, shape: str, studies: int, rng, judge=gate_status, shared: float = 0.0) -> Rate:
@@ -97,14 +120,17 @@ def fail_rate(rate: float, n: int, shape: str, studies: int, rng, judge=gate_sta
 
 
 def profile_fail_rate(rate: float, shape: str, studies: int, rng, blocks=SHIPPED_BLOCKS, shared: float = 0.0) -> Rate:
-    """P(some block of the profile is not "pass"): the candidate is refused."""
-    fails = sum(any(study(rng, rate, n, shape, shared) != "pass" for n in blocks) for _ in range(studies))
+    """P(some block of the profile is not "pass"): the candidate is refused. The blocks are one
+    candidate's family, judged together (alpha split over them, as the gate does)."""
+    fails = sum(any(s != "pass" for s in family_statuses([draw(rng, rate, n, shape, shared) for n in blocks]))
+                for _ in range(studies))
     return Rate(fails / studies, studies, None)
 
 
 def profile_plan(rate: float, blocks=SHIPPED_BLOCKS, shared: float = 0.0) -> tuple[float, float]:
-    """Exact (P(pass | correct), P(fail | doubled)) over the profile's blocks, independent."""
-    plans = [floor.plan(rate, n, ALPHA, shared) for n in blocks]
+    """Exact (P(pass | correct), P(fail | doubled)) over the profile's blocks, independent, each
+    at alpha split over the blocks."""
+    plans = [floor.plan(rate, n, ALPHA / len(blocks), shared) for n in blocks]
     return float(np.prod([p["pass_correct"] for p in plans])), 1 - float(np.prod([1 - p["fail_doubled"] for p in plans]))
 
 

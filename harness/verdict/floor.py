@@ -13,8 +13,11 @@ The floor is measured in the units a divergence is judged in, logit margins, not
   epsilon and the noise scale are set against the A/A run's own, prompt by prompt: each prompt is
   a pair (A/A diverged?, candidate diverged?). A correct candidate and the A/A run are two draws
   of the same noise, so each discordant prompt is either's with probability 1/2; the exact
-  one-sided binomial test on them (`rate_test`, at `gates.alpha`) fails a candidate shown to
-  diverge more often. Not shown: pass. On this scale more prompts only add power against a
+  one-sided binomial test on them (`rate_test`) fails a candidate shown to diverge more often.
+  A candidate is judged in several greedy blocks (each suite at each concurrency level with a
+  floor): `gates.alpha` is split evenly over them (`apply_levels`, Bonferroni), so a correct
+  candidate is refused by some block with probability at most alpha, not about blocks x alpha
+  (4 blocks of 200 prompts at each at alpha: 0.147). Not shown: pass. On this scale more prompts only add power against a
   candidate that diverges twice as often (an absolute tolerance on the excess, as before, let a
   doubled rate pass at large n), and a correct candidate fails at most alpha at every size, the
   shipped 8-10 prompts included (it was refused ~(1 - rate)^n there).
@@ -38,6 +41,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -231,14 +235,18 @@ def plan_table(config, suites, plan_from: str | None = None) -> str:
             rate, source = max(rates), f"observed in {plan_from}"
     prof, g = config.profile, config.gates
     runs = len(prof.seeds) if 0.0 in prof.temperatures else 0
+    sizes = [(s, len(s.select(prof.subset)) * runs if hasattr(s, "select") else 0) for s in suites]
+    # alpha is split over a candidate's greedy blocks (`apply_levels`): each suite at each level
+    # with noise (concurrency 1 is assumed batch-invariant: strict identity, no share)
+    blocks = sum(n > 0 for _, n in sizes) * max(sum(c > 1 for c in (prof.concurrency or ())), 1)
+    alpha = g.alpha / max(blocks, 1)
     lines = [f"decodegate: A/A floor plan: exact engine candidates' divergences within the engine's noise pass unless "
-             f"the exact test shows them more frequent than the A/A run's (alpha {g.alpha:g}); at noise rate "
-             f"{rate:.3g} per prompt ({source}):"]
-    for s in suites:
-        n = len(s.select(prof.subset)) * runs if hasattr(s, "select") else 0
+             f"the exact test shows them more frequent than the A/A run's (alpha {g.alpha:g} split over "
+             f"{max(blocks, 1)} greedy block(s): {alpha:.3g} each); at noise rate {rate:.3g} per prompt ({source}):"]
+    for s, n in sizes:
         if not n:
             continue
-        p = plan(round(rate, 6), n, g.alpha)
+        p = plan(round(rate, 6), n, alpha)
         power = "enough" if p["enough"] else (f"about {p['needed']} would catch it with {PLAN_POWER:g}" if p["needed"]
                                               else f"no size up to {PLAN_MAX_N} would catch it with {PLAN_POWER:g}")
         lines.append(f"  {s.name:<12} {n:>5} greedy prompts: P(pass | correct) {p['pass_correct']:.3f}, "
@@ -246,10 +254,12 @@ def plan_table(config, suites, plan_from: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float) -> dict:
+def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float, blocks: int = 1) -> dict:
     """Floor statistics for one identity block; re-labels the candidate's divergences in place:
     "near-tie" (below eps), "within-floor" (up to the A/A noise scale), "real" (beyond it), or
-    "unknown" (no margin: never excused)."""
+    "unknown" (no margin: never excused). `alpha` is the candidate's family level, tested here at
+    alpha / blocks (the greedy blocks the candidate is judged in, `apply_levels`)."""
+    family_alpha, alpha = alpha, alpha / max(int(blocks), 1)
     key = lambda d: (d["item_id"], d["seed"])  # noqa: E731
     problems = list(level["problems"])
     if floor_ident is None:
@@ -276,7 +286,7 @@ def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float) ->
            "positions": level["positions"], "aa_flips": level["flips"], "n": n, "rate": rate,
            "candidate_rate": (n - ident["identical"]) / n if n else 0.0,
            "beyond_noise": counts["real"], "no_margin": counts["unknown"], "within_noise": counts["within-floor"],
-           **rate_test(b, c, n, alpha)}
+           "family_alpha": family_alpha, "blocks": max(int(blocks), 1), **rate_test(b, c, n, alpha)}
     if n:
         # Planned at the rate pooled over both runs (the one noise rate they share if the candidate
         # is correct; the A/A run's alone reads 0 where it flipped nothing), with the share of
@@ -287,14 +297,47 @@ def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float) ->
     return out
 
 
+def family(name: str) -> str:
+    """The candidate a level's copy belongs to ("llama-ngram@c2" -> "llama-ngram")."""
+    return re.sub(r"@c\d+$", "", name)
+
+
+def _can_excuse(level: dict) -> bool:
+    """A level whose floor can excuse a divergence: valid, its noise reaching the near-tie epsilon
+    (at noise 0, concurrency 1, the rule is strict identity and its rate test can never fail)."""
+    return level["valid"] and level["scale"] >= level["eps"]
+
+
+def apply_levels(parts, gates) -> None:
+    """`apply` at every level, `gates.alpha` split over each candidate's greedy blocks that a floor
+    judges: parts is [(summary of one level, its A/A run's name, its candidates' names)]. Without
+    the split a correct candidate judged in k blocks is refused by one of them up to ~k x alpha."""
+    levels, blocks = [], {}
+    for summary, floor_name, candidates in parts:
+        aa = summary["candidates"].get(floor_name)
+        if aa is None:
+            continue
+        eps = (summary.get("near_tie_epsilon") or {}).get("value", 0.0)
+        aa["floor"] = level = level_floor(floor_name, aa, eps, gates)
+        levels.append((summary, floor_name, candidates, level))
+        for name in candidates:
+            cand = summary["candidates"].get(name)
+            if cand is not None and cand["kind"] == "exact" and _can_excuse(level):
+                greedy = sum("T=0" in (s.get("identity") or {}) for s in cand["suites"].values())
+                blocks[family(name)] = blocks.get(family(name), 0) + greedy
+    for summary, floor_name, candidates, level in levels:
+        _attach(summary, floor_name, candidates, level, gates, blocks)
+
+
 def apply(summary: dict, floor_name: str, candidates: list[str], gates) -> None:
     """Measure the A/A run `floor_name` of one level (`summary["candidates"][floor_name]["floor"]`)
-    and attach `identity[...]["floor"]` to each exact candidate in `candidates` of that level."""
-    aa = summary["candidates"].get(floor_name)
-    if aa is None:
-        return
-    eps = (summary.get("near_tie_epsilon") or {}).get("value", 0.0)
-    level = aa["floor"] = level_floor(floor_name, aa, eps, gates)
+    and attach `identity[...]["floor"]` to each exact candidate in `candidates` of that level; one
+    level alone (`apply_levels` splits alpha over several)."""
+    apply_levels([(summary, floor_name, candidates)], gates)
+
+
+def _attach(summary: dict, floor_name: str, candidates, level: dict, gates, blocks: dict) -> None:
+    aa = summary["candidates"][floor_name]
     aa.setdefault("metrics", {})["aa_noise"] = level["scale"]
     for name in candidates:
         cand = summary["candidates"].get(name)
@@ -303,7 +346,7 @@ def apply(summary: dict, floor_name: str, candidates: list[str], gates) -> None:
         for suite, s in cand["suites"].items():
             for t, ident in s.get("identity", {}).items():
                 floor_ident = aa["suites"].get(suite, {}).get("identity", {}).get(t)
-                ident["floor"] = compare(ident, floor_ident, level, gates.alpha)
+                ident["floor"] = compare(ident, floor_ident, level, gates.alpha, blocks.get(family(name), 1))
                 if f"{suite}.real_divergences.{t}" in cand.get("metrics", {}):
                     cand["metrics"][f"{suite}.real_divergences.{t}"] = ident["real_divergences"]
 
@@ -364,12 +407,17 @@ def _plan_s(f: dict) -> str:
             f"the rate fails with {p['fail_doubled']:.3f}{more}")
 
 
+def _split_s(f: dict) -> str:
+    blocks = f.get("blocks", 1)
+    return f": {f['family_alpha']:g} split over the candidate's {blocks} greedy blocks" if blocks > 1 else ""
+
+
 def _rate_verdict(f: dict, head: str) -> tuple[str, str]:
     """Fail where the exact test shows the candidate diverging within the noise on more prompts
     than the A/A run (a ratio of rates above 1: more prompts only add power); else pass, with the
     plan's power against a doubled rate beside it."""
     detail = (f"{head}: {f['candidate_only']} candidate-only, {f['floor_only']} A/A-only prompts, excess rate "
-              f"{f['excess']:+.3f} (exact one-sided p={f['pvalue']:.3g}, alpha {f['alpha']:g}); {_plan_s(f)}")
+              f"{f['excess']:+.3f} (exact one-sided p={f['pvalue']:.3g}, alpha {f['alpha']:.3g}{_split_s(f)}); {_plan_s(f)}")
     if f["exceeds"]:
         return "fail", ("more than the floor: the candidate diverges within the noise on more prompts than the A/A "
                         "run: " + detail)
