@@ -92,3 +92,23 @@ def test_a_deaf_engine_whose_repeats_leave_the_nucleus_is_never_silent():
     out, not the pair, and the other 47 tokens still score the repeat."""
     out = cal.outcomes(0.9, 0.9, 8, 48, 4, 100, np.random.default_rng(5), off_reference=True)
     assert out["silent"] == 0.0 and out["warn"] == 0.0, out
+
+
+def test_the_routes_split_the_level_and_each_sees_its_shape():
+    """The shares of SEED_LEVEL sum to at most 1 (the union's false-alarm rate stays <= 1e-3); one
+    strong prompt among 16 fires min-p (16 x 1e-5) and not Fisher; the product route exists only
+    where every pair repeated, and the control route with it (issue-58 review, mutation pass)."""
+    import math
+    from harness.run.engine_exactness import SEED_ROUTES, route_pvalues
+    assert sum(SEED_ROUTES.values()) <= 1.0 + 1e-12 and min(SEED_ROUTES.values()) > 0
+    one = [{"pairs": 1, "repeats": [{"raised": math.log(1e-5)}], "log_p": math.log(1e-5)}]
+    honest = [{"pairs": 1, "repeats": [], "log_p": 0.0}] * 15
+    out = route_pvalues(one + honest, control_p=1e-9)
+    assert out["routes"]["min-p"] == pytest.approx(16e-5) and out["ignored"]
+    assert out["routes"]["fisher"] > out["route_levels"]["fisher"]
+    assert out["routes"]["product"] is None and out["routes"]["control"] is None
+    assert sum(out["route_levels"].values()) <= SEED_LEVEL * (1 + 1e-12)
+    every = route_pvalues([{"pairs": 1, "repeats": [{"raised": math.log(0.5)}], "log_p": math.log(0.5)}] * 18)
+    assert every["routes"]["product"] == pytest.approx(0.5 ** 18) and every["ignored"]
+    weak = route_pvalues([{"pairs": 1, "repeats": [{"raised": math.log(0.9)}], "log_p": math.log(0.9)}] * 18)
+    assert weak["routes"]["product"] == pytest.approx(0.9 ** 18) and not weak["ignored"]
