@@ -120,9 +120,9 @@ check: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/decodegate config-schema --output regress.schema.json --docs docs/configuration.md
 
-# The calibration studies' full grids (minutes): regenerates analysis/calibration/CALIBRATION.md.
+# The calibration studies' full grids (minutes): regenerates harness/calibration/CALIBRATION.md.
 calibrate: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m analysis.calibration.report
+	OMP_NUM_THREADS=1 $(BIN)/python -m harness.calibration.report
 
 regress: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/decodegate regress --config regress.toml --profile smoke

@@ -5,7 +5,7 @@ forensics (:mod:`.identity`), paired quality tests (:mod:`.paired`, :mod:`.quali
 distribution exactness (:mod:`.exactness`; the sequential PIT test, :mod:`.pit`), speculative
 acceptance (:mod:`.acceptance`), early-exit statistics (:mod:`.exits`), latency (:mod:`.latency`) and report figures
 (:mod:`.figures`, imported on demand because it loads matplotlib). Calibration of the tests:
-``python -m analysis.calibration.report`` (results in ``analysis/calibration/CALIBRATION.md``).
+``python -m harness.calibration.report`` (results in ``harness/calibration/CALIBRATION.md``).
 """
 
 from .acceptance import (

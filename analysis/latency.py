@@ -35,7 +35,11 @@ inconclusive gates where lengths are capped). Beside the total ratio: the
 median of the per-prompt speedups and the share of prompts that got slower (a total can be
 carried by a few long prompts while most got slower), and a Wilcoxon signed-rank p-value on
 per-prompt log ratios. The speed gate uses the one-sided lower bound ``lower_bound`` (at
-``lower_bound_level``).
+``lower_bound_level``). Where only a sample of a suite's prompts is timed (``paired_speedup``'s
+``suite``), the estimate and bound are the suite's, post-stratified on the baseline's lengths,
+known for every prompt (:func:`suite_bounds`): a sample that missed the long prompts is set
+right by the suite's own mix, or given no bound where the suite's prompts beyond the timed
+lengths carry too much of it.
 
 Percentiles use the median-unbiased estimator (Hyndman and Fan type 8): numpy's default (linear)
 p95 of 10 values falls below the true p95 about three times in four. ``p95_ci_low/high`` is the
@@ -48,7 +52,7 @@ Scope: numbers only; plots are in ``figures``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -182,6 +186,9 @@ class SpeedupResult:
     what a speed gate should use.
     ``median_prompt_speedup`` and ``share_prompts_slower`` describe the per-prompt speedups;
     ``pvalue``: two-sided Wilcoxon signed-rank test of their logs against 0.
+    ``suite_prompts``: where only a subset of a suite's prompts was timed, the suite's prompt
+    count; ``statistic`` and the bounds are then the suite's speedup post-stratified on the
+    baseline's lengths (:func:`suite_bounds`), and ``no_bound`` says why there is none.
     """
 
     statistic: float
@@ -201,6 +208,8 @@ class SpeedupResult:
     interval: str = "jackknife"
     length_log_sd: float = float("nan")
     length_log_sd_limit: float = float("nan")
+    suite_prompts: int = 0
+    no_bound: str = ""
 
     def confidence_interval(self) -> ConfidenceInterval:
         return ConfidenceInterval(self.ci_low, self.ci_high)
@@ -343,12 +352,110 @@ def speed_bounds(sums, *, confidence_level: float = 0.95, bound_level: float = 0
     return low, high, bound
 
 
+# The suite's speed from a timed subset (`suite_bounds`): strata of at least this many timed
+# prompts, consecutive by length; suite prompts more than UNSEEN_FACTOR times longer than the
+# longest timed one are unseen, and carrying more than UNSEEN_MAX of the suite's baseline tokens
+# they leave no bound (CALIBRATION.md, "The suite's speedup from a timed subset").
+STRATUM_PROMPTS, MAX_STRATA, UNSEEN_FACTOR, UNSEEN_MAX = 4, 4, 1.5, 0.05
+# Its Cornish-Fisher scale: at SKEW_FACTOR (6) the bound covered 0.936-0.969 over four runs of
+# 1,000 studies with 50 of 200 prompts timed, lengths bimodal (30 / 300 tokens) and gains falling
+# with length; at 12 it keeps a margin over 0.945 there (CALIBRATION.md).
+SUITE_SKEW_FACTOR = 12.0
+
+
+def _strata(x_timed, x_suite, suite_tokens, per_stratum: int):
+    """Stratum of each timed and each suite prompt: up to one stratum per ``per_stratum`` timed
+    prompts (at most MAX_STRATA), cut near the suite's token-weighted quantiles of log length; a
+    stratum with fewer than 2 timed prompts is merged into its shorter neighbour (the shortest
+    into its longer one)."""
+    h = int(min(max(len(x_timed) // per_stratum, 1), MAX_STRATA))
+    order = np.argsort(x_suite, kind="stable")
+    share = np.cumsum(suite_tokens[order]) / suite_tokens.sum()
+    quantiles = [x_suite[order][np.searchsorted(share, k / h)] for k in range(1, h)]
+    # Each cut snapped to the nearest midpoint between neighbouring timed lengths: a cut inside a
+    # cluster of suite lengths (bimodal outputs) would put long prompts in a stratum timed short.
+    xs = np.unique(x_timed)
+    mids = (xs[1:] + xs[:-1]) / 2 if xs.size > 1 else np.asarray(quantiles)
+    cuts = sorted({float(mids[np.argmin(np.abs(mids - q))]) for q in quantiles})
+    while True:
+        timed = np.searchsorted(np.asarray(cuts), x_timed, side="right")
+        counts = np.bincount(timed, minlength=len(cuts) + 1)
+        thin = np.flatnonzero(counts < 2)
+        if not cuts or not thin.size:
+            break
+        k = int(thin[-1])
+        del cuts[k - 1 if k > 0 else 0]  # the cut below it (the shortest stratum: the one above)
+    return timed, np.searchsorted(np.asarray(cuts), x_suite, side="right"), len(cuts) + 1
+
+
+def _separate_ratio(sums, strata, h: int, weight):
+    """Sum_h W_h (baseline s/token in h) / Sum_h W_h (candidate s/token in h)."""
+    bw, bn, cw, cn = (np.bincount(strata, weights=x, minlength=h) for x in sums)
+    return float(np.sum(weight * bw / bn) / np.sum(weight * cw / cn))
+
+
+def suite_bounds(sums, pairs, suite_tokens, suite_pairs, *, confidence_level: float = 0.95,
+                 bound_level: float = 0.95, min_prompts: int = MIN_PROMPTS) -> tuple[float, float, float, float, str]:
+    """The speedup over the whole suite from a timed subset of its prompts: (estimate, low, high,
+    bound, why none). ``sums`` (bw, bn, cw, cn) per timed prompt, ``pairs`` its pair count;
+    ``suite_tokens`` and ``suite_pairs`` the baseline's tokens and pairs per prompt over every
+    prompt of the suite (the baseline's output length is known for all of them). Post-stratified
+    on length: the timed prompts' seconds per token in each length stratum, weighted by the suite's
+    baseline tokens there (a separate ratio estimator; one stratum: the plain ratio of totals), so
+    a subset that holds too few long prompts is set right by the suite's own mix. Its standard
+    error is the stratified jackknife over timed prompts, with Student's t at the Satterthwaite df
+    of the strata's shares of it. The
+    estimand is the suite's speedup (every item timed), not the traffic's. Suite prompts longer
+    than any timed one carrying more than UNSEEN_MAX of its tokens: no bound (NaN and why)."""
+    sums = [np.asarray(x, dtype=float) for x in sums]
+    m = sums[0].size
+    x_timed = np.log(sums[1] / np.asarray(pairs, dtype=float))
+    x_suite = np.log(np.asarray(suite_tokens, dtype=float) / np.asarray(suite_pairs, dtype=float))
+    suite_tokens = np.asarray(suite_tokens, dtype=float)
+    unseen = float(suite_tokens[x_suite > x_timed.max() + np.log(UNSEEN_FACTOR)].sum() / suite_tokens.sum())
+    timed, suite, h = _strata(x_timed, x_suite, suite_tokens, STRATUM_PROMPTS)
+    weight = np.bincount(suite, weights=suite_tokens, minlength=h)
+    estimate = _separate_ratio(sums, timed, h, weight)
+    nan = float("nan")
+    if m < min_prompts:
+        return estimate, nan, nan, nan, f"{m} timed prompt(s), fewer than the {min_prompts} a bound needs"
+    if unseen > UNSEEN_MAX:
+        return estimate, nan, nan, nan, (f"{unseen:.0%} of the suite's baseline tokens are in prompts over "
+                                         f"{UNSEEN_FACTOR:g}x longer than any timed one")
+    keep = np.ones(m, dtype=bool)
+    loo = np.empty(m)
+    for i in range(m):
+        keep[i] = False
+        loo[i] = _separate_ratio([x[keep] for x in sums], timed[keep], h, weight)
+        keep[i] = True
+    n_h = np.bincount(timed, minlength=h).astype(float)
+    mean_h = np.bincount(timed, weights=loo, minlength=h) / n_h
+    v_h = np.bincount(timed, weights=(n_h[timed] - 1) / n_h[timed] * (loo - mean_h[timed]) ** 2, minlength=h)
+    se = float(np.sqrt(v_h.sum()))
+    if not se > 0:
+        return estimate, nan, nan, nan, "prompts whose speedups do not vary: no spread to bound it by"
+    # Satterthwaite: a variance carried by a stratum of few timed prompts rests on few df.
+    df = max(float(v_h.sum() ** 2 / np.sum(v_h ** 2 / (n_h - 1))), 1.0)
+    # The pseudo-values' skew (m estimate - (m - 1) loo): left-skewed moves the lower quantiles down,
+    # as in `speed_bounds` (a few prompts that gain less and carry much of the time).
+    dev = -(loo - mean_h[timed])
+    skew = float(np.mean(dev ** 3) / np.mean(dev ** 2) ** 1.5) if np.any(dev) else 0.0
+    low, high, bound = _t_bounds(np.float64(estimate), np.float64(se), df,
+                                 max(0.0, -skew) * SUITE_SKEW_FACTOR / (6 * np.sqrt(m)), confidence_level,
+                                 bound_level)
+    return estimate, float(low), float(high), float(bound), ""
+
+
 def paired_speedup(
     pairs: Sequence[Pair], *, confidence_level: float = 0.95, n_resamples: int = 9999,
     method: str = "jackknife", rng: np.random.Generator | int | None = None, alpha: float = 0.05,
-    clusters: np.ndarray | None = None, decode_only: bool = False,
+    clusters: np.ndarray | None = None, decode_only: bool = False, suite: Sequence[Pair] | None = None,
 ) -> SpeedupResult:
     """Speedup of the candidate over the baseline in wall time per token, paired by prompt.
+
+    ``suite``: every pair of the suite(s) the timed ``pairs`` were drawn from (the baseline's tokens
+    are known for all of them). Where it holds prompts that ``pairs`` lacks, the speedup and its
+    bounds are the suite's, post-stratified on the baseline's lengths (:func:`suite_bounds`).
 
     ``decode_only``: the decode phase only, wall - TTFT over the tokens after the first, what a
     theory of decoding steps (Leviathan's speedup) predicts; a pair where either side emitted one
@@ -382,9 +489,27 @@ def paired_speedup(
     pairs = kept
     bw, bn, cw, cn = (np.asarray(col, dtype=float) for col in zip(*rows))
     ids = prompt_clusters(pairs) if clusters is None else np.asarray(clusters, dtype=np.int64)
-    return speedup_from_arrays(bw, bn, cw, cn, ids, confidence_level=confidence_level, n_resamples=n_resamples,
-                               method=method, rng=rng, alpha=alpha,
-                               resampled="prompts" if clusters is None else "given clusters")
+    res = speedup_from_arrays(bw, bn, cw, cn, ids, confidence_level=confidence_level, n_resamples=n_resamples,
+                              method=method, rng=rng, alpha=alpha,
+                              resampled="prompts" if clusters is None else "given clusters")
+    lengths = _suite_lengths(suite, pairs) if suite is not None and clusters is None and not decode_only else None
+    if lengths is None or res.n_prompts < 2:
+        return res
+    sums = cluster_sums(ids, bw, bn, cw, cn)
+    est, low, high, bound, why = suite_bounds(sums, np.bincount(ids), *lengths, confidence_level=res.confidence_level,
+                                              bound_level=res.lower_bound_level)
+    return replace(res, statistic=est, ci_low=low, ci_high=high, lower_bound=bound, suite_prompts=lengths[0].size,
+                   no_bound=why, interval="post-stratified jackknife")
+
+
+def _suite_lengths(suite: Sequence[Pair], timed: Sequence[Pair]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(baseline tokens, pairs) per prompt of the suite, where it has prompts the timed pairs lack."""
+    rows = [p for p in suite if p.baseline.get("tokens")]
+    if not rows or {(p.key.suite, p.key.item_id) for p in rows} <= {(p.key.suite, p.key.item_id) for p in timed}:
+        return None
+    ids = prompt_clusters(rows)
+    tokens = np.bincount(ids, weights=[len(p.baseline["tokens"]) for p in rows])
+    return tokens, np.bincount(ids).astype(float)
 
 
 def speedup_from_arrays(

@@ -12,7 +12,7 @@ so ``delta = (wins - losses) / n``.
   observed table) has a false-alarm rate close to the nominal level and, for discordance up to
   0.5, not above it: exactly computed over n = 10..1000 pairs and discordance rates up to 0.5
   (same-prompt decoders are positively correlated; 0.5 is independence at a 50% pass rate) its
-  unconditional size peaks at 0.04995 (see ``analysis/calibration/CALIBRATION.md``). Fagerland, Lydersen and
+  unconditional size peaks at 0.04995 (see ``harness/calibration/CALIBRATION.md``). Fagerland, Lydersen and
   Laake (BMC Med Res Methodol 2013, 13:91) reach the same recommendation. Above a discordance of
   ~0.7 (decoders disagreeing on most prompts) it can exceed the level slightly (0.0510 at 0.8,
   0.077 at 1.0); there a difference is plain anyway. ``variant="exact"`` gives the conditional test.

@@ -41,7 +41,7 @@ the rank-class resolution, or the share of impossible tokens (the gate asks whet
 is further from the reference than the baseline control).
 
 Size and power (total variation 0.01-0.1, several distortion shapes, the shipped token counts):
-``analysis/calibration/CALIBRATION.md``. Pure functions; randomness comes from ``rng``.
+``harness/calibration/CALIBRATION.md``. Pure functions; randomness comes from ``rng``.
 """
 
 from __future__ import annotations

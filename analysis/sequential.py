@@ -26,7 +26,7 @@ The two tests are non-binding for each other (each one's boundaries ignore the o
 which can only lower either error rate. The z statistics of discrete counts are not exactly
 normal, so the guarantee is computed, not assumed: :func:`exact_operating` gives the exact
 probability of each verdict and the expected number of items for trinomial pass/fail pairs, by
-propagating the distribution of (wins, losses) from look to look (``analysis/calibration/CALIBRATION.md``).
+propagating the distribution of (wins, losses) from look to look (``harness/calibration/CALIBRATION.md``).
 """
 
 from __future__ import annotations

@@ -190,11 +190,6 @@ class Gates(Table):
         1.0, gt=0,
         description="the same for the A/A run's noise: its top-2 margins moving by more than this many logits is not"
                     " batch noise")
-    aa_excess_tolerance: Annotated[float, Must("a share of prompts in (0, 1)")] = Field(
-        0.10, gt=0, lt=1,
-        description="an exact candidate whose divergences lie within the A/A noise passes when its per-prompt "
-                    "divergence rate is shown (Tango non-inferiority at alpha) to exceed the A/A run's by less than "
-                    "this share of prompts")
 
 
 class Engine(Table):

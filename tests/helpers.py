@@ -71,9 +71,9 @@ def summary(run_dir: Path) -> dict:
 
 
 def record(suite, candidate: str, item_id: str, **fields) -> dict:
-    """One records.jsonl row of `suite` as the runner writes it: `analysis.calibration.synthetic.
+    """One records.jsonl row of `suite` as the runner writes it: `harness.calibration.synthetic.
     make_record`'s keywords go to it (greedy, seed 0 by default), any other field overrides the row."""
-    from analysis.calibration.synthetic import make_record
+    from harness.calibration.synthetic import make_record
     known = {k: fields.pop(k) for k in list(fields) if k in _MAKE_RECORD_KEYS}
     row = make_record(candidate=candidate, suite=suite.name, suite_hash=suite.hash, suite_version=suite.version,
                       item_id=item_id, **known)

@@ -5,16 +5,16 @@ signed-rank sum) must be <= 0.05; the *simulated* rate, an estimate with Monte C
 agree with the exact one and must not be significantly above 0.05 (one-sided, z = 2.576).
 Asymptotic tests whose exact rate cannot be enumerated (Wilcoxon with ties) are checked by
 simulation alone the same way. Power numbers are asserted against their exact values and
-written to analysis/calibration/CALIBRATION.md by `python -m analysis.calibration.report`.
+written to harness/calibration/CALIBRATION.md by `python -m harness.calibration.report`.
 """
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from analysis.calibration import paired_tests as cal
-from analysis.calibration import report as calreport
-from analysis.calibration.common import trinomial_grid
+from harness.calibration import paired_tests as cal
+from harness.calibration import report as calreport
+from harness.calibration.common import trinomial_grid
 from analysis import mcnemar, non_inferiority
 from analysis.paired import mcnemar_pvalue, tango_ni_pvalue
 
@@ -155,7 +155,8 @@ def test_calibrate_script_writes_report(tmp_path):
     for heading in ("McNemar, A/A", "McNemar power", "Wilcoxon", "type I error", "power (pass rate)",
                     "Gate verdicts under A/A", "passes every suite", "Speedup lower bound",
                     "p95 at small n", "Sequential PIT test", "Sequence goodness of fit", "Group-sequential",
-                    "A/A floor: false fails", "Engine seed gate"):
+                    "A/A floor: false fails", "Engine seed gate", "The suite's speedup from a timed subset",
+                    "More prompts only add power", "The shipped sweep", "Sparse and predictable deafness"):
         assert heading in text, heading
     assert "--grid small" in text  # a small-grid file says so
     # where gains fall with length the shipped speed bound covers, the jackknife it replaced does not
@@ -170,7 +171,7 @@ def test_calibrate_script_writes_report(tmp_path):
 
 # --------------------------------------------------------------- the gate's verdicts (issue 16)
 
-from analysis.calibration import gates as cg  # noqa: E402
+from harness.calibration import gates as cg  # noqa: E402
 
 
 @pytest.mark.parametrize("n", [10, 100, 200])

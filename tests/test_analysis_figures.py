@@ -5,7 +5,7 @@ import pytest
 
 from analysis import acceptance_summary, exit_summary, pair_records, quality_deltas
 from analysis import figures
-from analysis.calibration.synthetic import make_record, speculative_stats
+from harness.calibration.synthetic import make_record, speculative_stats
 
 
 def nonempty(path, suffix=".png"):

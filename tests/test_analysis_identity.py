@@ -5,7 +5,7 @@ import pytest
 from statsmodels.stats.proportion import proportion_confint
 
 from analysis import DEFAULT_EPS, common_prefix_length, pair_records, token_identity
-from analysis.calibration.synthetic import make_record
+from harness.calibration.synthetic import make_record
 
 BASE = [5, 6, 7, 8, 9, 10, 11, 12]
 

@@ -3,7 +3,7 @@
 import pytest
 
 from analysis import PairingError, pair_records, split_by_candidate
-from analysis.calibration.synthetic import make_record
+from harness.calibration.synthetic import make_record
 
 
 def side(name, items=("a", "b", "c"), seeds=(0,), suite_hash="h1", temperature=0.0, suite="factual"):

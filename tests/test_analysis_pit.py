@@ -4,7 +4,7 @@ verifier's positions from speculative stats, and the goodness-of-fit window's re
 import numpy as np
 import pytest
 
-from analysis.calibration import gates as cg
+from harness.calibration import gates as cg
 from analysis import pit
 from analysis.exactness import detectable_tv
 

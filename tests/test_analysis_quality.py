@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from analysis import holm, mcnemar, non_inferiority, pair_records, quality_deltas, wilcoxon_signed_rank
-from analysis.calibration.synthetic import make_record
+from harness.calibration.synthetic import make_record
 
 
 def build(rng, n=120):

@@ -9,7 +9,7 @@ from analysis import (
     theoretical_speedup,
 )
 from analysis.latency import decode_step_seconds, inter_token_latencies
-from analysis.calibration.synthetic import make_record, speculative_stats, token_times
+from harness.calibration.synthetic import make_record, speculative_stats, token_times
 
 # --------------------------------------------------------------------------------- theory
 

@@ -243,7 +243,7 @@ def finished_run(tmp_path, records_of, candidates: str = SPEC_CANDIDATE, baselin
 
 
 def _row(candidate: str, suite, item_id: str, decoder: str = "standard", **kw) -> dict:
-    from analysis.calibration.synthetic import make_record
+    from harness.calibration.synthetic import make_record
     return make_record(candidate=candidate, decoder=decoder, suite=suite.name, suite_hash=suite.hash, item_id=item_id,
                        passed=True, **kw)
 
@@ -300,7 +300,7 @@ def test_history_alpha_and_tau_are_the_reports(tmp_path):
     accepted over the drafts the verifier tested (0.72): two numbers for one run under one name
     (red-team finding)."""
     import json
-    from analysis.calibration.synthetic import speculative_stats
+    from harness.calibration.synthetic import speculative_stats
     rounds = {"i0": [4, 0, 2], "i1": [1, 1], "i2": [4, 4, 3, 0], "i3": [0, 2]}
 
     def records(suite):

@@ -1,17 +1,20 @@
-"""The A/A floor's calibration (analysis.calibration.floor) on a few hundred studies, through the
+"""The A/A floor's calibration (harness.calibration.floor) on a few hundred studies, through the
 gate's own code (level_floor -> compare -> gate_detail), in seconds:
-- a correct engine, at a size the plan calls enough, fails no more than alpha allows (and the check
-  has teeth: the rule the floor had before, an exact test of "more often" with an inconclusive for
-  small counts, fails it: here it fails three correct engines in ten);
-- a bug that doubles the rate is caught as often as the plan states, and the plan's pass figure is
-  the simulated one.
+- a correct engine at the shipped sweep's sizes (regress-engine.toml: blocks of 10, 8, 10, 8
+  greedy prompts) passes with probability >= 0.95 at noise rates 0.01-0.05, inconclusive counted
+  as a fail (and the check has teeth: the rule before, an absolute tolerance on the excess rate
+  with an inconclusive below the plan's size, refused such an engine most of the time);
+- more prompts never make a doubled rate more likely to pass (the rule before let it pass more
+  often the more prompts there were);
+- a bug that doubles the rate is caught as often as the plan states, shared divergences included.
 The full grid is in CALIBRATION.md (`make calibrate`)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from analysis.calibration import floor as cal
+from analysis.paired import tango_ni_pvalue
+from harness.calibration import floor as cal
 from harness.verdict import floor
 
 STUDIES = 200
@@ -19,38 +22,62 @@ Z = 2.576
 
 
 def old_rule(aa_prompts, aa_margins, cand_prompts, cand_margins, n: int) -> str:
-    """The floor's rate rule before issue 49: an exact one-sided test that the candidate diverges on
-    more prompts, inconclusive where even all discordant prompts on its side could not reject."""
+    """The floor's rate rule before issue 58: pass where Tango's test shows the excess rate below
+    an absolute 0.10, fail where the exact test shows "more often", else inconclusive (a fail)."""
     b, c = len(set(cand_prompts) - set(aa_prompts)), len(set(aa_prompts) - set(cand_prompts))
-    if b + c == 0:
+    if not len(cand_prompts) or tango_ni_pvalue(c, b, n, margin=0.1) < 0.05:
         return "pass"
-    if floor.rate_test(b, c, n, 0.05)["exceeds"]:
-        return "fail"
-    return "inconclusive" if b > c and 0.5 ** (b + c) >= 0.05 else "pass"
+    return "fail" if floor.rate_test(b, c, n, 0.05)["exceeds"] else "inconclusive"
 
 
-def cries_wolf(rate: cal.Rate, level: float = 0.05) -> bool:
-    return rate.simulated > level + Z * np.sqrt(level * (1 - level) / rate.studies)
+def refused(rate: float, studies: int, rng, judge) -> float:
+    return float(np.mean([any(cal.study(rng, rate, n, "correct", judge=judge) != "pass" for n in cal.SHIPPED_BLOCKS)
+                          for _ in range(studies)]))
 
 
-def test_a_correct_engine_fails_at_most_alpha_where_the_plan_says_enough():
-    rate, n = 0.01, 100
-    assert floor.plan(rate, n, 0.1, 0.05)["enough"]
-    shipped = cal.fail_rate(rate, n, "correct", STUDIES, np.random.default_rng(1))
-    assert not cries_wolf(shipped), shipped
-    before = cal.fail_rate(rate, n, "correct", STUDIES, np.random.default_rng(1), judge=old_rule)
-    assert cries_wolf(before), before
+@pytest.mark.parametrize("rate", [0.01, 0.05])
+def test_a_correct_engine_passes_the_shipped_sweep(rate):
+    ok, _ = cal.profile_plan(rate)
+    assert ok >= 0.95
+    now = cal.profile_fail_rate(rate, "correct", STUDIES, np.random.default_rng(1))
+    assert now.simulated <= 0.05, now
+    assert refused(rate, STUDIES, np.random.default_rng(1), old_rule) > 0.25  # 0.30 / 0.84 exactly
 
 
-@pytest.mark.parametrize("rate,n", [(0.1, 100), (0.05, 40)])
-def test_the_plan_states_the_power_the_gate_has(rate, n):
+def test_more_prompts_never_let_a_doubled_rate_pass_more_often():
+    """Exactly, through the plan (the rule summed over every outcome): P(fail | doubled) over
+    50-2,000 prompts never falls; under the old rule it fell from 0.71 at 100 prompts to 0.11 at
+    500 (rate 0.05)."""
+    ns = np.arange(50, 2001, 50)
+    for rate in (0.02, 0.05, 0.1):
+        power = np.array([floor.plan(rate, int(n), 0.05)["fail_doubled"] for n in ns])
+        assert np.all(np.diff(power) >= -1e-9), (rate, power)
+    old = [1 - np.sum([pr * (tango_ni_pvalue(c, b, n, margin=0.1) < 0.05 or (c + b == 0)) for (b, c), pr in
+                       _trinomial(0.05, 0.1, n)]) for n in (100, 500)]
+    assert old[1] < old[0] - 0.5, old
+
+
+def _trinomial(ra: float, rc: float, n: int):
+    """(candidate-only, A/A-only) counts and their probabilities, independent runs; rounded off
+    below 1e-12."""
+    from scipy import stats
+    pb, pc = rc * (1 - ra), ra * (1 - rc)
+    for d in range(n + 1):
+        pd = stats.binom.pmf(d, n, pb + pc)
+        if pd < 1e-12:
+            continue
+        for b in range(d + 1):
+            yield (b, d - b), pd * stats.binom.pmf(b, d, pb / (pb + pc))
+
+
+@pytest.mark.parametrize("rate,n,shared", [(0.1, 100, 0.0), (0.05, 200, 0.5)])
+def test_the_plan_states_the_power_the_gate_has(rate, n, shared):
     """Detection of the small-margin doubling bug, and the pass rate of a correct engine, match the
-    plan's exact figures within Monte Carlo error (at 0.05 x 40 the size is not enough: the plan
-    says so, and the figures still match)."""
-    p = floor.plan(rate, n, 0.1, 0.05)
+    plan's exact figures within Monte Carlo error, with shared divergences too."""
+    p = floor.plan(rate, n, 0.05, shared)
     rng = np.random.default_rng(2)
-    bug = cal.fail_rate(rate, n, "small-margins", STUDIES, rng)
-    ok = cal.fail_rate(rate, n, "correct", STUDIES, rng)
+    bug = cal.fail_rate(rate, n, "small-margins", STUDIES, rng, shared=shared)
+    ok = cal.fail_rate(rate, n, "correct", STUDIES, rng, shared=shared)
     for sim, exact in ((bug.simulated, p["fail_doubled"]), (1 - ok.simulated, p["pass_correct"])):
         assert abs(sim - exact) <= Z * np.sqrt(exact * (1 - exact) / STUDIES) + 1e-9, (sim, exact, p)
 
@@ -59,3 +86,17 @@ def test_a_wider_noise_fails_beyond_the_floor():
     """Flips beyond the A/A noise fail whatever the rate says."""
     wide = cal.fail_rate(0.05, 100, "wider-noise", 100, np.random.default_rng(3))
     assert wide.simulated > 0.9, wide
+
+
+def test_a_correct_candidate_judged_in_several_blocks_is_refused_at_most_alpha():
+    """The family: a correct candidate judged in 4 greedy blocks (2 suites x 2 levels) of 200
+    prompts, at noise rate 0.25 (aa_floor_max), through apply_levels -> level_floor -> compare ->
+    gate_detail. Each block at alpha refused it 0.147 exactly (0.039 per block); alpha split over
+    the blocks: 0.037."""
+    blocks = (200,) * 4
+    ok, _ = cal.profile_plan(0.25, blocks)
+    assert 1 - ok <= 0.05
+    per_block_at_alpha = 1 - floor.pass_probability(0.25, 0.25, 200, 0.05) ** 4
+    assert per_block_at_alpha > 0.1  # what the gate did before the split
+    sim = cal.profile_fail_rate(0.25, "correct", 400, np.random.default_rng(5), blocks)
+    assert sim.simulated <= 0.05 + Z * np.sqrt(0.05 * 0.95 / 400), sim  # 0.147 before: far above 0.078

@@ -16,7 +16,7 @@ def identity(divergences=(), n=10):
 def quality(n=100, wins=0, losses=0, margin=0.1, base_pass=None, seeds=1):
     """A suite's quality summary, as the analysis writes it, from discordant counts."""
     from analysis import pair_records, quality_delta
-    from analysis.calibration.synthetic import make_record
+    from harness.calibration.synthetic import make_record
     from harness.verdict.plain import plain as _plain
     base_pass = n - losses - 1 if base_pass is None else base_pass
     base, cand_ = [], []
@@ -380,7 +380,7 @@ def test_two_prompts_with_equal_speedups_give_no_bound():
     """Issue 49 (2): two prompts with exactly equal speedups gave a bound equal to the ratio (a
     jackknife standard error of 0), and passed min_speedup on two prompts."""
     from analysis import pair_records
-    from analysis.calibration.synthetic import make_record
+    from harness.calibration.synthetic import make_record
     from analysis.latency import paired_speedup
     from harness.verdict.plain import plain
     base = [make_record(item_id=f"p{i}", tokens=[1] * 10, wall_s=2.0 * (i + 1)) for i in range(2)]

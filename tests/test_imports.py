@@ -1,4 +1,6 @@
-"""Imports run one way: no circle of any length among the project's own modules.
+"""Imports run one way: no circle of any length among the project's own modules, and no import
+of `harness` from `analysis` (analysis is pure functions over records; the verdict uses it, never
+the reverse).
 
 The graph is read from the source with `ast` (every `import` and `from ... import`, relative ones
 and those inside functions included), so a circle closed by a lazy import inside a function is
@@ -110,3 +112,26 @@ def test_a_circle_three_modules_long_is_found(tmp_path):
     (pkg / "inner" / "c.py").write_text("def late():\n    from .. import a\n    return a\n")
     (pkg / "outside.py").write_text("from .a import *\n")
     assert import_cycles(tmp_path, ("loop",)) == [["loop.a", "loop.b", "loop.inner.c"]]
+
+
+def layering_violations(graph, lower: str, upper: str) -> list[str]:
+    """Each `module -> target` edge from package `lower` into package `upper`."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if m.split(".")[0] == lower
+                  for t in targets if t.split(".")[0] == upper)
+
+
+def test_analysis_never_imports_harness():
+    graph = import_graph(ROOT, PACKAGES)
+    assert "analysis.latency" in graph and "harness.calibration.floor" in graph
+    assert layering_violations(graph, "analysis", "harness") == []
+
+
+def test_an_analysis_import_of_harness_is_found(tmp_path):
+    """The rule sees an import of harness from analysis, lazy (inside a function) or relative-free."""
+    for package in ("analysis", "harness"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "harness" / "gate.py").write_text("from analysis import stats\n")
+    (tmp_path / "analysis" / "stats.py").write_text("def late():\n    from harness import gate\n")
+    graph = import_graph(tmp_path, ("analysis", "harness"))
+    assert layering_violations(graph, "analysis", "harness") == ["analysis.stats -> harness.gate"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.calibration.synthetic import make_record
+from harness.calibration.synthetic import make_record
 from harness.config import ConfigError, load_config
 from harness.verdict.gate import decide
 from harness.verdict.summary import summarize

@@ -415,7 +415,7 @@ def test_an_upload_cut_during_assessments_is_repaired_by_the_next_sync(tmp_path,
 def _folder(tmp_path):
     """A finished run folder with two candidates (an exact one that diverged once, a lossy one),
     from constructed records (test_ci_outputs.finished_run: regress's last step, no model)."""
-    from analysis.calibration.synthetic import speculative_stats
+    from harness.calibration.synthetic import speculative_stats
     from test_ci_outputs import SPEC_CANDIDATE, _row, finished_run
     lossy = ('[[candidates]]\nname = "ee"\ndecoder = "early-exit"\nkind = "lossy"\n'
              'options = { threshold = 0.5 }\n')
@@ -488,7 +488,7 @@ def test_a_run_synced_days_later_keeps_its_place_in_history(tmp_path, capsys):
     dated Wednesday, and marked Tuesday's (the real newest, on the new target) as "another target"
     (red-team finding)."""
     import calendar
-    from analysis.calibration.synthetic import speculative_stats
+    from harness.calibration.synthetic import speculative_stats
     from test_ci_outputs import _row, finished_run
 
     def rows(suite):

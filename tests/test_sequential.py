@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis.calibration import paired_tests as cal
-from analysis.calibration import report as calreport
-from analysis.calibration import sequential as cs
+from harness.calibration import paired_tests as cal
+from harness.calibration import report as calreport
+from harness.calibration import sequential as cs
 from analysis import sequential as seq
 
 ALPHA, LOSS_ALPHA, MARGIN = 0.05, 0.05 / 3, 0.10

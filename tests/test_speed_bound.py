@@ -1,12 +1,12 @@
 """The speed gate's lower bound (analysis.latency.speed_bounds through paired_speedup): coverage
 where the gain depends on output length (issue 49), the minimum number of prompts, and that the
-calibration (analysis.calibration.speed) computes what the gate uses."""
+calibration (harness.calibration.speed) computes what the gate uses."""
 import numpy as np
 import pytest
 
 from analysis import pair_records
-from analysis.calibration import speed
-from analysis.calibration.synthetic import make_record
+from harness.calibration import speed
+from harness.calibration.synthetic import make_record
 from analysis.latency import (MIN_PROMPTS, jackknife_bounds, length_log_sd, length_log_sd_limit, paired_speedup,
                               speed_bounds, speedup_from_arrays)
 from harness.config import Gates
@@ -131,3 +131,48 @@ def test_lengths_spread_too_widely_give_no_bound_and_the_gate_names_the_spread()
         else:
             assert gate.status == "fail" and "inconclusive" in gate.detail, gate.detail
             assert f"output lengths spread too widely (log-sd {sp.length_log_sd:.2f} over {m} prompts" in gate.detail
+
+
+def _suite_records(sums, k, prompts):
+    """Records of the given prompts of a simulated suite, each prompt's sums split evenly over its pairs."""
+    bw, bn, cw = (np.repeat(x[prompts] / k[prompts], k[prompts]) for x in (sums[0], sums[1], sums[2]))
+    return _records(bw, np.maximum(np.round(bn), 1), cw, np.repeat(prompts, k[prompts]), 0)
+
+
+def test_a_timed_subset_that_missed_the_long_prompts_gets_no_bound_and_says_why():
+    """Issue 58: lengths 90% ~30 and 10% ~300 tokens, gains falling with length. A speed sample of
+    10 of the suite's 200 prompts with no long one used to get a bound from those 10 alone, above
+    the suite's speedup; the suite's baseline lengths show what it missed, and there is no bound,
+    named in the gate. Given the long prompts too, the suite's speedup is post-stratified."""
+    from harness.calibration import suite_speed
+    sums, k, truth = suite_speed.suite("bimodal", np.random.default_rng(1))
+    length = sums[1] / k
+    short, long = np.flatnonzero(length < 100), np.flatnonzero(length > 150)
+    everything = _suite_records(sums, k, np.arange(200))
+    timed = paired_speedup(_suite_records(sums, k, short[:10]), suite=everything)
+    alone = paired_speedup(_suite_records(sums, k, short[:10]))
+    assert alone.lower_bound > truth and np.isnan(timed.lower_bound), (alone.lower_bound, truth)
+    assert timed.suite_prompts == 200 and "longer than any timed one" in timed.no_bound
+    d = decide({"kind": "exact", "decoder": "speculative", "suites": {}, "min_speedup": 1.0,
+                "speedup": plain(timed)}, Gates())
+    gate = next(g for g in d.results if g.name == "speed")
+    assert gate.status == "fail" and "longer than any timed one" in gate.detail and "of the 200" in gate.detail
+    both = paired_speedup(_suite_records(sums, k, np.r_[short[:8], long[:4]]), suite=everything)
+    assert both.interval == "post-stratified jackknife" and np.isfinite(both.lower_bound)
+    assert abs(both.statistic - truth) < abs(alone.statistic - truth)
+    assert paired_speedup(everything, suite=everything).suite_prompts == 0  # every prompt timed: as before
+
+
+def test_the_suite_bound_covers_on_the_issue_designs():
+    """A small version of CALIBRATION.md's table: 10 and 20 timed prompts of a 200-prompt suite,
+    bimodal and rare-long lengths: coverage of the suite's speedup (no bound counts as covering) at
+    least 0.95 less the Monte Carlo margin; the bound on the timed prompts alone fell short."""
+    from harness.calibration import suite_speed
+    studies = 200
+    threshold = 0.95 - Z * np.sqrt(0.95 * 0.05 / studies)
+    before = []
+    for design, m in (("bimodal", 10), ("rare-long", 20)):
+        r = suite_speed.operating(design, m, studies, np.random.default_rng(m))
+        assert r["now"][0].simulated >= threshold, (design, m, r)
+        before.append(r["before"][0].simulated)
+    assert min(before) < threshold, before

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from analysis import acceptance_summary, pair_records
-from analysis.calibration.synthetic import make_record
+from harness.calibration.synthetic import make_record
 from decoders.base import GenerationRequest, GenerationResult, Timing
 from decoders.engines import openai_compat, telemetry
 from decoders.engines.client import add_target_forwards

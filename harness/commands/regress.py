@@ -302,13 +302,16 @@ def summarize_levels(config, records, suites, exactness, head_cost=None, numeric
     from harness.verdict import floor
     from harness.run import sweep
     from harness.verdict.summary import summarize
-    summary = None
+    summary, parts, floors = None, [], []
     for level in sweep.levels(config):
         cfg = sweep.level_config(config, level)
         part = summarize(cfg, records, suites, exactness, lm_head_cost=head_cost, numerics=numerics, stops=stops)
+        parts.append((cfg, part, level))
         aa = [c.name for c in cfg.candidates if c.role == "aa-floor"]
         if aa:
-            floor.apply(part, aa[0], [c.name for c in cfg.candidates if c.role != "aa-floor"], config.gates)
+            floors.append((part, aa[0], [c.name for c in cfg.candidates if c.role != "aa-floor"]))
+    floor.apply_levels(floors, config.gates)  # alpha split over each candidate's blocks, all levels
+    for cfg, part, level in parts:
         for spec in cfg.candidates:
             part["candidates"][spec.name].update(role=spec.role, concurrency=level)
         if summary is None:

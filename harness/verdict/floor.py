@@ -9,18 +9,25 @@ The floor is measured in the units a divergence is judged in, logit margins, not
 - Beyond the noise is real. A candidate divergence whose baseline margin is above the noise scale
   (or that has no margin) fails the identity gate, whatever any rate test says: batch
   nondeterminism flips tokens at its own noise level, not at margin 0.5.
-- Within the noise, a non-inferiority test of rates. Divergences at margins between the near-tie
+- Within the noise, a test of the ratio of rates. Divergences at margins between the near-tie
   epsilon and the noise scale are set against the A/A run's own, prompt by prompt: each prompt is
-  a pair (A/A diverged?, candidate diverged?), and Tango's score test (analysis.paired, the one the
-  quality gate uses) asks whether the candidate's per-prompt rate exceeds the A/A run's by less
-  than `gates.aa_excess_tolerance`, at `gates.alpha`. Shown: pass. Not shown: fail where the exact
-  one-sided binomial test on the discordant prompts shows the candidate diverging more often, or
-  where the plan says the prompts suffice; else inconclusive, with the prompts that would decide.
-- The plan (`plan`): at the noise rate measured (the A/A run's and the candidate's pooled), the exact probability that this rule passes a
-  correct candidate (its divergences the same noise, independent of the A/A run's) and fails one
-  whose rate is twice the A/A run's, by enumerating the trinomial of discordant prompts; the size
-  is enough where a correct candidate passes with probability >= PLAN_PASS. Stated beside every
-  verdict. Calibrated by simulation through `compare` and `gate_detail` (analysis.calibration.floor).
+  a pair (A/A diverged?, candidate diverged?). A correct candidate and the A/A run are two draws
+  of the same noise, so each discordant prompt is either's with probability 1/2; the exact
+  one-sided binomial test on them (`rate_test`) fails a candidate shown to diverge more often.
+  A candidate is judged in several greedy blocks (each suite at each concurrency level with a
+  floor): `gates.alpha` is split evenly over them (`apply_levels`, Bonferroni), so a correct
+  candidate is refused by some block with probability at most alpha, not about blocks x alpha
+  (4 blocks of 200 prompts at each at alpha: 0.147). Not shown: pass. On this scale more prompts only add power against a
+  candidate that diverges twice as often (an absolute tolerance on the excess, as before, let a
+  doubled rate pass at large n), and a correct candidate fails at most alpha at every size, the
+  shipped 8-10 prompts included (it was refused ~(1 - rate)^n there).
+- The plan (`plan`): at the noise rate measured (both runs pooled) and the share of divergences
+  the two runs share (the baseline's own odd tokens: concordant prompts, no evidence either way),
+  the exact probability that the rule passes a correct candidate and fails one whose rate is
+  twice the A/A run's, summed over the binomial discordant count; "enough" where both reach
+  PLAN_PASS and PLAN_POWER, else the prompts that would catch a doubling. Stated beside every
+  verdict, so a pass at a size with little power says so. Calibrated by simulation through
+  `level_floor` -> `compare` -> `gate_detail` (harness.calibration.floor).
 - The A/A run is gated itself: error rows, missing margins, fewer pairs than the candidate, a
   divergence rate above `gates.aa_floor_max` or a noise scale above `gates.aa_noise_max` make the
   floor invalid. A candidate that needs the floor (a divergence above the near-tie epsilon) is
@@ -34,16 +41,17 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
 from analysis.identity import common_prefix_length
-from analysis.paired import NI_CONTINUITY_CORRECTION, ni_sample_size, tango_interval, tango_ni_pvalue
 
 MAX_LISTED = 3  # errors and flips named in a message
 PLAN_PASS = 0.95  # "the size is enough": a correct candidate passes with at least this probability
+PLAN_POWER = 0.8  # ... and a candidate that doubles the noise rate fails with at least this one
 PLAN_MAX_N = 5000  # prompts the plan searches up to
 PLAN_RATE = 0.05  # the engine's noise rate per prompt assumed before any A/A run measured one
 
@@ -134,7 +142,10 @@ def level_floor(aa_name: str, aa: dict, eps: float, gates) -> dict:
 def rate_test(b: int, c: int, n: int, alpha: float) -> dict:
     """One-sided exact test that the candidate diverges (within the noise) on more prompts than
     the A/A run: b candidate-only and c A/A-only discordant prompts, Binomial(b + c, 1/2) under
-    the null. The decision is its Clopper-Pearson lower bound on b / (b + c) above 1/2."""
+    the null (a correct candidate and the A/A run are two draws of the same noise, so each
+    discordant prompt is either's with probability 1/2, whatever the rate and whatever share of
+    divergences the two runs share). The test is of the ratio of the two rates: a candidate
+    diverging twice as often as the noise is caught more often the more prompts there are."""
     if b + c == 0:
         return {"candidate_only": b, "floor_only": c, "pvalue": 1.0, "share_lower_bound": 0.0,
                 "difference_lower_bound": 0.0 if n else float("nan"), "alpha": alpha, "exceeds": False}
@@ -142,69 +153,72 @@ def rate_test(b: int, c: int, n: int, alpha: float) -> dict:
     low = float(t.proportion_ci(confidence_level=1 - alpha, method="exact").low)
     return {"candidate_only": b, "floor_only": c, "pvalue": float(t.pvalue), "share_lower_bound": low,
             # (b - c) / n with b / (b + c) at its bound, given the discordant count
-            "difference_lower_bound": (b + c) * (2 * low - 1) / n, "alpha": alpha, "exceeds": low > 0.5}
+            "difference_lower_bound": (b + c) * (2 * low - 1) / n, "alpha": alpha,
+            "exceeds": bool(t.pvalue < alpha)}
 
 
-def passes(b, c, diverged, n: int, tolerance: float, alpha: float):
-    """The floor's pass rule, vectorised: the candidate diverged within the noise on no prompt, or
-    its excess rate over the A/A run's is shown below ``tolerance`` (Tango's score test of
-    non-inferiority with the A/A run as the baseline: a prompt the A/A run left and the candidate
-    kept is a win, b candidate-only prompts are losses)."""
-    return (np.asarray(diverged) == 0) | (tango_ni_pvalue(c, b, n, margin=tolerance) < alpha)
+@functools.lru_cache(maxsize=64)
+def critical_counts(n: int, alpha: float) -> np.ndarray:
+    """For each discordant count D = 0..n, the fewest candidate-only prompts the exact test
+    (`rate_test`) calls an excess: the smallest k with P(Binomial(D, 1/2) >= k) < alpha."""
+    d = np.arange(n + 1)
+    k = np.nan_to_num(stats.binom.isf(alpha, d, 0.5), nan=0.0).astype(int) + 1
+    k = np.where(stats.binom.sf(k - 1, d, 0.5) < alpha, k, k + 1)  # isf's boundary, where sf == alpha
+    return np.minimum(k, d + 1)  # d + 1: no count of d prompts is an excess
 
 
-@functools.lru_cache(maxsize=4096)
-def excess_test(b: int, c: int, diverged: int, n: int, tolerance: float, alpha: float) -> dict:
-    """`passes` for one block, with its p-value and the upper bound on the excess rate it inverts."""
-    upper = -tango_interval(c, b, n, confidence_level=1 - alpha, alternative="greater",
-                            continuity_correction=NI_CONTINUITY_CORRECTION).low
-    return {"tolerance": tolerance, "excess": (b - c) / n, "excess_upper_bound": upper,
-            "ni_pvalue": float(tango_ni_pvalue(c, b, n, margin=tolerance)),
-            "shown_within": bool(passes(b, c, diverged, n, tolerance, alpha))}
+def passes(b, c, alpha: float):
+    """The floor's rate rule, vectorised: within the floor unless the exact test shows the
+    candidate diverging within the noise on more prompts than the A/A run."""
+    b, c = np.asarray(b), np.asarray(c)
+    return ~((b + c > 0) & (stats.binom.sf(b - 1, b + c, 0.5) < alpha))
 
 
-def pass_probability(aa_rate: float, cand_rate: float, n: int, tolerance: float, alpha: float) -> float:
-    """P(`passes`) exactly, when each prompt diverges in the A/A run with probability aa_rate and
-    in the candidate with cand_rate, independently: the trinomial of (A/A-only, candidate-only)
-    prompts, plus the candidate that diverged nowhere (it passes whatever the A/A run did)."""
-    p_c, p_b = aa_rate * (1 - cand_rate), cand_rate * (1 - aa_rate)
-    c = np.arange(n + 1)[:, None]
-    b = np.arange(n + 1)[None, :]
-    cond = p_b / (1 - p_c) if p_c < 1 else 0.0
-    pmf = stats.binom.pmf(c, n, p_c) * stats.binom.pmf(b, np.maximum(n - c, 0), cond) * ((b + c) <= n)
-    shown = tango_ni_pvalue(c, b, n, margin=tolerance) < alpha
-    none = (1 - cand_rate) ** n * float(np.sum(stats.binom.pmf(c[:, 0], n, aa_rate) * ~shown[:, 0]))
-    return float(np.sum(pmf * shown) + none)
+def pass_probability(aa_rate: float, cand_rate: float, n: int, alpha: float, shared: float = 0.0) -> float:
+    """P(`passes`) exactly over n prompts. Per prompt, with probability shared * aa_rate both runs
+    diverge from the baseline together (the baseline's own odd token: a concordant prompt); else
+    the A/A run diverges with probability aa_rate - that and the candidate with cand_rate - that,
+    independently. Summed over the discordant count D, binomial, and the candidate-only share."""
+    both = min(shared * aa_rate, aa_rate, cand_rate)
+    a, c = (aa_rate - both) / (1 - both), (cand_rate - both) / (1 - both)
+    p_aa, p_cand = (1 - both) * a * (1 - c), (1 - both) * c * (1 - a)
+    if p_aa + p_cand <= 0:
+        return 1.0
+    d = np.arange(n + 1)
+    k = critical_counts(n, alpha)
+    pass_given_d = stats.binom.cdf(k - 1, d, p_cand / (p_aa + p_cand))
+    return float(np.sum(stats.binom.pmf(d, n, p_aa + p_cand) * pass_given_d))
 
 
 @functools.lru_cache(maxsize=1024)
-def plan(aa_rate: float, n: int, tolerance: float, alpha: float) -> dict:
-    """What the rule can decide at n prompts when the engine's noise rate is aa_rate: P(pass) of a
-    correct candidate, P(fail) of one that doubles the rate, whether the size is enough (the first
-    >= PLAN_PASS), and the prompts that would make it so (bisection on the exact figure, from the
-    normal approximation; the exact figure saws a little between neighbouring n; None beyond
-    PLAN_MAX_N)."""
-    correct = pass_probability(aa_rate, aa_rate, n, tolerance, alpha) if n else 0.0
-    doubled = 1 - pass_probability(aa_rate, min(2 * aa_rate, 1.0), n, tolerance, alpha) if n else 0.0
-    enough = correct >= PLAN_PASS
-    needed = n if enough else _needed(aa_rate, tolerance, alpha, max(n, 1))
-    return {"noise_rate": aa_rate, "n": n, "pass_correct": correct, "fail_doubled": doubled,
-            "enough": enough, "needed": needed, "target": PLAN_PASS}
+def plan(aa_rate: float, n: int, alpha: float, shared: float = 0.0) -> dict:
+    """What the rule decides at n prompts when the engine's noise rate is aa_rate (and that share
+    of divergences is the baseline's own, in both runs): P(pass) of a correct candidate, P(fail)
+    of one that doubles the rate, whether the size is enough (both targets met), and the prompts
+    that would catch the doubling with PLAN_POWER (None beyond PLAN_MAX_N). P(fail | doubled) is
+    non-decreasing in n (CALIBRATION.md, "A/A floor"), so the search bisects."""
+    correct = pass_probability(aa_rate, aa_rate, n, alpha, shared) if n else 1.0
+    doubled = 1 - pass_probability(aa_rate, min(2 * aa_rate, 1.0), n, alpha, shared) if n else 0.0
+    enough = correct >= PLAN_PASS and doubled >= PLAN_POWER
+    needed = n if doubled >= PLAN_POWER else _needed(aa_rate, alpha, shared, max(n, 1))
+    return {"noise_rate": aa_rate, "shared": shared, "n": n, "pass_correct": correct, "fail_doubled": doubled,
+            "enough": enough, "needed": needed, "target": PLAN_PASS, "power_target": PLAN_POWER}
 
 
-def _needed(rate: float, tolerance: float, alpha: float, start: int) -> int | None:
-    def enough(m):
-        return pass_probability(rate, rate, m, tolerance, alpha) >= PLAN_PASS
-    guess = ni_sample_size(max(2 * rate * (1 - rate), 1e-6), tolerance, alpha=alpha, power=PLAN_PASS) or start
-    lo, hi = start, max(start + 1, guess)
-    while not enough(hi):
-        lo, hi = hi, int(hi * 1.3) + 1
-        if hi > PLAN_MAX_N:
+def _needed(rate: float, alpha: float, shared: float, start: int) -> int | None:
+    def caught(m):
+        return 1 - pass_probability(rate, min(2 * rate, 1.0), m, alpha, shared) >= PLAN_POWER
+    if rate <= 0:
+        return None
+    lo, hi = start, max(start + 1, 2 * start)
+    while not caught(hi):
+        lo, hi = hi, 2 * hi
+        if lo >= PLAN_MAX_N:
             return None
-    while hi - lo > 1:  # enough(hi), not known for lo
+    while hi - lo > 1:  # caught(hi), not known for lo
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
-    return hi
+        lo, hi = (lo, mid) if caught(mid) else (mid, hi)
+    return hi if hi <= PLAN_MAX_N else None
 
 
 def plan_table(config, suites, plan_from: str | None = None) -> str:
@@ -221,29 +235,35 @@ def plan_table(config, suites, plan_from: str | None = None) -> str:
             rate, source = max(rates), f"observed in {plan_from}"
     prof, g = config.profile, config.gates
     runs = len(prof.seeds) if 0.0 in prof.temperatures else 0
-    lines = [f"decodegate: A/A floor plan: exact engine candidates' divergences within the engine's noise pass when "
-             f"the excess rate is shown below {g.aa_excess_tolerance:g} (alpha {g.alpha:g}); at noise rate "
-             f"{rate:.3g} per prompt ({source}):"]
-    for s in suites:
-        n = len(s.select(prof.subset)) * runs if hasattr(s, "select") else 0
+    sizes = [(s, len(s.select(prof.subset)) * runs if hasattr(s, "select") else 0) for s in suites]
+    # alpha is split over a candidate's greedy blocks (`apply_levels`): each suite at each level
+    # with noise (concurrency 1 is assumed batch-invariant: strict identity, no share)
+    blocks = sum(n > 0 for _, n in sizes) * max(sum(c > 1 for c in (prof.concurrency or ())), 1)
+    alpha = g.alpha / max(blocks, 1)
+    lines = [f"decodegate: A/A floor plan: exact engine candidates' divergences within the engine's noise pass unless "
+             f"the exact test shows them more frequent than the A/A run's (alpha {g.alpha:g} split over "
+             f"{max(blocks, 1)} greedy block(s): {alpha:.3g} each); at noise rate {rate:.3g} per prompt ({source}):"]
+    for s, n in sizes:
         if not n:
             continue
-        p = plan(round(rate, 6), n, g.aa_excess_tolerance, g.alpha)
+        p = plan(round(rate, 6), n, alpha)
         # A plan that predicts a refusal says so, and what would decide (not a bare probability).
         likely = (f"; with {n}, a correct candidate likely ends inconclusive (it passes "
                   f"{p['pass_correct']:.0%} of the time)" if p["pass_correct"] < 0.5 else "")
-        verdict = "enough" if p["enough"] else (
-            f"not enough: about {p['needed']} would decide (more seeds or prompts){likely}" if p["needed"]
-            else f"not enough at any size up to {PLAN_MAX_N}{likely}")
+        power = "enough" if p["enough"] else (f"about {p['needed']} would catch it with {PLAN_POWER:g}" if p["needed"]
+                                              else f"no size up to {PLAN_MAX_N} would catch it with {PLAN_POWER:g}")
+        power += likely
         lines.append(f"  {s.name:<12} {n:>5} greedy prompts: P(pass | correct) {p['pass_correct']:.3f}, "
-                     f"P(fail | rate doubled) {p['fail_doubled']:.3f}; {verdict}")
+                     f"P(fail | rate doubled) {p['fail_doubled']:.3f}; {power}")
     return "\n".join(lines)
 
 
-def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float, tolerance: float = 0.10) -> dict:
+def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float, blocks: int = 1) -> dict:
     """Floor statistics for one identity block; re-labels the candidate's divergences in place:
     "near-tie" (below eps), "within-floor" (up to the A/A noise scale), "real" (beyond it), or
-    "unknown" (no margin: never excused)."""
+    "unknown" (no margin: never excused). `alpha` is the candidate's family level, tested here at
+    alpha / blocks (the greedy blocks the candidate is judged in, `apply_levels`)."""
+    family_alpha, alpha = alpha, alpha / max(int(blocks), 1)
     key = lambda d: (d["item_id"], d["seed"])  # noqa: E731
     problems = list(level["problems"])
     if floor_ident is None:
@@ -270,23 +290,58 @@ def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float, to
            "positions": level["positions"], "aa_flips": level["flips"], "n": n, "rate": rate,
            "candidate_rate": (n - ident["identical"]) / n if n else 0.0,
            "beyond_noise": counts["real"], "no_margin": counts["unknown"], "within_noise": counts["within-floor"],
-           **rate_test(b, c, n, alpha)}
+           "family_alpha": family_alpha, "blocks": max(int(blocks), 1), **rate_test(b, c, n, alpha)}
     if n:
-        # Planned at the rate pooled over both runs: the one noise rate they share if the candidate
-        # is correct (the A/A run's alone reads 0 where it happened to flip nothing).
-        out.update(excess_test(b, c, len(mine), n, tolerance, alpha),
-                   plan=dict(plan(round((len(aa) + len(mine)) / (2 * n), 6), n, tolerance, alpha)))
+        # Planned at the rate pooled over both runs (the one noise rate they share if the candidate
+        # is correct; the A/A run's alone reads 0 where it flipped nothing), with the share of
+        # divergences both runs have on the same prompt (the baseline's own odd tokens).
+        pooled = len(aa) + len(mine)
+        shared = round(2 * len(aa & mine) / pooled, 3) if pooled else 0.0
+        out.update(excess=(b - c) / n, plan=dict(plan(round(pooled / (2 * n), 6), n, alpha, shared)))
     return out
+
+
+def family(name: str) -> str:
+    """The candidate a level's copy belongs to ("llama-ngram@c2" -> "llama-ngram")."""
+    return re.sub(r"@c\d+$", "", name)
+
+
+def _can_excuse(level: dict) -> bool:
+    """A level whose floor can excuse a divergence: valid, its noise reaching the near-tie epsilon
+    (at noise 0, concurrency 1, the rule is strict identity and its rate test can never fail)."""
+    return level["valid"] and level["scale"] >= level["eps"]
+
+
+def apply_levels(parts, gates) -> None:
+    """`apply` at every level, `gates.alpha` split over each candidate's greedy blocks that a floor
+    judges: parts is [(summary of one level, its A/A run's name, its candidates' names)]. Without
+    the split a correct candidate judged in k blocks is refused by one of them up to ~k x alpha."""
+    levels, blocks = [], {}
+    for summary, floor_name, candidates in parts:
+        aa = summary["candidates"].get(floor_name)
+        if aa is None:
+            continue
+        eps = (summary.get("near_tie_epsilon") or {}).get("value", 0.0)
+        aa["floor"] = level = level_floor(floor_name, aa, eps, gates)
+        levels.append((summary, floor_name, candidates, level))
+        for name in candidates:
+            cand = summary["candidates"].get(name)
+            if cand is not None and cand["kind"] == "exact" and _can_excuse(level):
+                greedy = sum("T=0" in (s.get("identity") or {}) for s in cand["suites"].values())
+                blocks[family(name)] = blocks.get(family(name), 0) + greedy
+    for summary, floor_name, candidates, level in levels:
+        _attach(summary, floor_name, candidates, level, gates, blocks)
 
 
 def apply(summary: dict, floor_name: str, candidates: list[str], gates) -> None:
     """Measure the A/A run `floor_name` of one level (`summary["candidates"][floor_name]["floor"]`)
-    and attach `identity[...]["floor"]` to each exact candidate in `candidates` of that level."""
-    aa = summary["candidates"].get(floor_name)
-    if aa is None:
-        return
-    eps = (summary.get("near_tie_epsilon") or {}).get("value", 0.0)
-    level = aa["floor"] = level_floor(floor_name, aa, eps, gates)
+    and attach `identity[...]["floor"]` to each exact candidate in `candidates` of that level; one
+    level alone (`apply_levels` splits alpha over several)."""
+    apply_levels([(summary, floor_name, candidates)], gates)
+
+
+def _attach(summary: dict, floor_name: str, candidates, level: dict, gates, blocks: dict) -> None:
+    aa = summary["candidates"][floor_name]
     aa.setdefault("metrics", {})["aa_noise"] = level["scale"]
     for name in candidates:
         cand = summary["candidates"].get(name)
@@ -295,7 +350,7 @@ def apply(summary: dict, floor_name: str, candidates: list[str], gates) -> None:
         for suite, s in cand["suites"].items():
             for t, ident in s.get("identity", {}).items():
                 floor_ident = aa["suites"].get(suite, {}).get("identity", {}).get(t)
-                ident["floor"] = compare(ident, floor_ident, level, gates.alpha, gates.aa_excess_tolerance)
+                ident["floor"] = compare(ident, floor_ident, level, gates.alpha, blocks.get(family(name), 1))
                 if f"{suite}.real_divergences.{t}" in cand.get("metrics", {}):
                     cand["metrics"][f"{suite}.real_divergences.{t}"] = ident["real_divergences"]
 
@@ -348,29 +403,29 @@ def gate_detail(ident: dict) -> tuple[str, str] | None:
 
 def _plan_s(f: dict) -> str:
     p = f["plan"]
-    return (f"plan at the noise rate {p['noise_rate']:.3g} (both runs pooled) over {p['n']} prompts: a correct engine passes "
-            f"with probability {p['pass_correct']:.3f}, one that doubles the rate fails with {p['fail_doubled']:.3f}")
+    more = ("" if p["fail_doubled"] >= p["power_target"] else
+            f" (about {p['needed']} prompts would catch it with {p['power_target']:g})" if p["needed"] else
+            f" (no size up to {PLAN_MAX_N} prompts would catch it with {p['power_target']:g})")
+    return (f"plan at the noise rate {p['noise_rate']:.3g} (both runs pooled, {p['shared']:.0%} of it shared) over "
+            f"{p['n']} prompts: a correct engine passes with probability {p['pass_correct']:.3f}, one that doubles "
+            f"the rate fails with {p['fail_doubled']:.3f}{more}")
+
+
+def _split_s(f: dict) -> str:
+    blocks = f.get("blocks", 1)
+    return f": {f['family_alpha']:g} split over the candidate's {blocks} greedy blocks" if blocks > 1 else ""
 
 
 def _rate_verdict(f: dict, head: str) -> tuple[str, str]:
-    """Pass when the excess rate is shown below the tolerance; else fail where the candidate is shown
-    to diverge more often or the plan says the prompts suffice; else inconclusive with the size."""
-    tol = f["tolerance"]
-    detail = (f"{head}: {f['candidate_only']} candidate-only, {f['floor_only']} A/A-only; excess rate over the A/A "
-              f"run's {f['excess']:+.3f}, <= {f['excess_upper_bound']:+.3f} (one-sided {1 - f['alpha']:.0%} Tango "
-              f"bound), tolerance {tol:g} (p={f['ni_pvalue']:.3g}); {_plan_s(f)}")
-    if f["shown_within"]:
-        return "pass", f"within the floor: excess rate shown below the tolerance {tol:g}: " + detail
+    """Fail where the exact test shows the candidate diverging within the noise on more prompts
+    than the A/A run (a ratio of rates above 1: more prompts only add power); else pass, with the
+    plan's power against a doubled rate beside it."""
+    detail = (f"{head}: {f['candidate_only']} candidate-only, {f['floor_only']} A/A-only prompts, excess rate "
+              f"{f['excess']:+.3f} (exact one-sided p={f['pvalue']:.3g}, alpha {f['alpha']:.3g}{_split_s(f)}); {_plan_s(f)}")
     if f["exceeds"]:
-        return "fail", (f"more than the floor: the candidate diverges within the noise on more prompts than the A/A "
-                        f"run (exact one-sided p={f['pvalue']:.3g}): " + detail)
-    p = f["plan"]
-    if p["enough"]:
-        return "fail", f"more than the floor: excess rate not shown below the tolerance {tol:g}: " + detail
-    more = (f"about {p['needed']} prompts would pass a correct engine with probability {p['target']:g}"
-            if p["needed"] else f"no size up to {PLAN_MAX_N} prompts would")
-    return "inconclusive", (f"inconclusive: {f['n']} prompts cannot show the excess rate below the tolerance "
-                            f"{tol:g} at this noise rate; {more}: " + detail)
+        return "fail", ("more than the floor: the candidate diverges within the noise on more prompts than the A/A "
+                        "run: " + detail)
+    return "pass", "within the floor: no excess over the A/A run's rate shown: " + detail
 
 
 def describe(level: dict) -> str:

@@ -294,74 +294,78 @@ def _exactness_gates(cand: dict, gates: Gates) -> list[GateResult]:
     family = len(tested) + sum(c is not None and c.get("pvalue") is not None for c in (control, draft))
     level = gates.exactness_pvalue / max(family, 1)  # Bonferroni over the checks and controls that ran
     exercised = _rejections(ex)
-    control_bad, draft_bad = _failed(control, level), _failed(draft, level)
     out = _control_gates(pit, level, gates)
     for name, c in checks:
-        counts = f"{c.get('proposed', 0)} draft tokens proposed, {c.get('rejected', 0)} rejected"
-        n = c.get("n", 0)
-        failed = _failed(c, level)
-        if failed and draft_bad and name == "exactness PIT rejected":
-            seen = (f"{c['impossible']} correction(s) outside the residual's support" if c.get("impossible")
-                    else f"p={c['pvalue']:.3g}")
-            out.append(GateResult(name, _inconclusive(gates), f"inconclusive: its residual rests on the rebuilt draft "
-                                  f"q, which the draft control shows broken ({seen}, {n} tokens); {counts}"))
-            continue
-        against = ""
-        if failed and control_bad and "PIT" in name:
-            # The shared sampler is wrong (exactness control): the candidate is excused only where it is
-            # no further from the reference than the baseline's own samples.
-            mine, theirs = c.get("deviation"), control.get("deviation")
-            if mine is not None and theirs is not None and mine <= theirs:
-                out.append(GateResult(name, _inconclusive(gates), f"inconclusive: fails ({_evidence(c, level)}), but "
-                                      f"no further from the reference than the baseline's own samples (deviation "
-                                      f"{mine:.3f} <= {theirs:.3f}): the harness's sampler is at fault; {counts}"))
-                continue
-            against = (f"; further from the reference than the baseline's own samples (deviation {mine:.3f} > "
-                       f"{theirs:.3f})" if mine is not None and theirs is not None else
-                       "; its deviation cannot be set against the baseline's")
-        if c.get("impossible"):
-            out.append(GateResult(name, "fail", f"{c['impossible']} sampled token(s) have probability 0 under the "
-                                  f"distribution they must follow (p = 0); {n} tokens, {counts}{against}"))
-            continue
-        if c.get("pvalue") is None:
-            # No p-value where drafts were rejected, samples failed or windows are missing is missing
-            # evidence; a window without drafts is uninformative, and fails only where nothing else
-            # exercised the verifier.
-            missing = c.get("rejected") or c.get("errors") or c.get("shortfall")
-            status = _inconclusive(gates) if missing or not exercised else "warn"
-            more = f"; {needed(c)}" if needed(c) else ""
-            out.append(GateResult(name, status, f"inconclusive: no p-value: {c.get('note', 'too few samples')}; "
-                                  f"{counts}{more}"))
-            continue
-        detect = c.get("detectable_tv")
-        detect_s = (f"; could detect a top-two distortion of TV >= {detect:.3f} with 80% power" if detect
-                    else "; too few samples to detect any top-two distortion with 80% power")
-        desc = f"p={c['pvalue']:.3g} vs {level:.3g} ({gates.exactness_pvalue:g} over {family} checks); " \
-               f"{n} {'tokens' if 'PIT' in name else 'samples'}, {counts}{detect_s}"
-        if failed:
-            out.append(GateResult(name, "fail", f"not the target's distribution: {desc}{against}"))
-        elif not c.get("rejected"):
-            status = "warn" if exercised else _inconclusive(gates)
-            out.append(GateResult(name, status, f"inconclusive: the verifier rejected no draft here, so a wrong "
-                                  f"correction could not show; {desc}"))
-        elif not detect:  # could not have failed; the candidate's verdict rests on the checks that could
-            more = f"; {needed(c)}" if needed(c) else ""
-            out.append(GateResult(name, "warn", f"inconclusive: fits, but could not have failed: {desc}{more}"))
-        else:
-            out.append(GateResult(name, "pass", f"fits: {desc}"))
+        out.append(_check_gate(name, c, control, level, gates, family=family, exercised=exercised,
+                               control_bad=_failed(control, level), draft_bad=_failed(draft, level)))
+    return out + _exercised_gates(tested, exercised, gates)
+
+
+def _check_gate(name: str, c: dict, control: dict | None, level: float, gates: Gates, *, family: int,
+                exercised: int, control_bad: bool, draft_bad: bool) -> GateResult:
+    """One exactness check of the in-process rejection verifier (a PIT or a window's fit)."""
+    counts = f"{c.get('proposed', 0)} draft tokens proposed, {c.get('rejected', 0)} rejected"
+    n = c.get("n", 0)
+    failed = _failed(c, level)
+    if failed and draft_bad and name == "exactness PIT rejected":
+        seen = (f"{c['impossible']} correction(s) outside the residual's support" if c.get("impossible")
+                else f"p={c['pvalue']:.3g}")
+        return GateResult(name, _inconclusive(gates), f"inconclusive: its residual rests on the rebuilt draft q, "
+                          f"which the draft control shows broken ({seen}, {n} tokens); {counts}")
+    against = ""
+    if failed and control_bad and "PIT" in name:
+        # The shared sampler is wrong (exactness control): the candidate is excused only where it is
+        # no further from the reference than the baseline's own samples.
+        mine, theirs = c.get("deviation"), control.get("deviation")
+        if mine is not None and theirs is not None and mine <= theirs:
+            return GateResult(name, _inconclusive(gates), f"inconclusive: fails ({_evidence(c, level)}), but no "
+                              f"further from the reference than the baseline's own samples (deviation {mine:.3f} "
+                              f"<= {theirs:.3f}): the harness's sampler is at fault; {counts}")
+        against = (f"; further from the reference than the baseline's own samples (deviation {mine:.3f} > "
+                   f"{theirs:.3f})" if mine is not None and theirs is not None else
+                   "; its deviation cannot be set against the baseline's")
+    if c.get("impossible"):
+        return GateResult(name, "fail", f"{c['impossible']} sampled token(s) have probability 0 under the "
+                          f"distribution they must follow (p = 0); {n} tokens, {counts}{against}")
+    if c.get("pvalue") is None:
+        # No p-value where drafts were rejected, samples failed or windows are missing is missing
+        # evidence; a window without drafts is uninformative, and fails only where nothing else
+        # exercised the verifier.
+        missing = c.get("rejected") or c.get("errors") or c.get("shortfall")
+        status = _inconclusive(gates) if missing or not exercised else "warn"
+        more = f"; {needed(c)}" if needed(c) else ""
+        return GateResult(name, status, f"inconclusive: no p-value: {c.get('note', 'too few samples')}; {counts}{more}")
+    detect = c.get("detectable_tv")
+    detect_s = (f"; could detect a top-two distortion of TV >= {detect:.3f} with 80% power" if detect
+                else "; too few samples to detect any top-two distortion with 80% power")
+    desc = f"p={c['pvalue']:.3g} vs {level:.3g} ({gates.exactness_pvalue:g} over {family} checks); " \
+           f"{n} {'tokens' if 'PIT' in name else 'samples'}, {counts}{detect_s}"
+    if failed:
+        return GateResult(name, "fail", f"not the target's distribution: {desc}{against}")
+    if not c.get("rejected"):
+        return GateResult(name, "warn" if exercised else _inconclusive(gates), f"inconclusive: the verifier "
+                          f"rejected no draft here, so a wrong correction could not show; {desc}")
+    if not detect:  # could not have failed; the candidate's verdict rests on the checks that could
+        more = f"; {needed(c)}" if needed(c) else ""
+        return GateResult(name, "warn", f"inconclusive: fits, but could not have failed: {desc}{more}")
+    return GateResult(name, "pass", f"fits: {desc}")
+
+
+def _exercised_gates(tested: list[dict], exercised: int, gates: Gates) -> list[GateResult]:
+    """Whether any check put the verifier to the test: rejections, a p-value, and the power to see."""
     if not exercised:
-        out.append(GateResult("exactness", _inconclusive(gates), "inconclusive: the verifier rejected no draft in "
-                              "any sampled token: its exactness was never put to the test"))
-    elif not tested:
-        out.append(GateResult("exactness", _inconclusive(gates), f"inconclusive: no exactness check yielded a "
-                              f"p-value although the verifier rejected {exercised} draft token(s)"))
-    elif not any(c.get("detectable_tv") and c.get("rejected") for c in tested):
+        return [GateResult("exactness", _inconclusive(gates), "inconclusive: the verifier rejected no draft in "
+                           "any sampled token: its exactness was never put to the test")]
+    if not tested:
+        return [GateResult("exactness", _inconclusive(gates), f"inconclusive: no exactness check yielded a "
+                           f"p-value although the verifier rejected {exercised} draft token(s)")]
+    if not any(c.get("detectable_tv") and c.get("rejected") for c in tested):
         ways = [needed(c) for c in tested if c.get("rejected") and needed(c)]
-        out.append(GateResult("exactness", _inconclusive(gates), f"inconclusive: no exactness check of a window "
-                              f"with rejections was large enough to detect any top-two distortion (TV up to 0.5) "
-                              f"with 80% power; {exercised} draft token(s) rejected; "
-                              f"{ways[0] + ' ' if ways else ''}(raise exactness_samples, or more prompts and seeds)"))
-    return out
+        return [GateResult("exactness", _inconclusive(gates), f"inconclusive: no exactness check of a window "
+                           f"with rejections was large enough to detect any top-two distortion (TV up to 0.5) "
+                           f"with 80% power; {exercised} draft token(s) rejected; "
+                           f"{ways[0] + ' ' if ways else ''}(raise exactness_samples, or more prompts and seeds)")]
+    return []
 
 
 # -------------------------------------------------------------------------------------- speed
@@ -379,7 +383,10 @@ def _speed_gate(cand: dict) -> list[GateResult]:
     if bound is None:
         n = sp.get("n_prompts") or 0
         spread, limit = sp.get("length_log_sd"), sp.get("length_log_sd_limit")
-        if n < SPEED_MIN_PROMPTS:
+        if sp.get("no_bound"):  # the suite's speedup from a timed subset (analysis.latency.suite_bounds)
+            why = (f"{sp['no_bound']}, of the {sp.get('suite_prompts')} prompts the timed {n} stand for: "
+                   "time more of the suite (speed_items)")
+        elif n < SPEED_MIN_PROMPTS:
             why = f"{n} prompt(s), fewer than the {SPEED_MIN_PROMPTS} a bound needs"
         elif _finite(spread) and _finite(limit) and spread > limit:
             # analysis.latency.length_log_sd_limit: a rare long tail carries the total, unseen
@@ -392,7 +399,14 @@ def _speed_gate(cand: dict) -> list[GateResult]:
     ok = bound >= minimum
     return [GateResult("speed", "pass" if ok else "fail",
                        f"one-sided {_pct(level)} lower bound {bound:.2f}x {'>=' if ok else '<'} minimum {minimum:.2f}x "
-                       f"(speedup {sp['statistic']:.2f}x, ratio of totals, skew-corrected jackknife over prompts){extra}")]
+                       f"(speedup {sp['statistic']:.2f}x, {_speed_method(sp)}){extra}")]
+
+
+def _speed_method(sp: dict) -> str:
+    if sp.get("suite_prompts"):
+        return (f"the suite's {sp['suite_prompts']} prompts from {sp.get('n_prompts')} timed, post-stratified on "
+                f"the baseline's lengths, stratified jackknife")
+    return "ratio of totals, skew-corrected jackknife over prompts"
 
 
 # ------------------------------------------------------------------------- acceptance drift

@@ -125,7 +125,7 @@ def candidate_suite_summary(pairs, spec, suite_spec, config: RegressConfig, rng,
         out["latency"] = step(analysis.latency_summary, [p.candidate for p in pairs if p.candidate.get("tokens")])
     timed = timed_pairs(pairs)
     if timed:
-        out["speedup"] = step(analysis.paired_speedup, timed, rng=rng, alpha=config.gates.alpha)
+        out["speedup"] = step(analysis.paired_speedup, timed, rng=rng, alpha=config.gates.alpha, suite=pairs)
     return out
 
 
@@ -291,7 +291,7 @@ def _candidate(config: RegressConfig, spec, pairs, rows: list[dict], mine: list[
         cand["stopped"] = stops
     timed = timed_pairs(pairs)
     if timed:
-        cand["speedup"] = step(analysis.paired_speedup, timed, rng=rng, alpha=config.gates.alpha)
+        cand["speedup"] = step(analysis.paired_speedup, timed, rng=rng, alpha=config.gates.alpha, suite=pairs)
         cand["speedup"]["rests_on"] = speed_basis(timed, pairs)
     if any(p.candidate.get("tokens") for p in pairs):
         cand["latency"] = step(analysis.latency_summary, [p.candidate for p in pairs if p.candidate.get("tokens")])

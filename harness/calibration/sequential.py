@@ -1,6 +1,6 @@
 """Calibration of the group-sequential quality gates (:mod:`.sequential`) for ``CALIBRATION.md``.
 
-Part of ``python -m analysis.calibration.report`` (``--only sequential`` writes this section alone into an
+Part of ``python -m harness.calibration.report`` (``--only sequential`` writes this section alone into an
 existing file). Every figure is exact, from :func:`analysis.sequential.exact_operating` (the
 distribution of (wins, losses) propagated from look to look); :func:`simulate_operating` checks a
 few cells end to end by simulation: trinomial draws per look, cumulative counts at the look sizes,

@@ -257,7 +257,7 @@ def lines(*, studies: int, rng, designs=GRID) -> list[str]:
         "",
         "## Speedup lower bound (the speed gate) over the design grid",
         "",
-        f"`python -m analysis.calibration.speed --studies {studies}` rewrites this section (the model is in "
+        f"`python -m harness.calibration.speed --studies {studies}` rewrites this section (the model is in "
         f"that module's docstring). Each row: {studies:,} studies; coverage of the one-sided 95% lower bound "
         f"(Monte Carlo SE {se:.4f} at 0.95) against the population ratio of totals, `truth` (E[baseline wall] "
         "/ E[candidate wall] per pair, by numerical integration over the length distribution: what the "

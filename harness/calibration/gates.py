@@ -1,6 +1,6 @@
 """Calibration of what the gate says: verdicts under A/A, interval coverage, exactness power.
 
-Part of ``python -m analysis.calibration.report`` (tables in ``analysis/calibration/CALIBRATION.md``); the tests call
+Part of ``python -m harness.calibration.report`` (tables in ``harness/calibration/CALIBRATION.md``); the tests call
 the same functions with fewer studies.
 
 - :func:`aa_any_worse`: P(any of a candidate's suites called "worse") when nothing changed, through
