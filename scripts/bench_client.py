@@ -204,6 +204,7 @@ def open_loop(rate: float, n_requests: int, tokens: int, delay_s: float, workers
 
     from analysis.load import generator_limit
     from decoders.base import GenerationRequest
+    from harness.run import load
     from harness.run.load import Arrival, play, schedule
     from harness.run.load_workers import play_workers
 
@@ -228,7 +229,8 @@ def open_loop(rate: float, n_requests: int, tokens: int, delay_s: float, workers
                         return await play(decoder, arrivals, requests, http)
                 rows, info = asyncio.run(go())
             else:
-                rows, info = play_workers(decoder, arrivals, requests, n, None, 600)
+                rows, info = play_workers(decoder, arrivals, requests, n, None, 600, play=load.play,
+                                            level_info=load.level_info)
             gen = generator_limit(rows, info)
             done = [r["done_s"] for r in rows if r.get("done_s") is not None]
             out.append({"workers": n, "rate_planned": rate, "rate_sent": n_requests / max(r["sent_s"] for r in rows if "sent_s" in r),

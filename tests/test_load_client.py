@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from decoders.engines.client import sse_json
+from harness.run import load  # its play and level_info go to play_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "vllm"
@@ -383,7 +384,7 @@ def test_several_client_workers_play_one_schedule_and_their_rows_merge_by_offset
     decoder = VLLMDecoder(smollm2_tokenizer_target, base_url=fake_engine, model="smollm2-135m", retries=0)
     arrivals = [Arrival(i, 0.005 * i, _Work()) for i in range(40)]
     requests = [GenerationRequest((5, 6, 7 + i), max_new_tokens=6) for i in range(40)]
-    rows, info = play_workers(decoder, arrivals, requests, 3, max_in_flight=8, timeout=60)
+    rows, info = play_workers(decoder, arrivals, requests, 3, max_in_flight=8, timeout=60, play=load.play, level_info=load.level_info)
     assert [r["index"] for r in rows] == list(range(40)) and [r["error"] for r in rows] == [None] * 40
     assert [r["offset_s"] for r in rows] == [a.offset_s for a in arrivals] and all(r["n_tokens"] == 6 for r in rows)
     assert info["client_workers"] == 3 and len(info["worker_busy_shares"]) == 3
@@ -409,7 +410,7 @@ def test_a_client_worker_that_dies_leaves_an_error_row_for_each_of_its_requests(
     decoder.server.warmed = True
     arrivals = [Arrival(i, 0.01 * i, _Work()) for i in range(6)]
     requests = [GenerationRequest((5, 6, 7 + i), max_new_tokens=4) for i in range(6)]
-    rows, info = play_workers(decoder, arrivals, requests, 2, max_in_flight=None, timeout=60)
+    rows, info = play_workers(decoder, arrivals, requests, 2, max_in_flight=None, timeout=60, play=load.play, level_info=load.level_info)
     assert [r["index"] for r in rows] == list(range(6))
     assert [r["error"] is None for r in rows] == [True, False, True, False, True, False]
     assert all("load client worker 1 of 2 failed" in r["error"] and "exit code 3" in r["error"] for r in rows[1::2])
@@ -439,7 +440,8 @@ def test_a_client_worker_that_hangs_is_killed_and_its_rows_are_lost_never_a_leve
     requests = [GenerationRequest((5, 6, 7 + i), max_new_tokens=4) for i in range(6)]
     out = {}
     t = threading.Thread(target=lambda: out.update(r=load_workers.play_workers(
-        decoder, arrivals, requests, 2, max_in_flight=None, timeout=2)), daemon=True)
+        decoder, arrivals, requests, 2, max_in_flight=None, timeout=2, play=load.play,
+        level_info=load.level_info)), daemon=True)
     t.start()
     t.join(120)
     assert "r" in out, "play_workers still waiting on a hung worker after 120 s"
@@ -461,7 +463,7 @@ def test_client_workers_never_offer_the_engine_more_than_max_in_flight(fake_engi
     arrivals = [Arrival(i, 0.0, _Work()) for i in range(12)]     # all due at once: every slot fills
     requests = [GenerationRequest((5, 6, 7 + i), max_new_tokens=6) for i in range(12)]
     for cap, n in ((3, 2), (1, 2)):
-        rows, info = load_workers.play_workers(decoder, arrivals, requests, n, max_in_flight=cap, timeout=60)
+        rows, info = load_workers.play_workers(decoder, arrivals, requests, n, max_in_flight=cap, timeout=60, play=load.play, level_info=load.level_info)
         assert [r["error"] for r in rows] == [None] * 12
         assert info["most_in_flight"] <= cap, (cap, n, info["most_in_flight"])
     assert load_workers.workers_needed(400.0, 0.004, 4, 2)[0] == 2
@@ -499,7 +501,7 @@ def test_client_workers_start_the_level_once_every_worker_is_ready(fake_engine, 
     decoder.server.warmed = True
     arrivals = [Arrival(i, 0.01 * i, _Work()) for i in range(6)]
     requests = [GenerationRequest((5, 6, 7 + i), max_new_tokens=4) for i in range(6)]
-    rows, info = play_workers(decoder, arrivals, requests, 2, max_in_flight=None, timeout=60)
+    rows, info = play_workers(decoder, arrivals, requests, 2, max_in_flight=None, timeout=60, play=load.play, level_info=load.level_info)
     assert [r["error"] for r in rows] == [None] * 6
     ready = [float(x) for x in marks.read_text().split()]
     assert len(ready) == 2 and info["start_at"] >= max(ready)

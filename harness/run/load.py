@@ -320,8 +320,9 @@ class LoadRun:
         if n == 1:
             rows, info = await play(decoder, arrivals, requests, http, self.plan.max_in_flight)
         else:
-            rows, info = await asyncio.get_running_loop().run_in_executor(
-                None, play_workers, decoder, arrivals, requests, n, self.plan.max_in_flight, decoder.timeout)
+            rows, info = await asyncio.get_running_loop().run_in_executor(None, lambda: play_workers(
+                decoder, arrivals, requests, n, self.plan.max_in_flight, decoder.timeout,
+                play=play, level_info=level_info))
         delta = spec_delta(before, _prometheus(decoder))
         info.update(client_workers=n, client_workers_why=why, warmup=warmed_now,
                     server_latency=latency_delta(clock, _server_latency(decoder)))

@@ -73,8 +73,7 @@ def split_cap(max_in_flight: int | None, n: int) -> list[int | None]:
     return [max_in_flight // n + (1 if w < max_in_flight % n else 0) for w in range(n)]
 
 
-def _worker(conn, decoder, arrivals, requests, cap: int | None, timeout: float) -> None:
-    from harness.run.load import play
+def _worker(conn, play, decoder, arrivals, requests, cap: int | None, timeout: float) -> None:
     # The server's process is the harness's child, not this one's: polling it from here reads
     # as "exited" (waitpid fails). An engine that dies still fails this worker's requests.
     decoder.server.proc = None
@@ -111,12 +110,12 @@ def _answer(conn, proc, deadline: float, what: str) -> tuple[str, object]:
 
 
 def play_workers(decoder, arrivals: list, requests: list, n: int, max_in_flight: int | None,
-                 timeout: float) -> tuple[list[dict], dict]:
+                 timeout: float, *, play, level_info) -> tuple[list[dict], dict]:
     """Play one level with `n` forked workers (blocking: run it in a thread); (rows, info).
     The level starts once every worker is ready (forked, its loop and client made): a start
     fixed before forking (0.5 s + 0.1 s a worker) was seconds in the past on a loaded machine,
-    and the late first sends read as the generator's limit (4 workers: send lag p99 4.9 s)."""
-    from harness.run.load import level_info
+    and the late first sends read as the generator's limit (4 workers: send lag p99 4.9 s).
+    `play` and `level_info` are harness.run.load's (passed in: that module imports this one)."""
     ctx = multiprocessing.get_context("fork")
     n = min(n, max_in_flight) if max_in_flight else n   # a slot each (workers_needed says so too)
     caps = split_cap(max_in_flight, n)
@@ -124,7 +123,7 @@ def play_workers(decoder, arrivals: list, requests: list, n: int, max_in_flight:
     running = []
     for share, cap in zip(shares, caps):
         mine, theirs = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(theirs, decoder, *share, cap, timeout), daemon=True)
+        proc = ctx.Process(target=_worker, args=(theirs, play, decoder, *share, cap, timeout), daemon=True)
         proc.start()
         theirs.close()
         running.append((mine, proc))
