@@ -134,7 +134,7 @@ def test_every_key_reaches_the_run():
     resolved = {  # schema table -> (object, keys it resolves into other fields)
         schema.Regress: (RegressConfig, {"profiles"}),
         schema.Profile: (Profile, {"candidates", "rates", "burstiness", "max_in_flight", "load_requests",
-                                   "load_seed", "refine_levels", "slo"}),
+                                   "load_seed", "refine_levels", "slo", "client_workers"}),
         schema.Decoder: (DecoderSpec, set()), schema.Suite: (SuiteSpec, set()), schema.Gates: (Gates, set()),
         schema.Slo: (Slo, set()), schema.Engine: (EngineSpec, {"launch", "api_key_env"}),
     }

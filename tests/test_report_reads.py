@@ -48,10 +48,12 @@ def test_a_speedup_bound_that_is_none_says_why_never_a_bare_zero():
         assert "(>= 0.00)" not in cell
 
 
-def test_a_floor_plan_that_predicts_a_refusal_says_so_and_what_would_decide(tmp_path):
-    """The plan printed "P(pass | correct) 0.368" before anything ran, with no word of what to do."""
+def test_a_floor_plan_says_what_would_decide(tmp_path):
+    """The plan printed "P(pass | correct) 0.368" before anything ran, with no word of what to do.
+    With the exact rate test a correct candidate passes at any size; what a size lacks is power,
+    and the plan names the size that would catch a doubled rate."""
     from harness.verdict import floor
     from tests.test_floor_margins import setup
     text = floor.plan_table(*setup(tmp_path))
-    assert "about 131 would decide (more seeds or prompts)" in text, text
-    assert "with 40, a correct candidate likely ends inconclusive (it passes 40% of the time)" in text, text
+    assert "P(pass | correct) 0.99" in text, text
+    assert "about 373 would catch it with 0.8" in text, text

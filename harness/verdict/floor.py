@@ -247,12 +247,8 @@ def plan_table(config, suites, plan_from: str | None = None) -> str:
         if not n:
             continue
         p = plan(round(rate, 6), n, alpha)
-        # A plan that predicts a refusal says so, and what would decide (not a bare probability).
-        likely = (f"; with {n}, a correct candidate likely ends inconclusive (it passes "
-                  f"{p['pass_correct']:.0%} of the time)" if p["pass_correct"] < 0.5 else "")
         power = "enough" if p["enough"] else (f"about {p['needed']} would catch it with {PLAN_POWER:g}" if p["needed"]
                                               else f"no size up to {PLAN_MAX_N} would catch it with {PLAN_POWER:g}")
-        power += likely
         lines.append(f"  {s.name:<12} {n:>5} greedy prompts: P(pass | correct) {p['pass_correct']:.3f}, "
                      f"P(fail | rate doubled) {p['fail_doubled']:.3f}; {power}")
     return "\n".join(lines)
