@@ -38,6 +38,7 @@ def run(args) -> int:
     if not 0 <= tolerance < 1:
         raise live_reference.LiveReferenceError(f"--tolerance must lie in [0, 1), got {tolerance!r}")
     ref = live_reference.load(args.run_dir, args.candidate, tracking_uri=args.tracking_uri)
+    ref.metric_prefix  # noqa: B018 - refuses an engine without verified metric names before anything is written
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise live_reference.LiveReferenceError(f"--out {out} exists and is not a folder")

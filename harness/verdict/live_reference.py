@@ -28,7 +28,10 @@ from harness.run.records import read_records
 from harness.verdict.acceptance_ref import DEFAULT_TOLERANCE
 
 LEVEL = 0.95
-ENGINE_PREFIX = {"llama.cpp": "llamacpp", "vllm": "vllm", "sglang": "sglang"}
+# The engines whose metric names were checked against a real scrape (tests/data, the engine tests),
+# keyed by the engine's name as a run records it, case-folded ("vLLM", "llama.cpp"). Anything else
+# is refused by `metric_prefix`: a default would export one engine's rules under another's names.
+ENGINE_PREFIX = {"llama.cpp": "llamacpp", "vllm": "vllm"}
 
 
 class LiveReferenceError(ValueError):
@@ -53,7 +56,14 @@ class LiveReference:
 
     @property
     def metric_prefix(self) -> str:
-        return ENGINE_PREFIX.get(self.engine or "", "llamacpp")
+        """The engine's metric prefix; an engine without verified names is refused, never defaulted."""
+        prefix = ENGINE_PREFIX.get((self.engine or "").casefold())
+        if prefix is None:
+            ran = f"on engine {self.engine!r}" if self.engine else "not on a serving engine (no engine recorded)"
+            raise LiveReferenceError(
+                f"reference {self.source}: candidate {self.candidate!r} ran {ran}; rules and dashboards exist for "
+                f"{' and '.join(sorted(set(ENGINE_PREFIX)))} only (metric names checked against their real scrapes)")
+        return prefix
 
     def boundary(self, tolerance: float = DEFAULT_TOLERANCE) -> float:
         """p0: the lowest acceptance still in control (the lower bound, less the tolerance)."""
@@ -124,8 +134,8 @@ def _measure(summary: dict, cand: dict, candidate: str, rows: list[dict], source
     ids = cluster_index([(r.get("suite"), r.get("item_id")) for r in rows])
     low, high = ratio_ci(*cluster_sums(ids, a, n), LEVEL, 4000, np.random.default_rng(rng))
     labels = {prometheus_label(k): str(v) for k, v in {**summary.get("labels", {}), **cand.get("labels", {})}.items()}
-    engine = (cand.get("engine") or {}).get("engine") or (cand.get("decoder") if cand.get("decoder") in ENGINE_PREFIX
-                                                          else None)
+    engine = (cand.get("engine") or {}).get("engine") or (cand.get("decoder") if str(cand.get("decoder")).casefold()
+                                                          in ENGINE_PREFIX else None)
     return LiveReference(source=source, candidate=candidate, engine=engine, labels=labels,
                          ratio=float(a.sum() / n.sum()), low=low, high=high, level=LEVEL,
                          dispersion=dispersion(a, n), dispersion_upper=dispersion_upper(a, n), drafted=int(n.sum()), accepted=int(a.sum()), requests=len(rows))
