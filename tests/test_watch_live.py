@@ -64,7 +64,7 @@ def test_a_vllm_candidate_is_exported_with_vllm_names_only(tmp_path):
     # Every engine series the exports read is one a real vLLM server exported (the capture).
     scraped = {line.split("{")[0].split()[0] for line in (VLLM / "ngram-metrics-after.txt").read_text().splitlines()
                if line and not line.startswith("#")}
-    used = set(re.findall(r"vllm:[a-z_]+", rules + dash))
+    used = set(re.findall(r"vllm:[a-z0-9_]+", rules + dash))
     assert used and used <= scraped, used - scraped
 
 
