@@ -56,6 +56,8 @@ class Reading:
     drafts: float | None = None
     others: dict = field(default_factory=dict)   # other counters: a fresh process resets them too
     start_time: float | None = None              # process_start_time_seconds, where exported
+    generated: float | None = None               # the engine's generated-token counter, where exported
+    spec: bool = True                            # False: the spec-decode series are gone (drafted, accepted 0)
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,10 @@ class Cusum:
     @property
     def alarm(self) -> bool:
         return self.statistic >= self.h
+
+    def reset(self) -> None:
+        """Back to the start (an acknowledged alarm): statistic 0, nothing pending."""
+        self.statistic = self.pending_accepted = self.pending_drafted = self.drafted_since_reset = 0.0
 
     def update(self, accepted: float, drafted: float) -> bool:
         """Add one scrape's difference; True when it completed a step."""

@@ -78,3 +78,223 @@ def test_an_engine_without_verified_names_is_refused_not_defaulted(engine, decod
     err = capsys.readouterr().err.strip()
     assert says in err and "llama.cpp and vllm only" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "m").exists()
+
+
+# --------------------------------------------------------------------------- an engine stand-in
+
+class Engine:
+    """A real HTTP server answering /metrics with vLLM's captured exposition text, its counters
+    set by the test: `mode` "spec" (the n-gram server's capture), "plain" (the capture of vLLM
+    without speculation: no spec-decode series), "html" or "empty" (a proxy's odd answers)."""
+
+    COUNTERS = {"spec": ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+                         "vllm:spec_decode_num_drafts_total", "vllm:generation_tokens_total")}
+
+    def __init__(self):
+        self.drafted = self.accepted = self.generated = 0.0
+        self.mode = "spec"
+        self.lock = threading.Lock()
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                body, ctype = engine.body()
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_):
+                pass
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def serve(self, drafted: float, accepted: float, generated: float | None = None) -> None:
+        with self.lock:
+            self.drafted += drafted
+            self.accepted += accepted
+            self.generated += drafted if generated is None else generated
+
+    def body(self) -> tuple[bytes, str]:
+        with self.lock:
+            mode, values = self.mode, {"vllm:spec_decode_num_draft_tokens_total": self.drafted,
+                                       "vllm:spec_decode_num_accepted_tokens_total": self.accepted,
+                                       "vllm:spec_decode_num_drafts_total": self.drafted / 4,
+                                       "vllm:generation_tokens_total": self.generated}
+        if mode == "html":
+            return b"<html><body>502 Bad Gateway</body></html>\n", "text/html"
+        if mode == "empty":
+            return b"", "text/plain"
+        text = (VLLM / ("ngram-metrics-after.txt" if mode == "spec" else "plain-metrics.txt")).read_text()
+        for name, value in values.items():
+            text = re.sub(rf"^({re.escape(name)}\{{[^}}]*\}}) \S+$", rf"\g<1> {value!r}", text, flags=re.M)
+        return text.encode(), "text/plain; version=0.0.4"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def engine():
+    e = Engine()
+    yield e
+    e.close()
+
+
+def start_watch(engine_url: str, reference: Path, tmp: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "harness.cli", "watch", "--engine", engine_url, "--reference", str(reference),
+           "--interval", "0.1", "--min-drafted", "64", "--listen", f"127.0.0.1:{port}", "--log", str(tmp / "watch.jsonl"),
+           *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return proc, port
+
+
+def scrape_watch(port: int, wait_s: float = 60) -> str:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise AssertionError("watch did not serve /metrics")
+
+
+def sample(text: str, name: str) -> float | None:
+    m = re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", text, flags=re.M)
+    return None if m is None else float(m.group(1))
+
+
+def wait_for(predicate, port: int, feed=None, wait_s: float = 60) -> str:
+    """Scrape watch until `predicate(text)` holds (feeding the engine meanwhile)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if feed:
+            feed()
+        text = scrape_watch(port)
+        if predicate(text):
+            return text
+        time.sleep(0.1)
+    raise AssertionError(f"watch's /metrics never showed it; last:\n{text[-2000:]}")
+
+
+def finish(proc: subprocess.Popen, sig=None) -> tuple[int, str, str]:
+    if sig is not None:
+        proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+# --------------------------------------------------------------------------- alarms that stay raised
+
+def test_an_alarm_stays_raised_on_metrics_until_watch_is_stopped(engine, tmp_path):
+    import signal
+    ref = write_reference(tmp_path / "ref", steady_requests())
+    engine.serve(100, 60)
+    proc, port = start_watch(engine.url, ref, tmp_path, "--arl-hours", "1")
+    try:
+        assert sample(scrape_watch(port), "decodegate_alarm") == 0
+        # Acceptance collapses to 0.1: the alarm comes, and stays while the engine keeps going.
+        text = wait_for(lambda t: sample(t, "decodegate_alarm") == 1, port, feed=lambda: engine.serve(64, 6))
+        assert 'kind="acceptance_below_reference"' in text
+        for _ in range(10):
+            engine.serve(64, 40)  # acceptance back to normal: the alarm still holds
+            time.sleep(0.1)
+            text = scrape_watch(port)
+            assert sample(text, "decodegate_alarm") == 1 and proc.poll() is None
+        assert sample(text, "decodegate_alarms_total") == 1
+    finally:
+        code, out, err = finish(proc, signal.SIGTERM)
+    assert code == 4, (out, err)
+    assert out.count("ALARM") == 1 and "still raised" in out
+
+
+def test_acknowledge_clears_the_alarm_and_exit_on_alarm_keeps_the_old_behaviour(engine, tmp_path):
+    import signal
+    ref = write_reference(tmp_path / "ref", steady_requests())
+    engine.serve(100, 60)
+    proc, port = start_watch(engine.url, ref, tmp_path, "--arl-hours", "1")
+    try:
+        wait_for(lambda t: sample(t, "decodegate_alarm") == 1, port, feed=lambda: engine.serve(64, 6))
+        proc.send_signal(signal.SIGUSR1)
+        text = wait_for(lambda t: sample(t, "decodegate_alarm") == 0, port, feed=lambda: engine.serve(64, 40))
+        assert 'kind="none"' in text
+    finally:
+        code, out, err = finish(proc, signal.SIGTERM)
+    assert code == 0 and "acknowledged" in out, (out, err)
+    proc, port = start_watch(engine.url, ref, tmp_path, "--arl-hours", "1", "--exit-on-alarm", "--max-duration", "60")
+    scrape_watch(port)
+    while proc.poll() is None:
+        engine.serve(64, 6)
+        time.sleep(0.05)
+    code, out, err = finish(proc)
+    assert code == 4 and "ALARM" in out, (out, err)
+
+
+# --------------------------------------------------------------------------- speculation stopped
+
+def test_a_relaunch_without_speculation_is_an_alarm_of_its_own(engine, tmp_path):
+    ref = write_reference(tmp_path / "ref", steady_requests())
+    engine.serve(100, 60)
+    proc, port = start_watch(engine.url, ref, tmp_path, "--arl-hours", "1", "--max-duration", "60",
+                             "--stopped-tokens", "200")
+    try:
+        scrape_watch(port)
+        engine.mode = "plain"  # vLLM relaunched without --speculative-config: no spec_decode series at all
+        text = wait_for(lambda t: sample(t, "decodegate_alarm") == 1, port, feed=lambda: engine.serve(0, 0, 30))
+        assert 'kind="speculation_stopped"' in text
+    finally:
+        code, out, err = finish(proc, 15)
+    assert code == 4, (out, err)
+    line = [x for x in out.splitlines() if "ALARM" in x]
+    assert len(line) == 1 and "speculation stopped" in line[0] and "series are gone" in line[0]
+
+
+def test_drafting_that_stands_still_while_generating_is_speculation_stopped(engine, tmp_path):
+    ref = write_reference(tmp_path / "ref", steady_requests())
+    engine.serve(100, 60)
+    proc, port = start_watch(engine.url, ref, tmp_path, "--arl-hours", "1", "--max-duration", "60",
+                             "--stopped-tokens", "200")
+    try:
+        scrape_watch(port)
+        wait_for(lambda t: sample(t, "decodegate_alarm") == 1, port, feed=lambda: engine.serve(0, 0, 30))
+    finally:
+        code, out, err = finish(proc, 15)
+    assert code == 4 and "it drafts nothing" in out, (out, err)
+
+
+# --------------------------------------------------------------------------- failed scrapes
+
+@pytest.mark.parametrize("mode", ["html", "empty"])
+def test_an_odd_scrape_is_counted_not_fatal(mode, engine, tmp_path):
+    ref = write_reference(tmp_path / "ref", steady_requests())
+    engine.serve(100, 60)
+    proc, port = start_watch(engine.url, ref, tmp_path, "--arl-hours", "1", "--max-duration", "60")
+    try:
+        scrape_watch(port)
+        engine.mode = mode
+        wait_for(lambda t: (sample(t, "decodegate_scrape_failures_total") or 0) >= 3, port)
+        engine.mode = "spec"
+        before = sample(scrape_watch(port), "decodegate_watched_draft_tokens_total")
+        wait_for(lambda t: sample(t, "decodegate_watched_draft_tokens_total") > before, port,
+                 feed=lambda: engine.serve(64, 38))
+        assert proc.poll() is None
+    finally:
+        code, out, err = finish(proc, 15)
+    assert code == 0 and "ALARM" not in out, (out, err)
+
+
+def test_a_run_of_failed_scrapes_past_the_limit_ends_watch_with_the_last_answer(engine, tmp_path):
+    ref = write_reference(tmp_path / "ref", steady_requests())
+    engine.serve(100, 60)
+    proc, port = start_watch(engine.url, ref, tmp_path, "--max-scrape-failures", "5", "--max-duration", "60")
+    scrape_watch(port)
+    engine.mode = "html"
+    code, out, err = finish(proc)
+    assert code == 2, (out, err)
+    assert "6 scrapes of" in err and "--max-scrape-failures 5" in err and "<html><body>502 Bad Gateway" in err
+    assert len(err.strip().splitlines()) == 1
