@@ -298,3 +298,32 @@ def test_a_run_of_failed_scrapes_past_the_limit_ends_watch_with_the_last_answer(
     assert code == 2, (out, err)
     assert "6 scrapes of" in err and "--max-scrape-failures 5" in err and "<html><body>502 Bad Gateway" in err
     assert len(err.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- references that carry a guarantee
+
+@pytest.mark.parametrize("requests", [[(5, 8, 0.0)], [(5, 8, 0.0), (0, 0, 0.0), (0, 0, 0.0)]])
+def test_a_one_request_reference_is_refused_with_how_many_are_needed(requests, tmp_path, capsys):
+    ref = write_reference(tmp_path / "ref", requests)
+    for argv in (["watch", "--engine", "http://127.0.0.1:9", "--reference", str(ref)],
+                 ["export-monitoring", str(ref), "--out", str(tmp_path / "m")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "drafted in 1 request(s)" in err and "needs at least 2 drafting requests" in err, err
+        assert len(err.splitlines()) == 1
+    assert not (tmp_path / "m").exists()
+
+
+def test_the_reference_is_taken_per_temperature(tmp_path, capsys):
+    from harness.verdict import live_reference
+    ref = write_reference(tmp_path / "ref", steady_requests(30, 0.7) + steady_requests(30, 0.3, t=0.7, seed=1))
+    assert main(["export-monitoring", str(ref), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"several temperatures \(T=0: 0\.(69|70)\d, T=0\.7: 0\.(29|30|31)\d\)", err) and "--temperature" in err, err
+    cold, warm = (live_reference.load(str(ref), temperature=t) for t in (0.0, 0.7))
+    assert cold.requests == warm.requests == 30 and cold.temperature == 0.0 and warm.temperature == 0.7
+    assert cold.low > 0.6 and warm.high < 0.4
+    assert main(["export-monitoring", str(ref), "--out", str(tmp_path / "m"), "--temperature", "0.7"]) == 0
+    assert f"{warm.boundary():.4g}" in (tmp_path / "m" / "decodegate-rules.yml").read_text()
+    assert main(["export-monitoring", str(ref), "--out", str(tmp_path / "m"), "--temperature", "1"]) == 2
+    assert "no drafting request at --temperature 1 (it has: 0, 0.7)" in capsys.readouterr().err

@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="folder for decodegate-rules.yml and decodegate-dashboard.json")
     p.add_argument("--candidate", help="the run's candidate (default: the only one that drafted)")
     p.add_argument("--tolerance", type=float, default=None, help="relative slack under the lower bound (default 0.05)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="the temperature the watched traffic runs at: the reference is the run's requests at it "
+                        "(needed when the run drafted at several)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI for an mlflow:RUN_ID run")
 
 
@@ -37,7 +40,8 @@ def run(args) -> int:
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     if not 0 <= tolerance < 1:
         raise live_reference.LiveReferenceError(f"--tolerance must lie in [0, 1), got {tolerance!r}")
-    ref = live_reference.load(args.run_dir, args.candidate, tracking_uri=args.tracking_uri)
+    ref = live_reference.load(args.run_dir, args.candidate, tracking_uri=args.tracking_uri,
+                              temperature=args.temperature)
     ref.metric_prefix  # noqa: B018 - refuses an engine without verified metric names before anything is written
     out = Path(args.out)
     if out.exists() and not out.is_dir():

@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", required=True, help="the engine's base URL (its /metrics is scraped)")
     p.add_argument("--reference", required=True, help="a run folder of `decodegate regress`, or mlflow:RUN_ID")
     p.add_argument("--candidate", help="the reference run's candidate (default: the only one that drafted)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="the temperature the watched traffic runs at: the reference is the run's requests at it "
+                        "(needed when the run drafted at several)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI for an mlflow:RUN_ID reference")
     p.add_argument("--interval", type=float, default=15.0, help="seconds between scrapes (default 15)")
     p.add_argument("--window", type=float, default=300.0,
@@ -108,7 +111,8 @@ def run(args) -> int:
     from harness.verdict.acceptance_ref import DEFAULT_TOLERANCE
     from harness.run.live_metrics import Scraper, WatchMetrics
     _check(args)
-    ref = live_reference.load(args.reference, args.candidate, tracking_uri=args.tracking_uri)
+    ref = live_reference.load(args.reference, args.candidate, tracking_uri=args.tracking_uri,
+                              temperature=args.temperature)
     scraper = Scraper(args.engine)
     first = scraper.first()  # refuses an engine that is down or exports no spec-decode counters
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
