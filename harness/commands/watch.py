@@ -3,11 +3,12 @@
 Every --interval seconds `watch` scrapes the engine's Prometheus /metrics (llama.cpp's
 `llamacpp:spec_decode_num_*_total`, vLLM's `vllm:spec_decode_num_*_total`), differences the
 counters (a restart of the engine starts a new epoch: nothing drafted since is lost), and feeds
-accepted/drafted tokens to a one-sided CUSUM that tests for acceptance falling below the
-reference: the run's accepted/drafted lower bound, less --tolerance. --arl-hours sets the average
-time between false alarms while acceptance stays at that boundary (threshold from Siegmund's
-approximation; docs/monitoring.md says how it was checked). Acceptance above the boundary alarms
-less often still.
+accepted/drafted tokens to a one-sided CUSUM (analysis.lr_cusum: the likelihood ratio of each
+step's own count, beta-binomial with the reference's overdispersion) that tests for acceptance
+falling below the reference: the run's accepted/drafted lower bound, less --tolerance.
+--arl-hours sets the average time between false alarms while acceptance stays at that boundary;
+the threshold is solved so that the detector's exact in-control ARL (a Markov chain) reaches it.
+Acceptance above the boundary alarms less often still.
 
 Two kinds of alarm: `acceptance_below_reference` (the CUSUM) and `speculation_stopped` (the
 engine generated --stopped-tokens tokens while its drafted counter stood still, or with its
@@ -59,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arl-hours", type=float, default=720.0,
                    help="average hours between false alarms at the in-control boundary (default 720: 30 days)")
     p.add_argument("--drop", type=float, default=0.10,
-                   help="the relative drop below the boundary the detector is tuned to catch fastest (default 0.10)")
+                   help="the relative drop below the boundary the CUSUM is tuned to (default 0.10); a collapse to a "
+                        "third of the boundary is carried too (and a one-step collapse limit)")
     p.add_argument("--tolerance", type=float, default=None,
                    help="relative slack under the reference's lower bound still in control (default 0.05, as the gate)")
     p.add_argument("--min-drafted", type=int, default=64,
@@ -88,7 +90,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check(args) -> None:
     from analysis.drift_detector import CounterError
-    for name in ("interval", "window", "arl_hours", "drop"):
+    if not 0 < args.drop < 1:
+        raise CounterError(f"--drop must lie in (0, 1), got {args.drop!r}")
+    for name in ("interval", "window", "arl_hours"):
         value = getattr(args, name)
         if not value > 0 or value == float("inf"):
             raise CounterError(f"--{name.replace('_', '-')} must be a positive number, got {value!r}")
@@ -106,7 +110,7 @@ def _check(args) -> None:
 
 
 def run(args) -> int:
-    from analysis.drift_detector import Cusum, cusum_threshold, reference_value
+    from analysis.lr_cusum import AcceptanceCusum, design
     from harness.verdict import live_reference
     from harness.verdict.acceptance_ref import DEFAULT_TOLERANCE
     from harness.run.live_metrics import Scraper, WatchMetrics
@@ -124,19 +128,24 @@ def run(args) -> int:
     phi = args.dispersion or ref.dispersion_upper
     phi_from = (" as given" if args.dispersion else
                 f": the upper bound of {ref.dispersion:.2f} measured over {ref.requests} requests")
-    k = reference_value(p0, args.drop, phi, args.min_drafted)
     arl_steps = args.arl_hours * 3600 / args.interval
-    detector = Cusum(p0=p0, k=k, h=cusum_threshold(arl_steps, k), phi=phi, min_drafted=args.min_drafted)
+    detector = AcceptanceCusum(design(p0, args.drop, args.min_drafted, phi, arl_steps))
     engine_label = args.engine_label or urlparse(args.engine).netloc or args.engine
     labels = {**ref.labels, "engine": engine_label, "optimization": ref.candidate}
     metrics = WatchMetrics(labels)
     metrics.reference(ref, p0, detector.h)
     address = metrics.serve(args.listen)
     print(f"decodegate: watching {args.engine} against {ref.source} ({ref.candidate}: accepted/drafted "
-          f"{ref.ratio:.3f} [{ref.low:.3f}, {ref.high:.3f}], boundary {p0:.3f}, φ {phi:.2f}{phi_from}); CUSUM k {k:.3f}, "
-          f"h {detector.h:.3f} for an ARL of {args.arl_hours:g} h ({arl_steps:.0f} steps of {args.interval:g} s); "
-          f"metrics at http://{address}/metrics", flush=True)
+          f"{ref.ratio:.3f} [{ref.low:.3f}, {ref.high:.3f}], boundary {p0:.3f}, φ {phi:.2f}{phi_from}); "
+          f"{_design_line(detector.design, args)}; metrics at http://{address}/metrics", flush=True)
     return _loop(args, scraper, first, detector, metrics, ref, labels)
+
+
+def _design_line(d, args) -> str:
+    limit = f", collapse limit: {d.shewhart} or fewer accepted of {d.n}" if d.shewhart >= 0 else ""
+    return (f"LR CUSUM against acceptance {d.p1:.3f} (and {d.p0 / 3:.3f}), h {d.h:.2f} nats{limit}: exact in-control "
+            f"ARL {d.arl:.0f} steps of {d.n} drafted tokens for the {args.arl_hours:g} h asked ({d.target:.0f} steps of "
+            f"{args.interval:g} s)")
 
 
 class _Watch:
@@ -317,7 +326,8 @@ def _evidence(args, ref, det, labels, window, elapsed, kind: str) -> dict:
     w_acc, w_drafted, w_low, w_high = window
     return {"kind": kind, "engine": args.engine, "labels": labels, "reference": ref.source, "candidate": ref.candidate,
             "reference_ratio": ref.ratio, "reference_interval": [ref.low, ref.high], "boundary": det.p0,
-            "statistic": det.statistic, "threshold": det.h, "k": det.k, "dispersion": det.phi,
+            "statistic": det.statistic, "threshold": det.h, "tuned_to": det.design.p1,
+            "collapse_limit": det.shewhart_fired, "in_control_arl_steps": det.design.arl, "dispersion": det.phi,
             "arl_hours": args.arl_hours, "steps": det.steps, "drafted_since_statistic_rose": det.drafted_since_reset,
             "window_seconds": args.window, "window_accepted": w_acc, "window_drafted": w_drafted,
             "window_ratio": (w_acc / w_drafted) if w_drafted else None, "window_interval": [w_low, w_high],
@@ -334,7 +344,9 @@ def _alarm_line(e: dict) -> str:
               f"{e['window_drafted']:.0f} drafted tokens in {e['window_seconds']:g} s" if e["window_drafted"] else "window empty")
     return (f"decodegate: ALARM {e['engine']} {e['candidate']}: acceptance below the reference "
             f"{e['reference_ratio']:.3f} [{e['reference_interval'][0]:.3f}, {e['reference_interval'][1]:.3f}] "
-            f"(boundary {e['boundary']:.3f}): CUSUM {e['statistic']:.2f} >= h {e['threshold']:.2f} (ARL "
+            f"(boundary {e['boundary']:.3f}): "
+            f"{'one step under the collapse limit, ' if e['collapse_limit'] else ''}CUSUM {e['statistic']:.2f} "
+            f"{'>=' if e['statistic'] >= e['threshold'] else '<'} h {e['threshold']:.2f} (ARL "
             f"{e['arl_hours']:g} h), {e['drafted_since_statistic_rose']:.0f} drafted tokens since it left 0; {window}; "
             f"nothing was switched off")
 
