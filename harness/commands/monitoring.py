@@ -6,8 +6,9 @@ Writes into --out:
   `SpecDecodeAcceptanceBelowReference` (warning) when that ratio stays 3 standard errors below the
   boundary (the run's lower bound less --tolerance, standard errors from the drafted tokens and
   the run's overdispersion) for 15 minutes; `SpecDecodeAcceptanceAlarm` (critical) while
-  `decodegate watch` alarms; `SpecDecodeStoppedDrafting` (warning) when the engine generates
-  without drafting. Check it with `promtool check rules decodegate-rules.yml`.
+  `decodegate watch` alarms (either kind); `SpecDecodeStoppedDrafting` (warning) when the engine
+  generates without drafting, its spec-decode series flat or gone (`unless`, so a relaunch without
+  speculation, which exports none, still fires it). Check it with `promtool check rules decodegate-rules.yml`.
 - decodegate-dashboard.json: a Grafana dashboard (templated $engine): acceptance per engine with
   the reference band, acceptance per label (watch's window), accepted tokens per draft, latency,
   and the detector's statistic against its threshold.
@@ -99,12 +100,14 @@ def rules(ref, p0: float) -> dict:
                          "description": f"The CUSUM of `decodegate watch` crossed its threshold; {where}.",
                          "runbook": act}},
         {"alert": "SpecDecodeStoppedDrafting",
-         "expr": (f"sum by (instance) (rate({m['generated']}[15m])) > 0 and "
-                  f"sum by (instance) (rate({m['drafted']}[15m])) == 0"), "for": "15m",
+         # `unless`, not `and ... == 0`: an engine relaunched without speculation exports no
+         # spec-decode series at all, and `and` with an empty right-hand side is empty.
+         "expr": (f"(sum by (instance) (rate({m['generated']}[15m])) > 0) unless "
+                  f"(sum by (instance) (rate({m['drafted']}[15m])) > 0)"), "for": "15m",
          "labels": {"severity": "warning", **labels},
          "annotations": {"summary": "{{ $labels.instance }} generates tokens but drafts none",
-                         "description": "Speculation is off or finds nothing to draft: the speedup the verdict measured "
-                                        "is gone (no acceptance to watch).",
+                         "description": "Speculation is off (its spec-decode series are gone) or finds nothing to draft: "
+                                        "the speedup the verdict measured is gone (no acceptance to watch).",
                          "runbook": "Check the engine's launch flags (--spec-type, the draft model) against the verdict's."}},
     ]}]}
 
