@@ -327,3 +327,50 @@ def test_the_reference_is_taken_per_temperature(tmp_path, capsys):
     assert f"{warm.boundary():.4g}" in (tmp_path / "m" / "decodegate-rules.yml").read_text()
     assert main(["export-monitoring", str(ref), "--out", str(tmp_path / "m"), "--temperature", "1"]) == 2
     assert "no drafting request at --temperature 1 (it has: 0, 0.7)" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- every derived number, checked
+
+def test_every_number_watch_and_the_rules_derive_is_the_one_computed_independently(engine, tmp_path):
+    """From the run's records, by hand: accepted/drafted, its interval (a delta-method interval over
+    prompts, against the code's bootstrap), φ (Pearson χ² / df) and its 95% upper bound, the
+    boundary, and the detector's h for the ARL asked; then read back from what watch serves and
+    what export-monitoring writes."""
+    from scipy import stats
+
+    from analysis.lr_cusum import design
+    rng = np.random.default_rng(7)
+    n = rng.integers(20, 90, size=60)
+    a = rng.binomial(n, rng.beta(12, 6, size=60))
+    ref = write_reference(tmp_path / "ref", [(int(x), int(y), 0.0) for x, y in zip(a, n)])
+    ratio = a.sum() / n.sum()
+    resid = a - ratio * n                                   # delta method for a ratio of sums over prompts
+    se = np.sqrt(len(n) / (len(n) - 1) * np.sum(resid ** 2)) / n.sum()
+    low, high = ratio - 1.96 * se, ratio + 1.96 * se
+    phi = max(1.0, float(np.sum((a - ratio * n) ** 2 / (ratio * (1 - ratio) * n))) / (len(n) - 1))
+    phi_up = max(1.0, phi * (len(n) - 1) / stats.chi2.ppf(0.05, len(n) - 1))
+    tolerance = 0.05
+    boundary = low * (1 - tolerance)
+    h = design(boundary, 0.10, 64, phi_up, 2 * 3600 / 0.1).h   # --arl-hours 2 at --interval 0.1
+
+    assert main(["export-monitoring", str(ref), "--out", str(tmp_path / "m")]) == 0
+    rule = next(r for r in yaml.safe_load((tmp_path / "m" / "decodegate-rules.yml").read_text())["groups"][0]["rules"]
+                if r.get("alert") == "SpecDecodeAcceptanceBelowReference")
+    p0_rule, phi_rule = (float(x) for x in re.search(r"< ([\d.]+) - 3 \* sqrt\(([\d.]+) \*", rule["expr"]).groups())
+    assert p0_rule == pytest.approx(boundary, abs=2e-3) and phi_rule == pytest.approx(phi_up, rel=1e-3)
+
+    engine.serve(100, 60)
+    proc, port = start_watch(engine.url, ref, tmp_path, "--arl-hours", "2", "--max-duration", "60")
+    try:
+        text = scrape_watch(port)
+    finally:
+        code, out, err = finish(proc, 15)
+    assert code == 0, (out, err)
+    assert sample(text, "decodegate_reference_acceptance_ratio") == pytest.approx(ratio, rel=1e-9)
+    # The code's bootstrap over prompts and the delta method agree within 0.003 on 60 prompts; a 90%
+    # interval or a tolerance of 0.04 or 0.06 would move the boundary by more than that.
+    assert sample(text, "decodegate_reference_acceptance_lower_ratio") == pytest.approx(low, abs=3e-3)
+    assert sample(text, "decodegate_reference_acceptance_upper_ratio") == pytest.approx(high, abs=3e-3)
+    assert sample(text, "decodegate_acceptance_boundary_ratio") == pytest.approx(boundary, abs=3e-3)
+    assert sample(text, "decodegate_cusum_threshold") == pytest.approx(h, rel=0.02)
+    assert f"φ {phi_up:.2f}: the upper bound of {phi:.2f} measured over 60 requests" in out
