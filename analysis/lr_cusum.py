@@ -261,7 +261,9 @@ def simulate_run_lengths(d: Design, p: float, *, runs: int, max_steps: int, size
     and limit (`Design.scores`, what `AcceptanceCusum.update` applies). `sizes`: step sizes drawn
     uniformly from it (default: every step of d.n). Runs without an alarm return max_steps + 1."""
     rng = np.random.default_rng(rng)
-    sizes = np.array([d.n] if sizes is None else sizes, dtype=int)
+    if sizes is None:
+        return _run_lengths_one_size(d, p, runs, max_steps, rng)
+    sizes = np.array(sizes, dtype=int)
     tables = [(d.at(m), d.at(m).scores(m), np.cumsum(step_pmf(int(m), p, d.phi))) for m in sizes]
     s = np.zeros(runs)   # nats, put on each step's lattice as AcceptanceCusum.update does
     first = np.full(runs, max_steps + 1)
@@ -276,6 +278,28 @@ def simulate_run_lengths(d: Design, p: float, *, runs: int, max_steps: int, size
         live = live[~hit]
         if live.size == 0:
             break
+    return first
+
+
+def _run_lengths_one_size(d: Design, p: float, runs: int, max_steps: int, rng, block: int | None = None) -> np.ndarray:
+    """simulate_run_lengths for steps of d.n, a block of steps at a time: within a block S follows
+    Lindley's form of the recursion, S_t = max(S_0 + W_t, W_t − min_{s ≤ t} W_s) with W the
+    running sum of the increments (W_0 = 0), the same S as max(0, S + w) step by step."""
+    (w, c), cdf = d.scores(d.n), np.cumsum(step_pmf(d.n, p, d.phi))
+    s0 = np.zeros(runs, dtype=np.int64)
+    first = np.full(runs, max_steps + 1)
+    live, done = np.arange(runs), 0
+    while live.size and done < max_steps:
+        b = min(block or int(np.clip(d.arl / 8, 32, 4096)), max_steps - done)
+        a = np.minimum(np.searchsorted(cdf, rng.random((live.size, b))), cdf.size - 1)
+        walk = np.cumsum(w[a], axis=1)                                       # (runs, b): W_1..W_b
+        low = np.minimum(np.minimum.accumulate(walk, axis=1), 0)             # min over s of W_s, W_0 = 0
+        s = np.maximum(s0[live, None] + walk, walk - low)
+        hit = (s >= d.H) | (a <= c)
+        any_hit = hit.any(axis=1)
+        first[live[any_hit]] = done + np.argmax(hit[any_hit], axis=1) + 1
+        s0[live] = s[:, -1]
+        live, done = live[~any_hit], done + b
     return first
 
 

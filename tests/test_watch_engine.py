@@ -196,6 +196,7 @@ def test_injected_drift_is_raised_with_the_evidence(reference, engine, tmp_path)
     stop = threading.Event()
     hook_out = tmp_path / "hook.json"
     proc = subprocess.Popen(watch_cmd(engine.base_url, reference, tmp_path, "--arl-hours", "24", "--max-duration", "420",
+                                      "--exit-on-alarm",
                                       "--on-alarm-command", f"{sys.executable} -c \"import sys; open({str(hook_out)!r}, 'w').write(sys.stdin.read())\""),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     t = traffic(engine.base_url, lambda: phase["prompts"], stop)
