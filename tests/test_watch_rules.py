@@ -110,8 +110,6 @@ def expect(alert: str, at: str, labels: dict | None, rules: dict | None = None, 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_promtool_test_rules_shows_every_alert_firing_and_silent(engine, tmp_path):
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool not found: `apt-get install -y prometheus` (make setup does)"
     folder, recorded, decoder = ENGINES[engine]
     if not (folder / "ngram-metrics-after.txt").exists():
         pytest.fail(f"no capture of {engine} under {folder} (scripts/capture_llamacpp_metrics.py makes it)")
@@ -119,18 +117,27 @@ def test_promtool_test_rules_shows_every_alert_firing_and_silent(engine, tmp_pat
     p = captured_acceptance(folder)
     ref_dir = write_reference(tmp_path / "ref", [(round(p * 50), 50, 0.0)] * 30 + [(round(p * 50) + 2, 50, 0.0),
                               (round(p * 50) - 2, 50, 0.0)] * 15, engine=recorded, decoder=decoder)
-    assert main(["export-monitoring", str(ref_dir), "--out", str(tmp_path / "m")]) == 0
+    promtool_unit_tests(folder, ref_dir, tmp_path / "m")
+
+
+def promtool_unit_tests(folder: Path, ref_dir: Path, out: Path) -> None:
+    """Export the rules of the reference in `ref_dir` into `out` and prove them with `promtool
+    test rules` on input series made from the scrapes in `folder` (ngram-metrics-{before,after,
+    nomatch}.txt, plain-metrics[-after].txt); raises AssertionError with promtool's output."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: `apt-get install -y prometheus` (make setup does)"
+    assert main(["export-monitoring", str(ref_dir), "--out", str(out)]) == 0
     ref = live_reference.load(str(ref_dir))
-    assert ref.metric_prefix == ("vllm" if engine == "vllm" else "llamacpp")
-    text = (tmp_path / "m" / "decodegate-rules.yml").read_text()
+    engine = ref.metric_prefix
+    text = (out / "decodegate-rules.yml").read_text()
     rules = yaml.safe_load(text)
     assert ("llamacpp:" in text) == (engine == "llamacpp") and ("vllm:" in text) == (engine == "vllm")
-    run_labels = {"team": "inference-platform", "chargeback": "llm-serving", "optimization": "ngram"}
+    run_labels = {**ref.labels, "optimization": ref.candidate}
     warn = {"severity": "warning", **run_labels, "instance": INSTANCE["instance"]}
-    alarm = [{"series": f'decodegate_alarm{{engine="engine-a:8000",optimization="ngram",team="inference-platform"}}',
+    alarm = [{"series": f'decodegate_alarm{{engine="engine-a:8000",optimization="{ref.candidate}"}}',
               "values": "0x10 1x30"}]
     tests = [
-        {"name": "acceptance at the reference: silent", "interval": "1m", "input_series": scenario(folder) + alarm[:0],
+        {"name": "acceptance at the reference: silent", "interval": "1m", "input_series": scenario(folder, acceptance=ref.ratio),
          "alert_rule_test": [expect("SpecDecodeAcceptanceBelowReference", "40m", None),
                              expect("SpecDecodeStoppedDrafting", "40m", None)]},
         {"name": "acceptance at a quarter of the boundary", "interval": "1m",
@@ -153,7 +160,7 @@ def test_promtool_test_rules_shows_every_alert_firing_and_silent(engine, tmp_pat
                       "input_series": scenario(folder, nomatch=True),
                       "alert_rule_test": [expect("SpecDecodeStoppedDrafting", "10m", None),
                                           expect("SpecDecodeStoppedDrafting", "40m", warn, rules)]})
-    unit = tmp_path / "m" / "decodegate-rules.test.yml"
+    unit = out / "decodegate-rules.test.yml"
     unit.write_text(yaml.safe_dump({"rule_files": ["decodegate-rules.yml"], "evaluation_interval": "1m",
                                     "tests": tests}, sort_keys=False))
     run = subprocess.run([promtool, "test", "rules", str(unit)], capture_output=True, text=True)
