@@ -374,3 +374,17 @@ def test_every_number_watch_and_the_rules_derive_is_the_one_computed_independent
     assert sample(text, "decodegate_acceptance_boundary_ratio") == pytest.approx(boundary, abs=3e-3)
     assert sample(text, "decodegate_cusum_threshold") == pytest.approx(h, rel=0.02)
     assert f"φ {phi_up:.2f}: the upper bound of {phi:.2f} measured over 60 requests" in out
+
+
+def test_an_alarm_that_stands_when_the_engine_stops_answering_still_exits_4(engine, tmp_path):
+    ref = write_reference(tmp_path / "ref", steady_requests())
+    engine.serve(100, 60)
+    proc, port = start_watch(engine.url, ref, tmp_path, "--arl-hours", "1", "--max-scrape-failures", "3",
+                             "--max-duration", "60")
+    try:
+        wait_for(lambda t: sample(t, "decodegate_alarm") == 1, port, feed=lambda: engine.serve(64, 6))
+        engine.mode = "empty"
+    finally:
+        code, out, err = finish(proc)
+    assert code == 4 and "the engine stopped answering with the alarm" in out, (out, err)
+    assert "4 scrapes of" in err

@@ -159,6 +159,7 @@ class _Watch:
         self.generated_since_drafting = 0.0
         self.latched: dict | None = None   # the evidence of the alarm that holds
         self.stop = self.ack = False
+        self.ended = ""
         self.started = time.monotonic()
 
     def elapsed(self) -> float:
@@ -263,6 +264,8 @@ def delta_generated(before, after) -> float:
 
 def _loop(args, scraper, first, detector, metrics, ref, labels) -> int:
     import signal
+
+    from harness.run.live_metrics import Failure
     w = _Watch(args, scraper, first, detector, metrics, ref, labels)
     log = open(args.log, "a") if args.log else None
     saved = _signals(w)
@@ -274,7 +277,7 @@ def _loop(args, scraper, first, detector, metrics, ref, labels) -> int:
             if not w.running():
                 break
             reading = scraper.read()
-            if not hasattr(reading, "drafted"):
+            if isinstance(reading, Failure):
                 w.failed(reading)
                 continue
             evidence = w.step(reading, log)
@@ -289,13 +292,14 @@ def _loop(args, scraper, first, detector, metrics, ref, labels) -> int:
         if w.latched is None:
             raise
         print(f"decodegate: {e}", file=sys.stderr)
+        w.ended = "the engine stopped answering"
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
         if log:
             log.close()
         metrics.stop()
-    why = "stopped by a signal" if w.stop else f"--max-duration {args.max_duration:g} s reached"
+    why = w.ended or ("stopped by a signal" if w.stop else f"--max-duration {args.max_duration:g} s reached")
     if w.latched is not None:
         print(f"decodegate: {why} with the alarm ({w.latched['kind']}) still raised", flush=True)
         return ALARM_EXIT

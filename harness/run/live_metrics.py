@@ -151,6 +151,7 @@ class WatchMetrics:
         self.window_low.set(interval[0])
         self.window_high.set(interval[1])
         self.statistic.set(detector.statistic)
+        self.threshold.set(detector.h)  # the threshold of the step's size (analysis.lr_cusum.Design.at)
 
     def alarmed(self, evidence: dict) -> None:
         """Latch the alarm: decodegate_alarm stays 1 (and the evidence readable) until cleared."""
