@@ -120,14 +120,14 @@ def test_promtool_test_rules_shows_every_alert_firing_and_silent(engine, tmp_pat
     promtool_unit_tests(folder, ref_dir, tmp_path / "m")
 
 
-def promtool_unit_tests(folder: Path, ref_dir: Path, out: Path) -> None:
+def promtool_unit_tests(folder: Path, ref_dir: Path, out: Path, candidate: str | None = None) -> None:
     """Export the rules of the reference in `ref_dir` into `out` and prove them with `promtool
     test rules` on input series made from the scrapes in `folder` (ngram-metrics-{before,after,
     nomatch}.txt, plain-metrics[-after].txt); raises AssertionError with promtool's output."""
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found: `apt-get install -y prometheus` (make setup does)"
-    assert main(["export-monitoring", str(ref_dir), "--out", str(out)]) == 0
-    ref = live_reference.load(str(ref_dir))
+    assert main(["export-monitoring", str(ref_dir), "--out", str(out), *(["--candidate", candidate] if candidate else [])]) == 0
+    ref = live_reference.load(str(ref_dir), candidate)
     engine = ref.metric_prefix
     text = (out / "decodegate-rules.yml").read_text()
     rules = yaml.safe_load(text)
