@@ -288,6 +288,30 @@ def test_an_odd_scrape_is_counted_not_fatal(mode, engine, tmp_path):
     assert code == 0 and "ALARM" not in out, (out, err)
 
 
+@pytest.mark.parametrize("bad", ["nan", "inf", "-5.0"])
+def test_a_spec_counter_that_is_not_a_count_is_a_failed_scrape_not_a_crash(bad, engine, tmp_path):
+    """A proxy or exporter bug serving NaN, +Inf or a negative drafted counter: counted as a failed
+    scrape (decodegate_scrape_failures_total), not an internal error, and watch goes on."""
+    ref = write_reference(tmp_path / "ref", steady_requests())
+    engine.serve(100, 60)
+    proc, port = start_watch(engine.url, ref, tmp_path, "--arl-hours", "1", "--max-duration", "60")
+    try:
+        scrape_watch(port)
+        good = engine.drafted
+        with engine.lock:
+            engine.drafted = float(bad)
+        wait_for(lambda t: (sample(t, "decodegate_scrape_failures_total") or 0) >= 3, port)
+        with engine.lock:
+            engine.drafted = good
+        before = sample(scrape_watch(port), "decodegate_watched_draft_tokens_total")
+        wait_for(lambda t: sample(t, "decodegate_watched_draft_tokens_total") > before, port,
+                 feed=lambda: engine.serve(64, 38))
+        assert proc.poll() is None
+    finally:
+        code, out, err = finish(proc, 15)
+    assert code == 0 and "ALARM" not in out and "internal error" not in err, (out, err)
+
+
 def test_a_run_of_failed_scrapes_past_the_limit_ends_watch_with_the_last_answer(engine, tmp_path):
     ref = write_reference(tmp_path / "ref", steady_requests())
     engine.serve(100, 60)

@@ -66,6 +66,8 @@ class Scraper:
         if isinstance(got, Failure):
             raise CounterError(f"engine at {self.url} cannot be scraped ({got.why})")
         reading = reading_from(got)
+        if (bad := not_a_count(reading)) is not None:
+            raise CounterError(f"engine at {self.url}: {bad.why}")
         if not reading.spec:
             raise CounterError(f"engine at {self.url} exports no spec-decode counters (*:spec_decode_num_draft_tokens_total "
                                f"and *:spec_decode_num_accepted_tokens_total): is speculative decoding on?")
@@ -74,7 +76,20 @@ class Scraper:
     def read(self) -> Reading | Failure:
         """A reading (its `spec` False when the spec-decode series are gone), or a Failure."""
         got = self.scrape()
-        return got if isinstance(got, Failure) else reading_from(got)
+        if isinstance(got, Failure):
+            return got
+        reading = reading_from(got)
+        return not_a_count(reading) or reading
+
+
+def not_a_count(reading: Reading) -> Failure | None:
+    """A Failure where a spec-decode or generated counter is NaN, infinite or negative (an exporter
+    or proxy bug): no count of tokens, so a failed scrape, never data fed to the detector."""
+    import math
+    values = {"drafted": reading.drafted, "accepted": reading.accepted, "drafts": reading.drafts,
+              "generated": reading.generated}
+    bad = [f"{k} {v!r}" for k, v in values.items() if v is not None and not (math.isfinite(v) and v >= 0)]
+    return Failure(f"counters that are not counts ({', '.join(bad)})") if bad else None
 
 
 def reading_from(metrics: dict[str, float]) -> Reading:
