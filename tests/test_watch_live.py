@@ -80,6 +80,17 @@ def test_an_engine_without_verified_names_is_refused_not_defaulted(engine, decod
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.parametrize("requests", [[(0, 50, 0.0)] * 20, [(1, 500, 0.0)] * 3 + [(0, 500, 0.0)] * 17])
+def test_a_reference_without_acceptance_to_fall_from_is_refused_by_export_monitoring(requests, tmp_path, capsys):
+    """Its boundary is 0: `ratio < 0 - 3 * ...` passes promtool and can never fire. watch refuses
+    it; export-monitoring must too, not write a silent alert."""
+    ref = write_reference(tmp_path / "ref", requests)
+    assert main(["export-monitoring", str(ref), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no acceptance to fall from" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "m").exists()
+
+
 # --------------------------------------------------------------------------- an engine stand-in
 
 class Engine:

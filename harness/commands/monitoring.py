@@ -44,11 +44,11 @@ def run(args) -> int:
     ref = live_reference.load(args.run_dir, args.candidate, tracking_uri=args.tracking_uri,
                               temperature=args.temperature)
     ref.metric_prefix  # noqa: B018 - refuses an engine without verified metric names before anything is written
+    p0 = ref.monitored_boundary(tolerance)  # a boundary of 0: an alert that can never fire, refused
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise live_reference.LiveReferenceError(f"--out {out} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    p0 = ref.boundary(tolerance)
     (out / RULES).write_text(yaml.safe_dump(rules(ref, p0), sort_keys=False, width=120))
     (out / DASHBOARD).write_text(json.dumps(dashboard(ref, p0), indent=2))
     print(f"decodegate: wrote {out / RULES} and {out / DASHBOARD} ({ref.candidate}: accepted/drafted {ref.ratio:.3f} "

@@ -120,11 +120,7 @@ def run(args) -> int:
     scraper = Scraper(args.engine)
     first = scraper.first()  # refuses an engine that is down or exports no spec-decode counters
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
-    p0 = ref.boundary(tolerance)
-    if not 0 < p0 < 1:
-        raise live_reference.LiveReferenceError(
-            f"reference {ref.source}: candidate {ref.candidate!r} accepted {ref.accepted} of {ref.drafted} drafted "
-            f"tokens (lower bound {ref.low:.3f}): there is no acceptance to fall from")
+    p0 = ref.monitored_boundary(tolerance)
     phi = args.dispersion or ref.dispersion_upper
     phi_from = (" as given" if args.dispersion else
                 f": the upper bound of {ref.dispersion:.2f} measured over {ref.requests} requests")

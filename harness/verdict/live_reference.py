@@ -76,6 +76,16 @@ class LiveReference:
         """p0: the lowest acceptance still in control (the lower bound, less the tolerance)."""
         return self.low * (1 - tolerance)
 
+    def monitored_boundary(self, tolerance: float = DEFAULT_TOLERANCE) -> float:
+        """p0, refused where it is not inside (0, 1): a boundary of 0 makes a detector and an alert
+        that can never fire (acceptance cannot fall below 0)."""
+        p0 = self.boundary(tolerance)
+        if not 0 < p0 < 1:
+            raise LiveReferenceError(
+                f"reference {self.source}: candidate {self.candidate!r} accepted {self.accepted} of {self.drafted} "
+                f"drafted tokens (lower bound {self.low:.3f}, boundary {p0:.3f}): there is no acceptance to fall from")
+        return p0
+
 
 def bound_factor(requests: int, level: float = 0.95) -> float:
     """How far the upper bound on φ lies above its estimate with `requests` drafting requests."""
