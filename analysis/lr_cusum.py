@@ -40,6 +40,7 @@ import numpy as np
 from scipy import stats
 
 STATES = 400            # lattice points per log(target) nats: the ARL lands within ~e^(1/400·log T) of T
+MAX_H = 8 * STATES      # the largest chain solved: (I − Q) is MAX_H² floats (41 MB); 64·STATES took 5 GB and the machine
 SHEWHART_SHARE = 0.1    # the share of the false-alarm budget the collapse limit may spend
 COLLAPSE = 1 / 3        # the collapse the alternative also carries: acceptance at a third of p0
 COLLAPSE_WEIGHT = 0.05  # its weight: costs log(1/0.95) = 0.05 nats a step on a slow drift
@@ -183,8 +184,10 @@ def _solve(p0: float, p1: float, n: int, phi: float, target: float, delta: float
     lo, hi = 0, STATES
     while arl(w, c, hi, pmf) < target:
         lo, hi = hi, 2 * hi
-        if hi > 64 * STATES:
-            raise ValueError(f"no threshold reaches an ARL of {target:g} steps (p0={p0}, n={n}, φ={phi})")
+        if hi > MAX_H:
+            raise ValueError(f"no threshold up to {MAX_H} lattice units reaches an in-control ARL of {target:g} steps "
+                             f"(p0={p0:.4g}, n={n}, φ={phi:.4g}): a step of {n} drafted tokens carries too little "
+                             f"evidence at this acceptance; a larger --min-drafted gives it more")
     while hi - lo > 1:  # the ARL grows with H: the smallest H at or above the target
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if arl(w, c, mid, pmf) < target else (lo, mid)

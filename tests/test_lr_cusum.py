@@ -131,3 +131,18 @@ def test_replay_feeds_the_detector_itself():
         replay_scrapes([0], [0], d, runs=2, max_steps=5)
     assert np.all(replay_scrapes([5, 5], [5, 5], d, runs=20, max_steps=40, rng=1) == 41)  # always above p0
     assert np.all(replay_scrapes([0], [5], d, runs=5, max_steps=40, rng=0) <= 2)            # acceptance 0
+
+
+@pytest.mark.parametrize("p0,n,phi,target", [(0.001, 64, 1.0, 1000), (1e-6, 64, 1.0, 1000), (0.01, 16, 5.0, DEFAULT_STEPS)])
+def test_a_boundary_too_low_to_monitor_is_refused_in_bounded_memory(p0, n, phi, target):
+    """At acceptance ~0 the lattice's increments round to almost nothing and no threshold reaches
+    the target: design() must say so (a ValueError: exit 2 with one line), not grow the chain
+    until the machine runs out of memory (it asked for 25,600² matrices, 5 GB, before)."""
+    import subprocess
+    import sys
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (1_500_000_000, 1_500_000_000))\n"
+            "from analysis.lr_cusum import design\n"
+            f"try:\n    design({p0!r}, 0.1, {n}, {phi!r}, {target!r})\nexcept ValueError as e:\n"
+            "    print('refused:', e)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "refused:" in run.stdout and "--min-drafted" in run.stdout, run.stdout + run.stderr
