@@ -9,7 +9,9 @@ increments), each alert shown firing where it should and silent where it should 
   series at all, llama.cpp keeps them at 0), and, for vLLM, drafting that stands still while
   generating (the capture of a request its n-gram drafter found nothing for; llama.cpp's drafted
   8 tokens there): SpecDecodeStoppedDrafting;
-- `watch`'s decodegate_alarm 0 then 1: SpecDecodeAcceptanceAlarm from when it turns 1.
+- `watch`'s decodegate_alarm 0 then 1: SpecDecodeAcceptanceAlarm from when it turns 1;
+- the engine's series gone (only watch's alarm scraped): SpecDecodeEngineSeriesAbsent; watch's
+  alarm series gone (only the engine's): DecodegateWatchAbsent.
 """
 from __future__ import annotations
 
@@ -154,6 +156,18 @@ def promtool_unit_tests(folder: Path, ref_dir: Path, out: Path, candidate: str |
          "alert_rule_test": [expect("SpecDecodeAcceptanceAlarm", "5m", None),
                              expect("SpecDecodeAcceptanceAlarm", "20m",
                                     {"severity": "critical", **run_labels, "engine": "engine-a:8000"}, rules)]},
+    ]
+    # Series that vanish: the engine down (only watch's alarm left), watch gone (only the engine's series).
+    engine_only = scenario(folder, acceptance=ref.ratio)
+    tests += [
+        {"name": "the engine's series gone", "interval": "1m", "input_series": alarm,
+         "alert_rule_test": [expect("SpecDecodeEngineSeriesAbsent", "5m", None),
+                             expect("SpecDecodeEngineSeriesAbsent", "20m", {"severity": "warning", **run_labels}, rules),
+                             expect("DecodegateWatchAbsent", "20m", None)]},
+        {"name": "watch gone", "interval": "1m", "input_series": engine_only,
+         "alert_rule_test": [expect("DecodegateWatchAbsent", "5m", None),
+                             expect("DecodegateWatchAbsent", "20m", {"severity": "warning", **run_labels}, rules),
+                             expect("SpecDecodeEngineSeriesAbsent", "20m", None)]},
     ]
     if drafts_nothing_on_nomatch(folder):  # vLLM's n-gram drafter found nothing for the captured prompt
         tests.append({"name": "drafting stands still while generating", "interval": "1m",

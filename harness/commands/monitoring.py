@@ -8,7 +8,10 @@ Writes into --out:
   the run's overdispersion) for 15 minutes; `SpecDecodeAcceptanceAlarm` (critical) while
   `decodegate watch` alarms (either kind); `SpecDecodeStoppedDrafting` (warning) when the engine
   generates without drafting, its spec-decode series flat or gone (`unless`, so a relaunch without
-  speculation, which exports none, still fires it). Check it with `promtool check rules decodegate-rules.yml`.
+  speculation, which exports none, still fires it); `SpecDecodeEngineSeriesAbsent` and
+  `DecodegateWatchAbsent` (warning) when the engine's generated-token series or watch's
+  decodegate_alarm are gone for 10 minutes (the alerts above read them, and an empty series never
+  fires). Check it with `promtool check rules decodegate-rules.yml`.
 - decodegate-dashboard.json: a Grafana dashboard (templated $engine): acceptance per engine with
   the reference band, acceptance per label (watch's window), accepted tokens per draft, latency,
   and the detector's statistic against its threshold.
@@ -109,6 +112,21 @@ def rules(ref, p0: float) -> dict:
                          "description": "Speculation is off (its spec-decode series are gone) or finds nothing to draft: "
                                         "the speedup the verdict measured is gone (no acceptance to watch).",
                          "runbook": "Check the engine's launch flags (--spec-type, the draft model) against the verdict's."}},
+        # The alerts above read series; with the series gone they are empty, and empty never fires.
+        {"alert": "SpecDecodeEngineSeriesAbsent", "expr": f"absent({m['generated']})", "for": "10m",
+         "labels": {"severity": "warning", **labels},
+         "annotations": {"summary": f"No {m['generated']} series: the engine is down, not scraped, or renamed its metrics",
+                         "description": "Every spec-decode alert of decodegate reads the engine's counters; without "
+                                        "them none of them can fire.",
+                         "runbook": "Check the engine is up and in Prometheus's targets, and its metric names "
+                                    "against this file's."}},
+        {"alert": "DecodegateWatchAbsent", "expr": f'absent(decodegate_alarm{{optimization="{ref.candidate}"}})',
+         "for": "10m", "labels": {"severity": "warning", **labels},
+         "annotations": {"summary": "decodegate watch is not running or not scraped",
+                         "description": "SpecDecodeAcceptanceAlarm reads decodegate_alarm from `decodegate watch`; "
+                                        "with watch gone (stopped, crashed, or its /metrics not scraped) it cannot fire.",
+                         "runbook": "Restart `decodegate watch` (it exits 2 with one line saying why it stopped) "
+                                    "and check Prometheus scrapes its --listen address."}},
     ]}]}
 
 
