@@ -423,3 +423,20 @@ def test_an_alarm_that_stands_when_the_engine_stops_answering_still_exits_4(engi
         code, out, err = finish(proc)
     assert code == 4 and "the engine stopped answering with the alarm" in out, (out, err)
     assert "4 scrapes of" in err
+
+
+def test_an_alarm_that_stands_when_counters_turn_unreadable_still_exits_4(engine, tmp_path):
+    """Counters that go backwards with no sign of a restart end watch (an input error), but an
+    alarm already raised must not be lost to exit 2: a script reading the exit code would see
+    'input error' where acceptance had collapsed."""
+    ref = write_reference(tmp_path / "ref", steady_requests())
+    engine.serve(100, 60)
+    proc, port = start_watch(engine.url, ref, tmp_path, "--arl-hours", "1", "--max-duration", "60")
+    try:
+        wait_for(lambda t: sample(t, "decodegate_alarm") == 1, port, feed=lambda: engine.serve(64, 6))
+        with engine.lock:
+            engine.drafted, engine.accepted = engine.drafted - 50, engine.accepted - 10
+    finally:
+        code, out, err = finish(proc)
+    assert code == 4 and "with the alarm (acceptance_below_reference) still raised" in out, (out, err)
+    assert "went backwards" in err

@@ -261,6 +261,7 @@ def delta_generated(before, after) -> float:
 def _loop(args, scraper, first, detector, metrics, ref, labels) -> int:
     import signal
 
+    from analysis.drift_detector import CounterError
     from harness.run.live_metrics import Failure
     w = _Watch(args, scraper, first, detector, metrics, ref, labels)
     log = open(args.log, "a") if args.log else None
@@ -284,11 +285,11 @@ def _loop(args, scraper, first, detector, metrics, ref, labels) -> int:
                 _hooks(args, evidence)
                 if args.exit_on_alarm:
                     return ALARM_EXIT
-    except ScrapeFailures as e:
-        if w.latched is None:
+    except ValueError as e:  # ScrapeFailures, CounterError: our input errors end watch, an alarm raised still stands
+        if w.latched is None or not isinstance(e, (ScrapeFailures, CounterError)):
             raise
         print(f"decodegate: {e}", file=sys.stderr)
-        w.ended = "the engine stopped answering"
+        w.ended = "the engine stopped answering" if isinstance(e, ScrapeFailures) else "its counters became unreadable"
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
