@@ -99,13 +99,42 @@ def test_bigger_steps_than_the_design_keep_the_false_alarm_rate():
     assert lengths.mean() >= 0.85 * d.arl, lengths.mean()
 
 
+@pytest.mark.parametrize("p0,phi,n,sizes", [
+    (0.3, 1.0, 64, [64] * 6 + [128, 256, 512, 1024]),   # a quiet engine with bursts: 0.69 of the ARL before
+    (0.6, 2.0, 64, [64] * 6 + [128, 256, 512, 1024]),   # 0.84-0.89
+    (0.6, 1.0, 1, [1, 1, 1, 2, 5, 17, 64]),             # --min-drafted 1 on real scrapes: 0.33
+    (0.3, 5.0, 16, list(range(16, 101))),               # 0.75
+])
+def test_steps_of_varying_size_do_not_alarm_more_often_than_promised(p0, phi, n, sizes):
+    """Real traffic gives steps whose size varies scrape to scrape; the false-alarm rate must not
+    exceed the one stated (an ARL 15% short at most, 600 runs: a standard error of ~4%)."""
+    d = design(p0, 0.10, n, phi, 1000)
+    lengths = simulate_run_lengths(d, p0, runs=600, max_steps=30000, sizes=sizes, rng=4)
+    assert lengths.mean() >= 0.85 * d.target, lengths.mean()
+
+
+def test_an_excursion_at_mixed_sizes_is_judged_by_the_largest_threshold_it_met():
+    """AcceptanceCusum.update on steps of mixed sizes below p0 alarms, against a threshold at
+    least the one of the last step's own size (the largest h of the excursion)."""
+    d = design(0.5, 0.10, 16, 2.0, 200)
+    rng = np.random.default_rng(9)
+    for _ in range(30):
+        det, step = AcceptanceCusum(d), 0
+        while not det.alarm and step < 3000:
+            n = int(rng.choice([16, 16, 40, 200]))
+            det.update(float(rng.binomial(n, 0.42)), float(n))
+            step += 1
+        assert det.alarm and det.steps == step
+        assert det.h >= d.at(det.last_step[1]).h
+
+
 def test_update_carries_small_scrapes_and_applies_the_designs_scores():
     rng = np.random.default_rng(5)
     drafted = rng.integers(0, 40, size=300)
     accepted = rng.binomial(drafted, 0.35)
     d = design(0.6, 0.10, 64, 1.5, 1000)
     det = AcceptanceCusum(d)
-    s, pa, pn, steps, path = 0, 0, 0, 0, []  # s: lattice units of the design at each step
+    s, pa, pn, steps, path, seen = 0, 0, 0, 0, [], 0.0  # s: nats; seen: the largest h met since s was 0
     for a, n in zip(accepted, drafted):
         stepped = det.update(float(a), float(n))
         pa, pn = pa + a, pn + n
@@ -114,12 +143,13 @@ def test_update_carries_small_scrapes_and_applies_the_designs_scores():
             dn = d.at(pn)
             w, c = dn.scores(pn)
             units = max(0, round(s / dn.delta) + int(w[pa]))
-            s, steps = units * dn.delta, steps + 1
-            path.append((units >= dn.H, pa <= c, dn.n))
+            s, steps, top = units * dn.delta, steps + 1, max(seen, dn.h)
+            path.append((units * dn.delta >= top - 1e-9, pa <= c, dn.n))
+            seen = top if units > 0 else 0.0
             pa = pn = 0
         assert det.S == pytest.approx(s) and det.steps == steps
     assert {x[2] for x in path} >= {64, 76}      # steps of 64-75 and 76-90 drafted tokens have their own designs
-    assert det.statistic == pytest.approx(s) and det.h == pytest.approx(d.at(path[-1][2]).h)
+    assert det.statistic == pytest.approx(s) and det.h == pytest.approx(max(seen, d.at(path[-1][2]).h))
     assert det.alarm == any(x[0] or x[1] for x in path)
     det.reset()
     assert det.S == 0 and not det.alarm
