@@ -177,7 +177,9 @@ def test_watch_alarms_when_a_real_vllm_drafts_poorly_and_holds_the_alarm(server,
           f"(φ {ref.dispersion:.2f}, upper {ref.dispersion_upper:.2f}); alarm ({kind}) {alarmed - switched:.0f} s and "
           f"{at.drafted - switch.drafted:.0f} drafted tokens after the switch "
           f"(window accepted {at.accepted - switch.accepted:.0f}); {line}")
-    assert kind in ("acceptance_below_reference", "speculation_stopped") and "still raised" in out
+    # The acceptance detector's alarm, not speculation_stopped: poor drafting still drafts, and an
+    # alarm for drafting nothing would prove nothing about the CUSUM this test is for.
+    assert kind == "acceptance_below_reference" and "still raised" in out, (kind, out)
 
 
 def test_exported_rules_name_real_vllm_series_and_pass_promtool_on_its_scrapes(server, reference, tmp_path):
