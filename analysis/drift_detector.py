@@ -1,7 +1,8 @@
-"""Live acceptance against a reference: counter differences, windows and a one-sided CUSUM.
+"""Live acceptance against a reference: counter differences, windows, dispersion.
 
 What this module is: the statistics behind `decodegate watch`, as pure functions over counts
-(no HTTP, no clocks). What it is not: a scraper or a server (harness.commands.watch is).
+(no HTTP, no clocks). What it is not: a scraper or a server (harness.commands.watch is), or the
+detector (analysis.lr_cusum).
 
 Counters. An engine's spec-decode counters (drafted tokens, accepted tokens) only grow while the
 process lives. Between two readings the difference is what was drafted meanwhile. A reading
@@ -11,25 +12,10 @@ crash are never exported: a short --interval keeps them few). Lower values witho
 that failed in between, a changed process start time, or every counter of the engine lower at
 once, as in a fresh process) are refused: something other than a restart moved them.
 
-The detector. Drafted tokens are grouped into *steps* of at least `min_drafted` tokens (a scrape
-interval with fewer is carried into the next). For a step with `a` accepted of `n` drafted,
-
-    z = (p0·n − a) / sqrt(φ · p0 · (1 − p0) · n)
-
-is the standardized deficit of accepted drafts below p0, the in-control boundary (the
-reference's lower bound less the tolerance). φ is the overdispersion of acceptance counts
-(drafts of one round are rejected together, prompts differ), measured on the reference run's
-requests as Pearson's χ² over its degrees of freedom (at least 1), and used at its 95% upper
-bound (`dispersion_upper`). At p = p0, z is about N(0, 1)
-whatever the traffic; at p > p0 it drifts down. The one-sided CUSUM S = max(0, S + z − k) alarms at
-S ≥ h. Its in-control average run length (ARL, steps until a false alarm) is set by h through
-Siegmund's approximation for a Gaussian CUSUM,
-
-    ARL(Δ) ≈ (exp(−2Δb) + 2Δb − 1) / (2Δ²),   b = h + 1.166,   Δ = E[z] − k,
-
-solved for h at Δ = −k (`cusum_threshold`); `simulate_run_lengths` checks it by simulation.
-A step can come at most once a scrape interval, so an ARL of H hours is H·3600/interval steps:
-a quieter engine takes longer per step and alarms falsely less often in wall time, not more.
+The detector itself (a CUSUM on the step's own law, its ARL computed exactly) is analysis.lr_cusum.
+φ, the overdispersion of acceptance counts (drafts of one round are rejected together, prompts
+differ), is measured on the reference run's requests as Pearson's χ² over its degrees of freedom
+(at least 1), and used at its 95% upper bound (`dispersion_upper`).
 """
 from __future__ import annotations
 
@@ -37,9 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import optimize, stats
-
-SIEGMUND_SHIFT = 1.166  # b = h + 1.166: the overshoot correction for Gaussian increments
+from scipy import stats
 
 
 class CounterError(ValueError):
@@ -56,6 +40,8 @@ class Reading:
     drafts: float | None = None
     others: dict = field(default_factory=dict)   # other counters: a fresh process resets them too
     start_time: float | None = None              # process_start_time_seconds, where exported
+    generated: float | None = None               # the engine's generated-token counter, where exported
+    spec: bool = True                            # False: the spec-decode series are gone (drafted, accepted 0)
 
 
 @dataclass(frozen=True)
@@ -153,120 +139,7 @@ def dispersion_upper(accepted, drafted, level: float = 0.95) -> float:
     return max(1.0, dispersion(accepted, drafted) * df / float(stats.chi2.ppf(1 - level, df)))
 
 
-# ------------------------------------------------------------------------------------ the CUSUM
-
-def siegmund_arl(h: float, k: float, mean: float = 0.0) -> float:
-    """Siegmund's ARL of S = max(0, S + z − k), alarm at S ≥ h, for z ~ N(mean, 1)."""
-    delta, b = mean - k, h + SIEGMUND_SHIFT
-    if abs(delta) < 1e-12:
-        return b * b
-    return (math.exp(-2 * delta * b) + 2 * delta * b - 1) / (2 * delta * delta)
-
-
-def cusum_threshold(arl_steps: float, k: float) -> float:
-    """The h whose in-control ARL (Siegmund) is `arl_steps` steps."""
-    if arl_steps <= 1 or k <= 0:
-        raise ValueError(f"need an ARL above 1 step and k > 0; got arl_steps={arl_steps!r}, k={k!r}")
-    return float(optimize.brentq(lambda h: siegmund_arl(h, k) - arl_steps, 1e-9, 200.0))
-
-
-def standardized_deficit(accepted, drafted, p0: float, phi: float):
-    """z = (p0·n − a) / sqrt(φ p0 (1 − p0) n): positive when fewer drafts are accepted than p0 says."""
-    a, n = np.asarray(accepted, float), np.asarray(drafted, float)
-    return (p0 * n - a) / np.sqrt(phi * p0 * (1 - p0) * n)
-
-
-def reference_value(p0: float, drop: float, phi: float, min_drafted: int) -> float:
-    """k: half the shift in z per step that a relative drop `drop` of acceptance below p0 makes at
-    `min_drafted` tokens a step (the CUSUM is quickest for the shift 2k), kept in [0.1, 1.0]
-    (past k = 1 Siegmund's approximation runs more than 6% short of the simulated ARL)."""
-    shift = p0 * drop * math.sqrt(min_drafted) / math.sqrt(phi * p0 * (1 - p0))
-    return min(1.0, max(0.1, shift / 2))
-
-
-@dataclass
-class Cusum:
-    """The detector's state; `update(accepted, drafted)` after each scrape's difference."""
-    p0: float
-    k: float
-    h: float
-    phi: float = 1.0
-    min_drafted: int = 64
-    statistic: float = 0.0
-    steps: int = 0
-    pending_accepted: float = 0.0
-    pending_drafted: float = 0.0
-    drafted_since_reset: float = 0.0   # drafted tokens the statistic has grown on since it was last 0
-    last_z: float = float("nan")
-
-    def __post_init__(self):
-        if not 0 < self.p0 < 1:
-            raise ValueError(f"the in-control acceptance p0 must lie in (0, 1), got {self.p0!r}")
-
-    @property
-    def alarm(self) -> bool:
-        return self.statistic >= self.h
-
-    def update(self, accepted: float, drafted: float) -> bool:
-        """Add one scrape's difference; True when it completed a step."""
-        self.pending_accepted += accepted
-        self.pending_drafted += drafted
-        if self.pending_drafted < self.min_drafted:
-            return False
-        z = float(standardized_deficit(self.pending_accepted, self.pending_drafted, self.p0, self.phi))
-        self.statistic = max(0.0, self.statistic + z - self.k)
-        self.drafted_since_reset = self.drafted_since_reset + self.pending_drafted if self.statistic > 0 else 0.0
-        self.last_z, self.steps = z, self.steps + 1
-        self.pending_accepted = self.pending_drafted = 0.0
-        return True
-
-
-def cusum_run_lengths(z: np.ndarray, k: float, h: float) -> np.ndarray:
-    """Steps to the first alarm of each row of z (runs, steps); steps + 1 where none came
-    (the same recursion as `Cusum.update`, vectorised over runs)."""
-    runs, steps = z.shape
-    s = np.zeros(runs)
-    first = np.full(runs, steps + 1)
-    for t in range(steps):
-        s = np.maximum(0.0, s + z[:, t] - k)
-        hit = (s >= h) & (first > steps)
-        first[hit] = t + 1
-    return first
-
-
-def simulate_run_lengths(h: float, k: float, *, runs: int, max_steps: int, mean: float = 0.0,
-                         rng: np.random.Generator | int | None = None) -> np.ndarray:
-    """Run lengths of the CUSUM on z ~ N(mean, 1) (the check of `cusum_threshold`)."""
-    rng = np.random.default_rng(rng)
-    return cusum_run_lengths(rng.normal(mean, 1.0, size=(runs, max_steps)), k, h)
-
-
-def replay_scrapes(accepted, drafted, detector: Cusum, *, runs: int, max_steps: int,
-                   rng: np.random.Generator | int | None = None) -> np.ndarray:
-    """Run lengths, in detector steps, of `detector` on recorded scrape differences (accepted,
-    drafted per scrape) resampled with replacement: a long, time-compressed replay of counters
-    recorded from an engine. Scrapes are grouped into steps as `Cusum.update` groups them (at least
-    `min_drafted` tokens; fewer carried over). Runs without an alarm are censored at `max_steps`
-    (returned as max_steps + 1)."""
-    a, n = np.asarray(accepted, float), np.asarray(drafted, float)
-    if a.size == 0 or n.sum() <= 0:
-        raise ValueError("no drafted tokens recorded: nothing to replay")
-    rng = np.random.default_rng(rng)
-    s, pa, pn = np.zeros(runs), np.zeros(runs), np.zeros(runs)
-    steps = np.zeros(runs, dtype=int)
-    first = np.full(runs, max_steps + 1)
-    while np.any((steps < max_steps) & (first > max_steps)):
-        idx = rng.integers(0, a.size, size=runs)
-        pa, pn = pa + a[idx], pn + n[idx]
-        step = (pn >= detector.min_drafted) & (steps < max_steps) & (first > max_steps)
-        z = standardized_deficit(pa[step], pn[step], detector.p0, detector.phi)
-        s[step] = np.maximum(0.0, s[step] + z - detector.k)
-        steps[step] += 1
-        hit = step & (s >= detector.h)
-        first[hit] = steps[hit]
-        pa[step] = pn[step] = 0.0
-    return first
-
+# --------------------------------------------------------------------------------- run lengths
 
 def mean_run_length(lengths: np.ndarray, max_steps: int) -> float:
     """ARL from run lengths with runs censored at max_steps (exponential MLE: total steps watched

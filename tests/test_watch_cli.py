@@ -14,6 +14,9 @@ from harness.cli import main
     (["--min-drafted", "0"], "--min-drafted must be at least 1"),
     (["--dispersion", "0.5"], "--dispersion must be at least 1"),
     (["--tolerance", "1"], "--tolerance must lie in [0, 1)"),
+    (["--drop", "1"], "--drop must lie in (0, 1)"),
+    (["--stopped-tokens", "0"], "--stopped-tokens must be at least 1"),
+    (["--max-scrape-failures", "-1"], "--max-scrape-failures must be at least 0"),
 ])
 def test_watch_refuses_bad_settings(flags, says, capsys, tmp_path):
     assert main(["watch", "--engine", "http://127.0.0.1:9", "--reference", str(tmp_path), *flags]) == 2
@@ -33,3 +36,4 @@ def test_help_says_the_exit_codes(capsys):
         main(["watch", "--help"])
     out = capsys.readouterr().out
     assert "4 an alarm" in out and "--arl-hours" in out and "never changes the engine" in out
+    assert "--exit-on-alarm" in out and "SIGUSR1" in out and "--max-scrape-failures" in out

@@ -29,9 +29,8 @@ import numpy as np
 import pytest
 import yaml
 
-from analysis.drift_detector import (
-    Cusum, counter_delta, cusum_threshold, dispersion, mean_run_length, reference_value, replay_scrapes,
-)
+from analysis.drift_detector import counter_delta, dispersion, mean_run_length
+from analysis.lr_cusum import design, replay_scrapes
 from decoders.engines.server import EngineServer, EngineSpec, free_port
 from harness.cli import main
 from harness.run.engines import gguf, llama_tool
@@ -152,11 +151,11 @@ def test_no_drift_replay_keeps_the_false_alarm_rate_promised(reference, recorded
     # At p0 = the live acceptance itself (the hardest in-control case) and at the boundary the
     # reference sets: the measured ARL in detector steps against the one set.
     for name, p0 in (("at its own acceptance", live), ("at the reference boundary", ref.boundary())):
-        k = reference_value(p0, 0.10, ref.dispersion_upper, min_drafted)  # as watch sets it
-        det = Cusum(p0=p0, k=k, h=cusum_threshold(arl_steps, k), phi=ref.dispersion_upper, min_drafted=min_drafted)
-        steps = replay_scrapes(a, n, det, runs=400, max_steps=max_steps, rng=1)
+        d = design(p0, 0.10, min_drafted, ref.dispersion_upper, arl_steps)  # as watch sets it
+        steps = replay_scrapes(a, n, d, runs=400, max_steps=max_steps, rng=1)
         results[name] = mean_run_length(steps, max_steps)
-        print(f"ARL set {arl_steps} steps; measured {results[name]:.0f} {name} (p0 {p0:.3f}, k {k:.3f}, h {det.h:.2f})")
+        print(f"ARL set {arl_steps} steps (exact {d.arl:.0f}); measured {results[name]:.0f} {name} (p0 {p0:.3f}, "
+              f"h {d.h:.2f})")
     assert results["at its own acceptance"] >= 0.9 * arl_steps
     assert results["at the reference boundary"] >= arl_steps
 
@@ -197,6 +196,7 @@ def test_injected_drift_is_raised_with_the_evidence(reference, engine, tmp_path)
     stop = threading.Event()
     hook_out = tmp_path / "hook.json"
     proc = subprocess.Popen(watch_cmd(engine.base_url, reference, tmp_path, "--arl-hours", "24", "--max-duration", "420",
+                                      "--exit-on-alarm",
                                       "--on-alarm-command", f"{sys.executable} -c \"import sys; open({str(hook_out)!r}, 'w').write(sys.stdin.read())\""),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     t = traffic(engine.base_url, lambda: phase["prompts"], stop)

@@ -6,8 +6,12 @@ Writes into --out:
   `SpecDecodeAcceptanceBelowReference` (warning) when that ratio stays 3 standard errors below the
   boundary (the run's lower bound less --tolerance, standard errors from the drafted tokens and
   the run's overdispersion) for 15 minutes; `SpecDecodeAcceptanceAlarm` (critical) while
-  `decodegate watch` alarms; `SpecDecodeStoppedDrafting` (warning) when the engine generates
-  without drafting. Check it with `promtool check rules decodegate-rules.yml`.
+  `decodegate watch` alarms (either kind); `SpecDecodeStoppedDrafting` (warning) when the engine
+  generates without drafting, its spec-decode series flat or gone (`unless`, so a relaunch without
+  speculation, which exports none, still fires it); `SpecDecodeEngineSeriesAbsent` and
+  `DecodegateWatchAbsent` (warning) when the engine's generated-token series or watch's
+  decodegate_alarm are gone for 10 minutes (the alerts above read them, and an empty series never
+  fires). Check it with `promtool check rules decodegate-rules.yml`.
 - decodegate-dashboard.json: a Grafana dashboard (templated $engine): acceptance per engine with
   the reference band, acceptance per label (watch's window), accepted tokens per draft, latency,
   and the detector's statistic against its threshold.
@@ -27,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="folder for decodegate-rules.yml and decodegate-dashboard.json")
     p.add_argument("--candidate", help="the run's candidate (default: the only one that drafted)")
     p.add_argument("--tolerance", type=float, default=None, help="relative slack under the lower bound (default 0.05)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="the temperature the watched traffic runs at: the reference is the run's requests at it "
+                        "(needed when the run drafted at several)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI for an mlflow:RUN_ID run")
 
 
@@ -37,12 +44,14 @@ def run(args) -> int:
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     if not 0 <= tolerance < 1:
         raise live_reference.LiveReferenceError(f"--tolerance must lie in [0, 1), got {tolerance!r}")
-    ref = live_reference.load(args.run_dir, args.candidate, tracking_uri=args.tracking_uri)
+    ref = live_reference.load(args.run_dir, args.candidate, tracking_uri=args.tracking_uri,
+                              temperature=args.temperature)
+    ref.metric_prefix  # noqa: B018 - refuses an engine without verified metric names before anything is written
+    p0 = ref.monitored_boundary(tolerance)  # a boundary of 0: an alert that can never fire, refused
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise live_reference.LiveReferenceError(f"--out {out} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    p0 = ref.boundary(tolerance)
     (out / RULES).write_text(yaml.safe_dump(rules(ref, p0), sort_keys=False, width=120))
     (out / DASHBOARD).write_text(json.dumps(dashboard(ref, p0), indent=2))
     print(f"decodegate: wrote {out / RULES} and {out / DASHBOARD} ({ref.candidate}: accepted/drafted {ref.ratio:.3f} "
@@ -94,13 +103,30 @@ def rules(ref, p0: float) -> dict:
                          "description": f"The CUSUM of `decodegate watch` crossed its threshold; {where}.",
                          "runbook": act}},
         {"alert": "SpecDecodeStoppedDrafting",
-         "expr": (f"sum by (instance) (rate({m['generated']}[15m])) > 0 and "
-                  f"sum by (instance) (rate({m['drafted']}[15m])) == 0"), "for": "15m",
+         # `unless`, not `and ... == 0`: an engine relaunched without speculation exports no
+         # spec-decode series at all, and `and` with an empty right-hand side is empty.
+         "expr": (f"(sum by (instance) (rate({m['generated']}[15m])) > 0) unless "
+                  f"(sum by (instance) (rate({m['drafted']}[15m])) > 0)"), "for": "15m",
          "labels": {"severity": "warning", **labels},
          "annotations": {"summary": "{{ $labels.instance }} generates tokens but drafts none",
-                         "description": "Speculation is off or finds nothing to draft: the speedup the verdict measured "
-                                        "is gone (no acceptance to watch).",
+                         "description": "Speculation is off (its spec-decode series are gone) or finds nothing to draft: "
+                                        "the speedup the verdict measured is gone (no acceptance to watch).",
                          "runbook": "Check the engine's launch flags (--spec-type, the draft model) against the verdict's."}},
+        # The alerts above read series; with the series gone they are empty, and empty never fires.
+        {"alert": "SpecDecodeEngineSeriesAbsent", "expr": f"absent({m['generated']})", "for": "10m",
+         "labels": {"severity": "warning", **labels},
+         "annotations": {"summary": f"No {m['generated']} series: the engine is down, not scraped, or renamed its metrics",
+                         "description": "Every spec-decode alert of decodegate reads the engine's counters; without "
+                                        "them none of them can fire.",
+                         "runbook": "Check the engine is up and in Prometheus's targets, and its metric names "
+                                    "against this file's."}},
+        {"alert": "DecodegateWatchAbsent", "expr": f'absent(decodegate_alarm{{optimization="{ref.candidate}"}})',
+         "for": "10m", "labels": {"severity": "warning", **labels},
+         "annotations": {"summary": "decodegate watch is not running or not scraped",
+                         "description": "SpecDecodeAcceptanceAlarm reads decodegate_alarm from `decodegate watch`; "
+                                        "with watch gone (stopped, crashed, or its /metrics not scraped) it cannot fire.",
+                         "runbook": "Restart `decodegate watch` (it exits 2 with one line saying why it stopped) "
+                                    "and check Prometheus scrapes its --listen address."}},
     ]}]}
 
 
