@@ -301,7 +301,7 @@ def test_exported_rules_pass_promtool_and_the_dashboard_names_real_metrics(refer
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found: `apt-get install -y prometheus` (make setup does)"
     check = subprocess.run([promtool, "check", "rules", str(out / "decodegate-rules.yml")], capture_output=True, text=True)
-    assert check.returncode == 0 and "SUCCESS: 4 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 6 rules found" in check.stdout, check.stdout + check.stderr
     ref = live_reference.load(str(reference))
     rules = (out / "decodegate-rules.yml").read_text()
     assert f"{ref.boundary():.4g}" in rules and "severity: critical" in rules and "runbook" in rules
