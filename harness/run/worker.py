@@ -139,8 +139,10 @@ def _leave() -> None:
 
 
 def _send(conn, msg) -> None:
+    # JSON, never a pickle: the parent unpickling what a decoder can write on this pipe would run
+    # any callable the decoder names, in the parent (the parent reads it with `protocol`).
     try:
-        conn.send(msg)
+        conn.send_bytes(json.dumps(msg).encode())
     except (OSError, ValueError):  # the parent is gone
         _leave()
 
@@ -203,6 +205,57 @@ def _jsonable(obj):
 
 # ------------------------------------------------------------------------------- the parent side
 
+# What a worker may send: kind -> (its length, the payload's type); the index is an int (None
+# allowed for the ends of a call).
+MESSAGES = {"ready": (1, None), "done": (1, None), "load-failed": (2, dict), "result": (3, str),
+            "item-error": (3, str), "garbage": (3, str), "contract": (3, str), "raised": (3, dict)}
+EXC_KEYS = ("exception", "message", "at", "traceback")  # what exc_info gives, and its readers need
+
+
+def protocol(data: bytes) -> list:
+    """A worker's message, checked: anything else (written on the pipe by the decoder, or by a
+    patched worker) is the decoder's break of the protocol, never the parent's exception. A
+    result's JSON is parsed here, and a timing that is no measurement is the decoder's garbage."""
+    try:
+        msg = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        return _broken(f"a message that is not JSON ({text(e)[:200]})")
+    if not (isinstance(msg, list) and msg and msg[0] in MESSAGES):
+        return _broken(f"a message that is not decodegate's protocol ({data[:80]!r})")
+    n, payload = MESSAGES[msg[0]]
+    index_ok = n < 3 or isinstance(msg[1], int) and not isinstance(msg[1], bool) or (
+        msg[1] is None and msg[0] in ("raised", "contract"))
+    if len(msg) != n or not index_ok or (payload is not None and not isinstance(msg[-1], payload)):
+        return _broken(f"a {msg[0]!r} message of the wrong shape ({data[:80]!r})")
+    if payload is dict and not all(isinstance(msg[-1].get(k), str) for k in EXC_KEYS):
+        return _broken(f"a {msg[0]!r} message without {', '.join(EXC_KEYS)} ({data[:80]!r})")
+    if msg[0] == "result" and (why := _not_a_result(msg[2])):
+        return ["garbage", msg[1], why]
+    return msg
+
+
+def _broken(why: str) -> list:
+    return ["contract", None, f"the worker sent {why}"]
+
+
+def _not_a_result(payload: str) -> str | None:
+    """Why a result's JSON is not one (not an object, a timing that measures nothing), or None."""
+    import math
+    try:
+        plain = json.loads(payload)
+    except (ValueError, RecursionError) as e:
+        return f"a result that is not JSON ({text(e)[:200]})"
+    if not isinstance(plain, dict):
+        return f"a result that is not a JSON object ({type(plain).__name__})"
+    timing = plain.get("timing")
+    if not isinstance(timing, dict):
+        return None  # named by the runner's checks (a result without a timing)
+    wall, ttft = timing.get("wall_s"), timing.get("ttft_s")
+    real = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0  # noqa: E731
+    if real(wall) and ttft is not None and not (real(ttft) and ttft <= wall):
+        return f"a timing that measures nothing (time to first token {ttft!r} s, wall {wall!r} s)"
+    return None
+
 
 def _context():
     torch = sys.modules.get("torch")
@@ -231,7 +284,10 @@ class Worker:
         msg = self._next(None)
         if isinstance(msg, Death):
             return msg
-        return None if msg[0] == "ready" else msg[1]
+        if msg[0] in ("ready", "load-failed"):
+            return None if msg[0] == "ready" else msg[1]
+        why = msg[-1] if isinstance(msg[-1], str) else f"a {msg[0]!r} message before it was ready"
+        return {"exception": "ContractError", "message": why, "at": "?", "ours": False, "traceback": why + "\n"}
 
     def run(self, requests: list, limit: float | None):
         """Yield `(kind, index, payload)` per request ("result" with JSON text, "item-error",
@@ -273,7 +329,7 @@ class Worker:
                 return self._end(self._hung(limit))
             if self.conn.poll(wait):
                 try:
-                    return self.conn.recv()
+                    return protocol(self.conn.recv_bytes())
                 except (EOFError, OSError):
                     return self._end(self._died())
             if not self.proc.is_alive() and not self.conn.poll(0):
