@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from harness.run.faults import OUR_PACKAGES, raised_at
 
 _PARENT_ENDS: list = []        # the parent's ends of every live worker's pipe (closed in each new worker)
+LOAD_LIMIT_S = 1800.0          # a decoder's load (target and draft weights, its __init__): past this it hung
 STACK_WAIT_S = 2.0             # how long a hung worker gets to write its Python stack before SIGKILL
 TAIL_LINES = 12                # lines of a worker's stderr read by default
 MEMORY_WORDS = ("MemoryError", "can't allocate memory", "Cannot allocate memory", "bad_alloc", "out of memory")
@@ -281,7 +282,7 @@ class Worker:
 
     def ready(self) -> dict | Death | None:
         """Wait for the load: None when ready, the load failure (exc_info, `input_error`), or a Death."""
-        msg = self._next(None)
+        msg = self._next(LOAD_LIMIT_S, "the load limit")
         if isinstance(msg, Death):
             return msg
         if msg[0] in ("ready", "load-failed"):
@@ -321,12 +322,12 @@ class Worker:
         elif end[0] in ("raised", "contract"):
             yield end[0], len(requests) - 1 if end[1] is None else end[1], end[2]
 
-    def _next(self, limit: float | None):
+    def _next(self, limit: float | None, what: str = "the item limit: --item-timeout, --hang-factor"):
         deadline = None if limit is None else time.monotonic() + limit
         while True:
             wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
             if wait <= 0:
-                return self._end(self._hung(limit))
+                return self._end(self._hung(limit, what))
             if self.conn.poll(wait):
                 try:
                     return protocol(self.conn.recv_bytes())
@@ -354,7 +355,7 @@ class Worker:
         oom = any(w in tail for w in MEMORY_WORDS)
         return Death(("out of memory: " if oom else "") + how, tail, out_of_memory=oom)
 
-    def _hung(self, limit: float) -> Death:
+    def _hung(self, limit: float, what: str) -> Death:
         """Past the item limit: its stack first (faulthandler answers SIGUSR1 even under a held
         GIL), then SIGKILL."""
         try:
@@ -364,7 +365,7 @@ class Worker:
             pass
         self.proc.kill()
         self.proc.join()
-        return Death(f"no result after {limit:.3g} s (the item limit: --item-timeout, --hang-factor)",
+        return Death(f"no result after {limit:.3g} s ({what})",
                      self.tail(lines=200), hung=True)
 
     def tail(self, lines: int = TAIL_LINES) -> str:
