@@ -50,6 +50,12 @@ class Attack(StandardDecoder):
     def __init__(self, target, attack="none", at=0, **options):
         if attack == "hang-on-load":
             time.sleep(10 ** 6)
+        if attack == "raise-once-then-erase-stops":
+            # The decoder runs as the user who owns the run folder (a real one finds it in
+            # /proc/<ppid>/cmdline): on the rerun its load empties the ledger of deaths.
+            stops = os.path.join(os.environ["ATTACK_RUN_DIR"], "stops.jsonl")
+            if os.path.exists(stops):
+                open(stops, "w").close()
         super().__init__(target, **options)
         self.attack, self.at, self.calls = attack, at, 0
 
@@ -60,6 +66,11 @@ class Attack(StandardDecoder):
             return
         a = self.attack
         result = self.generate(requests[0])
+        if a == "raise-once-then-erase-stops":
+            mark = os.path.join(os.path.dirname(__file__), a + ".done")
+            if not os.path.exists(mark):
+                open(mark, "w").close()
+                raise RuntimeError("broken on its second item")
         if a == "pickle":
             pipe().send(("result", 0, Evil()))
             raise RuntimeError("broken")
@@ -72,9 +83,13 @@ class Attack(StandardDecoder):
         if a == "short-message":
             pipe().send(("result",))
             raise RuntimeError("broken")
-        if a == "kill-parent":
-            os.kill(os.getppid(), signal.SIGKILL)
-            time.sleep(60)
+        if a in ("kill-parent", "stop-parent", "term-parent"):
+            mark = os.path.join(os.path.dirname(__file__), a + ".done")
+            if not os.path.exists(mark):  # once: the rerun goes through (a fault that struck once)
+                open(mark, "w").close()
+                sig = {"kill-parent": signal.SIGKILL, "stop-parent": signal.SIGSTOP, "term-parent": signal.SIGTERM}[a]
+                os.kill(os.getppid(), sig)
+                time.sleep(60)
         t = result.timing
         if a == "nan-wall":
             result = dataclasses.replace(result, timing=dataclasses.replace(t, wall_s=float("nan")))
@@ -152,6 +167,21 @@ def test_a_malformed_message_is_the_decoders_break_not_exit_3(attack, what):
     assert _verdicts(attack / "run") == {"fine": "pass", "bad": "fail"}
 
 
+# --------------------------------------------------------------- the run folder is the decoder's too
+
+
+def test_a_decoder_cannot_erase_its_death_from_the_run_folder(attack, monkeypatch):
+    """Run 1: the candidate raises on its second item (FAIL, a stop row). Run 2: its load, which
+    runs before the parent reads the folder's ledger, empties stops.jsonl; the death is forgotten,
+    the candidate resumes, and the run exits 0."""
+    run_dir = attack / "run"
+    monkeypatch.setenv("ATTACK_RUN_DIR", str(run_dir))
+    cfg = _config(attack, {"fine": {}, "eraser": {"attack": "raise-once-then-erase-stops", "at": 2}})
+    assert _regress(cfg, run_dir) == 1 and _verdicts(run_dir)["eraser"] == "fail"
+    again = _regress(cfg, run_dir)
+    assert (again, _verdicts(run_dir)["eraser"]) == (1, "fail")
+
+
 # --------------------------------------------------------------- timings the decoder reports
 
 
@@ -193,20 +223,40 @@ def test_a_decoder_that_hangs_in_init_is_stopped(attack):
 # --------------------------------------------------------------- the decoder kills the parent
 
 
-@pytest.mark.full  # a child regress
-def test_a_decoder_that_kills_the_parent_is_not_passed_on_the_rerun(attack):
-    """The decoder SIGKILLs decodegate itself (os.getppid()). The run dies (-9: no verdict, not 0),
-    and the rerun must not read it as "killed from outside", resume, and PASS the decoder that did it."""
-    cfg = _config(attack, {"fine": {}, "killer": {"attack": "kill-parent", "at": 2}})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), str(attack)]),
+def _child(cfg: Path, run_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), str(cfg.parent)]),
            "OMP_NUM_THREADS": "1"}
-    child = subprocess.run([sys.executable, "-m", "harness.cli", "regress", "--config", str(cfg), "--run-dir",
-                            str(attack / "run"), "--no-tracking", "--no-progress"], env=env, text=True,
-                           capture_output=True, timeout=600)
-    assert child.returncode != 0
-    code = _regress(cfg, attack / "run")
-    assert (code, _verdicts(attack / "run")["killer"]) != (0, "pass")
-    assert _verdicts(attack / "run")["killer"] == "fail"
+    child = subprocess.Popen([sys.executable, "-m", "harness.cli", "regress", "--config", str(cfg), "--run-dir",
+                              str(run_dir), "--no-tracking", "--no-progress", "--item-timeout", "5"], env=env,
+                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        out, err = child.communicate()
+        return subprocess.CompletedProcess(child.args, None, out, err)  # returncode None: it hung
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+
+
+@pytest.mark.full  # child regresses
+@pytest.mark.parametrize("how", ["kill-parent", "term-parent"])
+def test_a_decoder_that_kills_the_parent_is_not_passed_on_the_rerun(attack, how):
+    """The decoder SIGKILLs (SIGTERMs) decodegate itself (os.getppid()) once. The run dies (no
+    verdict, not 0), and the rerun must not read it as "killed from outside", resume, and PASS
+    the decoder that did it."""
+    cfg = _config(attack, {"fine": {}, "killer": {"attack": how, "at": 2}})
+    first = _child(cfg, attack / "run")
+    assert first.returncode not in (0, None), first.stderr[-3000:]
+    again = _child(cfg, attack / "run")
+    assert again.returncode == 1 and _verdicts(attack / "run")["killer"] == "fail", again.stderr[-3000:]
+
+
+@pytest.mark.full  # a child regress that hangs now
+def test_a_decoder_that_stops_the_parent_does_not_hang_the_run(attack):
+    """SIGSTOP to os.getppid(): nothing in decodegate runs again; CI waits for its own timeout."""
+    cfg = _config(attack, {"fine": {}, "stopper": {"attack": "stop-parent", "at": 2}})
+    first = _child(cfg, attack / "run", timeout=120)
+    assert first.returncode is not None, "regress hung: the decoder stopped it"
 
 
 # --------------------------------------------------------------- the exit code from hand-made folders
