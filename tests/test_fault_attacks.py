@@ -71,6 +71,14 @@ class Attack(StandardDecoder):
             if not os.path.exists(mark):
                 open(mark, "w").close()
                 raise RuntimeError("broken on its second item")
+        if a == "orphan":  # a pool, a tokenizer's helper, a server the decoder started: outlives its worker
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(600)
+                os._exit(0)
+            with open(os.path.join(os.path.dirname(__file__), "orphan.pid"), "w") as f:
+                f.write(str(pid))
+            raise RuntimeError("broken, with a child of its own")
         if a == "pickle":
             pipe().send(("result", 0, Evil()))
             raise RuntimeError("broken")
@@ -180,6 +188,21 @@ def test_a_decoder_cannot_erase_its_death_from_the_run_folder(attack, monkeypatc
     assert _regress(cfg, run_dir) == 1 and _verdicts(run_dir)["eraser"] == "fail"
     again = _regress(cfg, run_dir)
     assert (again, _verdicts(run_dir)["eraser"]) == (1, "fail")
+
+
+def test_a_decoders_own_child_does_not_outlive_the_run(attack):
+    """The worker dies with the parent (PR_SET_PDEATHSIG), but a process the decoder forked does
+    not inherit that: after the run it is still there (holding the GPU, the run folder, a port)."""
+    cfg = _config(attack, {"fine": {}, "parent": {"attack": "orphan", "at": 2}})
+    assert _regress(cfg, attack / "run") == 1
+    pid = int((attack / "orphan.pid").read_text())
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        state = "gone"
+    if state not in ("gone", "Z"):
+        os.kill(pid, signal.SIGKILL)
+    assert state in ("gone", "Z"), f"the decoder's child {pid} outlived the run"
 
 
 # --------------------------------------------------------------- timings the decoder reports
