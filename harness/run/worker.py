@@ -97,6 +97,7 @@ def _isolate(stderr_path: str, memory: float | None) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.setpgid(0, 0)  # a group of its own: what the decoder forks (PDEATHSIG is not inherited) ends with it
     try:
         import ctypes
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the parent
@@ -368,6 +369,13 @@ class Worker:
         return Death(f"no result after {limit:.3g} s ({what})",
                      self.tail(lines=200), hung=True)
 
+    def _kill_group(self) -> None:
+        """The processes the decoder forked, in the worker's group (a setsid escapes: a cgroup would not)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, TypeError):
+            pass
+
     def tail(self, lines: int = TAIL_LINES) -> str:
         try:
             with open(self.stderr_path, "rb") as f:
@@ -388,6 +396,7 @@ class Worker:
             if self.proc.is_alive():
                 self.proc.kill()
                 self.proc.join()
+        self._kill_group()
         self.conn.close()
         if self.conn in _PARENT_ENDS:
             _PARENT_ENDS.remove(self.conn)
