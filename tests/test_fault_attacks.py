@@ -71,6 +71,8 @@ class Attack(StandardDecoder):
             if not os.path.exists(mark):
                 open(mark, "w").close()
                 raise RuntimeError("broken on its second item")
+        if a == "hang":
+            time.sleep(10 ** 6)
         if a == "orphan":  # a pool, a tokenizer's helper, a server the decoder started: outlives its worker
             pid = os.fork()
             if pid == 0:
@@ -246,11 +248,11 @@ def test_a_decoder_that_hangs_in_init_is_stopped(attack):
 # --------------------------------------------------------------- the decoder kills the parent
 
 
-def _child(cfg: Path, run_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+def _child(cfg: Path, run_dir: Path, timeout: float = 600, extra=("--item-timeout", "5")) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), str(cfg.parent)]),
            "OMP_NUM_THREADS": "1"}
     child = subprocess.Popen([sys.executable, "-m", "harness.cli", "regress", "--config", str(cfg), "--run-dir",
-                              str(run_dir), "--no-tracking", "--no-progress", "--item-timeout", "5"], env=env,
+                              str(run_dir), "--no-tracking", "--no-progress", *extra], env=env,
                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err = child.communicate(timeout=timeout)
@@ -338,3 +340,13 @@ def test_a_crashed_floor_candidate_does_not_hide_its_missing_rows(tmp_path):
     stops = [{"candidate": "aa", "suite": "*", "reason": "crashed", "detail": "killed by SIGSEGV"}]
     code, why = exit_code(_folder(tmp_path / "r", plan, summary, rows, stops))
     assert code == 1 and "aa s/b" in why
+
+
+@pytest.mark.full  # a child regress that hangs now
+def test_a_hung_user_baseline_is_bounded_without_item_timeout(attack):
+    """A user decoder as the baseline that never answers its second item, under the defaults (no
+    --item-timeout): the baseline's items have no limit (item_limit has no baseline wall to scale),
+    so the parent waits on its worker forever; expected exit 2 (a broken baseline), rows kept."""
+    cfg = _config(attack, {"fine": {}}, baseline={"attack": "hang", "at": 2})
+    first = _child(cfg, attack / "run", timeout=240, extra=())
+    assert first.returncode == 2, "regress hung on a hung baseline" if first.returncode is None else first.stderr[-3000:]
