@@ -71,6 +71,8 @@ class Attack(StandardDecoder):
             if not os.path.exists(mark):
                 open(mark, "w").close()
                 raise RuntimeError("broken on its second item")
+        if a == "huge":
+            result = dataclasses.replace(result, stats={**result.stats, "blob": "x" * (3 * 2 ** 20)})
         if a == "hang":
             time.sleep(10 ** 6)
         if a == "orphan":  # a pool, a tokenizer's helper, a server the decoder started: outlives its worker
@@ -205,6 +207,17 @@ def test_a_decoders_own_child_does_not_outlive_the_run(attack):
     if state not in ("gone", "Z"):
         os.kill(pid, signal.SIGKILL)
     assert state in ("gone", "Z"), f"the decoder's child {pid} outlived the run"
+
+
+def test_a_huge_result_is_refused_at_the_pipe(attack, monkeypatch):
+    """A result of hundreds of MB (here 3 MiB against a 1 MiB limit) is read whole by the parent,
+    parsed twice and written to records.jsonl; it must be the candidate's break, others judged."""
+    import harness.run.worker as w
+    monkeypatch.setattr(w, "MESSAGE_LIMIT", 2 ** 20, raising=False)
+    cfg = _config(attack, {"fine": {}, "huge": {"attack": "huge", "at": 2}})
+    assert _regress(cfg, attack / "run") == 1
+    assert _verdicts(attack / "run") == {"fine": "pass", "huge": "fail"}
+    assert max(map(len, (attack / "run" / "records.jsonl").read_text().splitlines())) < 2 ** 20
 
 
 # --------------------------------------------------------------- timings the decoder reports
