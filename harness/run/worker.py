@@ -38,6 +38,7 @@ from harness.run.faults import OUR_PACKAGES, raised_at
 
 _PARENT_ENDS: list = []        # the parent's ends of every live worker's pipe (closed in each new worker)
 LOAD_LIMIT_S = 1800.0          # a decoder's load (target and draft weights, its __init__): past this it hung
+MESSAGE_LIMIT = 256 * 2 ** 20  # bytes: a result larger than this is no generation of a suite's item
 STACK_WAIT_S = 2.0             # how long a hung worker gets to write its Python stack before SIGKILL
 TAIL_LINES = 12                # lines of a worker's stderr read by default
 MEMORY_WORDS = ("MemoryError", "can't allocate memory", "Cannot allocate memory", "bad_alloc", "out of memory")
@@ -331,8 +332,16 @@ class Worker:
                 return self._end(self._hung(limit, what))
             if self.conn.poll(wait):
                 try:
-                    return protocol(self.conn.recv_bytes())
-                except (EOFError, OSError):
+                    return protocol(self.conn.recv_bytes(MESSAGE_LIMIT))
+                except OSError as e:
+                    if "bad message length" not in str(e):
+                        return self._end(self._died())
+                    # Its body is left unread: the pipe is no longer framed, so the worker goes.
+                    self.proc.kill()
+                    self.proc.join()
+                    return self._end(Death(f"sent a message over {MESSAGE_LIMIT / 2 ** 20:g} MiB (a result too large "
+                                           f"to judge)", self.tail()))
+                except EOFError:
                     return self._end(self._died())
             if not self.proc.is_alive() and not self.conn.poll(0):
                 return self._end(self._died())
