@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from harness.run.faults import OUR_PACKAGES, raised_at
 
 _PARENT_ENDS: list = []        # the parent's ends of every live worker's pipe (closed in each new worker)
+LOAD_LIMIT_S = 1800.0          # a decoder's load (target and draft weights, its __init__): past this it hung
+MESSAGE_LIMIT = 256 * 2 ** 20  # bytes: a result larger than this is no generation of a suite's item
 STACK_WAIT_S = 2.0             # how long a hung worker gets to write its Python stack before SIGKILL
 TAIL_LINES = 12                # lines of a worker's stderr read by default
 MEMORY_WORDS = ("MemoryError", "can't allocate memory", "Cannot allocate memory", "bad_alloc", "out of memory")
@@ -96,6 +98,7 @@ def _isolate(stderr_path: str, memory: float | None) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.setpgid(0, 0)  # a group of its own: what the decoder forks (PDEATHSIG is not inherited) ends with it
     try:
         import ctypes
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the parent
@@ -139,8 +142,10 @@ def _leave() -> None:
 
 
 def _send(conn, msg) -> None:
+    # JSON, never a pickle: the parent unpickling what a decoder can write on this pipe would run
+    # any callable the decoder names, in the parent (the parent reads it with `protocol`).
     try:
-        conn.send(msg)
+        conn.send_bytes(json.dumps(msg).encode())
     except (OSError, ValueError):  # the parent is gone
         _leave()
 
@@ -203,6 +208,57 @@ def _jsonable(obj):
 
 # ------------------------------------------------------------------------------- the parent side
 
+# What a worker may send: kind -> (its length, the payload's type); the index is an int (None
+# allowed for the ends of a call).
+MESSAGES = {"ready": (1, None), "done": (1, None), "load-failed": (2, dict), "result": (3, str),
+            "item-error": (3, str), "garbage": (3, str), "contract": (3, str), "raised": (3, dict)}
+EXC_KEYS = ("exception", "message", "at", "traceback")  # what exc_info gives, and its readers need
+
+
+def protocol(data: bytes) -> list:
+    """A worker's message, checked: anything else (written on the pipe by the decoder, or by a
+    patched worker) is the decoder's break of the protocol, never the parent's exception. A
+    result's JSON is parsed here, and a timing that is no measurement is the decoder's garbage."""
+    try:
+        msg = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        return _broken(f"a message that is not JSON ({text(e)[:200]})")
+    if not (isinstance(msg, list) and msg and msg[0] in MESSAGES):
+        return _broken(f"a message that is not decodegate's protocol ({data[:80]!r})")
+    n, payload = MESSAGES[msg[0]]
+    index_ok = n < 3 or isinstance(msg[1], int) and not isinstance(msg[1], bool) or (
+        msg[1] is None and msg[0] in ("raised", "contract"))
+    if len(msg) != n or not index_ok or (payload is not None and not isinstance(msg[-1], payload)):
+        return _broken(f"a {msg[0]!r} message of the wrong shape ({data[:80]!r})")
+    if payload is dict and not all(isinstance(msg[-1].get(k), str) for k in EXC_KEYS):
+        return _broken(f"a {msg[0]!r} message without {', '.join(EXC_KEYS)} ({data[:80]!r})")
+    if msg[0] == "result" and (why := _not_a_result(msg[2])):
+        return ["garbage", msg[1], why]
+    return msg
+
+
+def _broken(why: str) -> list:
+    return ["contract", None, f"the worker sent {why}"]
+
+
+def _not_a_result(payload: str) -> str | None:
+    """Why a result's JSON is not one (not an object, a timing that measures nothing), or None."""
+    import math
+    try:
+        plain = json.loads(payload)
+    except (ValueError, RecursionError) as e:
+        return f"a result that is not JSON ({text(e)[:200]})"
+    if not isinstance(plain, dict):
+        return f"a result that is not a JSON object ({type(plain).__name__})"
+    timing = plain.get("timing")
+    if not isinstance(timing, dict):
+        return None  # named by the runner's checks (a result without a timing)
+    wall, ttft = timing.get("wall_s"), timing.get("ttft_s")
+    real = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0  # noqa: E731
+    if real(wall) and ttft is not None and not (real(ttft) and ttft <= wall):
+        return f"a timing that measures nothing (time to first token {ttft!r} s, wall {wall!r} s)"
+    return None
+
 
 def _context():
     torch = sys.modules.get("torch")
@@ -228,10 +284,13 @@ class Worker:
 
     def ready(self) -> dict | Death | None:
         """Wait for the load: None when ready, the load failure (exc_info, `input_error`), or a Death."""
-        msg = self._next(None)
+        msg = self._next(LOAD_LIMIT_S, "the load limit")
         if isinstance(msg, Death):
             return msg
-        return None if msg[0] == "ready" else msg[1]
+        if msg[0] in ("ready", "load-failed"):
+            return None if msg[0] == "ready" else msg[1]
+        why = msg[-1] if isinstance(msg[-1], str) else f"a {msg[0]!r} message before it was ready"
+        return {"exception": "ContractError", "message": why, "at": "?", "ours": False, "traceback": why + "\n"}
 
     def run(self, requests: list, limit: float | None):
         """Yield `(kind, index, payload)` per request ("result" with JSON text, "item-error",
@@ -265,16 +324,24 @@ class Worker:
         elif end[0] in ("raised", "contract"):
             yield end[0], len(requests) - 1 if end[1] is None else end[1], end[2]
 
-    def _next(self, limit: float | None):
+    def _next(self, limit: float | None, what: str = "the item limit: --item-timeout, --hang-factor"):
         deadline = None if limit is None else time.monotonic() + limit
         while True:
             wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
             if wait <= 0:
-                return self._end(self._hung(limit))
+                return self._end(self._hung(limit, what))
             if self.conn.poll(wait):
                 try:
-                    return self.conn.recv()
-                except (EOFError, OSError):
+                    return protocol(self.conn.recv_bytes(MESSAGE_LIMIT))
+                except OSError as e:
+                    if "bad message length" not in str(e):
+                        return self._end(self._died())
+                    # Its body is left unread: the pipe is no longer framed, so the worker goes.
+                    self.proc.kill()
+                    self.proc.join()
+                    return self._end(Death(f"sent a message over {MESSAGE_LIMIT / 2 ** 20:g} MiB (a result too large "
+                                           f"to judge)", self.tail()))
+                except EOFError:
                     return self._end(self._died())
             if not self.proc.is_alive() and not self.conn.poll(0):
                 return self._end(self._died())
@@ -298,7 +365,7 @@ class Worker:
         oom = any(w in tail for w in MEMORY_WORDS)
         return Death(("out of memory: " if oom else "") + how, tail, out_of_memory=oom)
 
-    def _hung(self, limit: float) -> Death:
+    def _hung(self, limit: float, what: str) -> Death:
         """Past the item limit: its stack first (faulthandler answers SIGUSR1 even under a held
         GIL), then SIGKILL."""
         try:
@@ -308,8 +375,15 @@ class Worker:
             pass
         self.proc.kill()
         self.proc.join()
-        return Death(f"no result after {limit:.3g} s (the item limit: --item-timeout, --hang-factor)",
+        return Death(f"no result after {limit:.3g} s ({what})",
                      self.tail(lines=200), hung=True)
+
+    def _kill_group(self) -> None:
+        """The processes the decoder forked, in the worker's group (a setsid escapes: a cgroup would not)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, TypeError):
+            pass
 
     def tail(self, lines: int = TAIL_LINES) -> str:
         try:
@@ -331,6 +405,7 @@ class Worker:
             if self.proc.is_alive():
                 self.proc.kill()
                 self.proc.join()
+        self._kill_group()
         self.conn.close()
         if self.conn in _PARENT_ENDS:
             _PARENT_ENDS.remove(self.conn)

@@ -27,6 +27,9 @@ def exit_code(run_dir: Path) -> tuple[int, str]:
         stops = read_records(run_dir, "stops.jsonl")
     except (OSError, ValueError, RecordsError) as e:
         return 1, f"the run folder cannot be read as a finished run ({e}): no verdict"
+    why = wrong_shape(summary, plan, rows, stops)
+    if why:
+        return 1, f"the run folder is not a finished run ({why}): no verdict"
     if summary.get("verdict") != "pass":
         return 1, ""  # the report names the gates that failed
     on_trial = {n: c for n, c in (summary.get("candidates") or {}).items() if c.get("verdict") != "floor"}
@@ -37,17 +40,44 @@ def exit_code(run_dir: Path) -> tuple[int, str]:
     return (1, why) if why else (0, "")
 
 
+def wrong_shape(summary, plan, rows: list, stops: list) -> str | None:
+    """Why the folder's files are not what a run writes (read fail closed: 1, never an exception
+    that would be exit 3), or None. A plan that asks for no row proves nothing complete."""
+    if not isinstance(summary, dict) or not isinstance(summary.get("candidates", {}), dict) or not all(
+            isinstance(c, dict) for c in (summary.get("candidates") or {}).values()):
+        return "summary.json is not a summary"
+    if not isinstance(plan, dict) or not isinstance(plan.get("baselines", []), list):
+        return f"{PLAN} is not a plan"
+    keys = plan.get("rows")
+    if not isinstance(keys, list) or not keys:
+        return f"{PLAN} plans no generation"
+    if not all(isinstance(k, list) and len(k) == 5 and isinstance(k[4], (int, float)) for k in keys):
+        return f"{PLAN} holds a row that is not (decoder, suite, item, seed, temperature)"
+    if not all(isinstance(r, dict) and all(f in r for f in KEY) for r in rows):
+        return f"records.jsonl holds a row without its {', '.join(KEY)}"
+    if not all(isinstance(r, dict) for r in stops):
+        return "stops.jsonl holds a row that is not an object"
+    return None
+
+
+KEY = ("candidate", "suite", "item_id", "seed", "temperature")
+
+
 def incomplete(plan: dict, rows: list[dict], stops: list[dict]) -> str | None:
     """Why the records do not cover the plan (a planned row missing or an error), or None."""
-    have = {(r["candidate"], r["suite"], r["item_id"], r["seed"], r["temperature"]): r for r in rows}
-    stopped = {(s.get("candidate"), s.get("suite")) for s in stops}
+    from harness.run.faults import BROKEN
+    have = {tuple(_hashable(r[f]) for f in KEY): r for r in rows}
+    # A stop by design (a sequential look, --fail-fast) excuses the rows it skipped; a decoder that
+    # broke did not stop by design (a crashed A/A floor is not on trial, yet its rows are missing).
+    stopped = {(_hashable(s.get("candidate")), _hashable(s.get("suite"))) for s in stops
+               if s.get("reason") not in BROKEN}
     halted = lambda c, suite: (c, "*") in stopped or (c, suite) in stopped  # noqa: E731
-    base = set(plan.get("baselines") or ())
+    base = {_hashable(b) for b in plan.get("baselines") or ()}
     runs = {}
     for c, suite, *_ in plan.get("rows") or ():
-        runs.setdefault(suite, set()).add(c)
+        runs.setdefault(_hashable(suite), set()).add(_hashable(c))
     bad = []
-    for key in map(tuple, plan.get("rows") or ()):
+    for key in (tuple(_hashable(x) for x in k) for k in plan.get("rows") or ()):
         c, suite = key[0], key[1]
         row = have.get(key)
         if row is not None and not row.get("error"):
@@ -60,3 +90,8 @@ def incomplete(plan: dict, rows: list[dict], stops: list[dict]) -> str | None:
     if not bad:
         return None
     return f"{len(bad)} planned generation(s) missing or failed (first: {bad[0]})"
+
+
+def _hashable(x):
+    """A key's part as read from JSON (a list where an item id was one is no key)."""
+    return json.dumps(x, sort_keys=True) if isinstance(x, (list, dict, set)) else x
