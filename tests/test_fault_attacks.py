@@ -182,6 +182,8 @@ def test_a_malformed_message_is_the_decoders_break_not_exit_3(attack, what):
 # --------------------------------------------------------------- the run folder is the decoder's too
 
 
+@pytest.mark.xfail(strict=True, reason="open: a decoder runs as the run folder's user and can rewrite it "
+                   "(a read-only view of the folder for workers is the fix; docs/own-decoder.md)")
 def test_a_decoder_cannot_erase_its_death_from_the_run_folder(attack, monkeypatch):
     """Run 1: the candidate raises on its second item (FAIL, a stop row). Run 2: its load, which
     runs before the parent reads the folder's ledger, empties stops.jsonl; the death is forgotten,
@@ -277,6 +279,8 @@ def _child(cfg: Path, run_dir: Path, timeout: float = 600, extra=("--item-timeou
 
 
 @pytest.mark.full  # child regresses
+@pytest.mark.xfail(strict=True, reason="open: a worker can signal decodegate itself (a PID namespace or a "
+                   "seccomp rule on kill for workers is the fix; docs/own-decoder.md)")
 @pytest.mark.parametrize("how", ["kill-parent", "term-parent"])
 def test_a_decoder_that_kills_the_parent_is_not_passed_on_the_rerun(attack, how):
     """The decoder SIGKILLs (SIGTERMs) decodegate itself (os.getppid()) once. The run dies (no
@@ -290,6 +294,7 @@ def test_a_decoder_that_kills_the_parent_is_not_passed_on_the_rerun(attack, how)
 
 
 @pytest.mark.full  # a child regress that hangs now
+@pytest.mark.xfail(strict=True, reason="open: a worker can signal decodegate itself (docs/own-decoder.md)")
 def test_a_decoder_that_stops_the_parent_does_not_hang_the_run(attack):
     """SIGSTOP to os.getppid(): nothing in decodegate runs again; CI waits for its own timeout."""
     cfg = _config(attack, {"fine": {}, "stopper": {"attack": "stop-parent", "at": 2}})
@@ -355,7 +360,13 @@ def test_a_crashed_floor_candidate_does_not_hide_its_missing_rows(tmp_path):
     assert code == 1 and "aa s/b" in why
 
 
-@pytest.mark.full  # a child regress that hangs now
+def test_an_item_with_nothing_to_scale_by_is_still_bounded():
+    from harness.run.faults import UNKNOWN_ITEM_LIMIT_S, Policy, item_limit
+    assert item_limit(Policy(), None) == UNKNOWN_ITEM_LIMIT_S < float("inf")
+    assert item_limit(Policy(), 0.5) == 60.0 and item_limit(Policy(item_timeout=5.0), None) == 5.0
+
+
+@pytest.mark.full  # a child regress, bounded by the baseline's slowest item so far
 def test_a_hung_user_baseline_is_bounded_without_item_timeout(attack):
     """A user decoder as the baseline that never answers its second item, under the defaults (no
     --item-timeout): the baseline's items have no limit (item_limit has no baseline wall to scale),

@@ -28,6 +28,9 @@ TRACEBACKS = "tracebacks"     # one file per broken decoder
 BROKEN = ("raised", "crashed", "hung")  # stop reasons that fail a candidate (harness.verdict.gate)
 HANG_FACTOR = 20.0            # an item may take this many times the baseline's time on it ...
 HANG_FLOOR_S = 60.0           # ... and never less than this, before it counts as hung
+# An item with nothing to scale by (the baseline's first, with no --item-timeout) is bounded all
+# the same: a user's baseline that never answers would otherwise hold the run until CI's timeout.
+UNKNOWN_ITEM_LIMIT_S = 1800.0
 GRACE_S = 30.0                # faulthandler's own timeout after the watchdog's: a hang holding the GIL
 HUNG_EXIT = 1                 # a hung run ends as a failed gate would (no verdict written)
 _OURS = Path(__file__).resolve().parents[2]  # the decodegate checkout or install root
@@ -190,10 +193,11 @@ def vocabulary(target) -> int | None:
 
 def item_limit(policy: Policy, baseline_wall: float | None) -> float | None:
     """Seconds one item may take: `hang_factor` times the baseline's time on it (at least
-    HANG_FLOOR_S), and never more than `item_timeout`; None: no bound known."""
+    HANG_FLOOR_S; for the baseline's own items, its slowest so far), and never more than
+    `item_timeout`; UNKNOWN_ITEM_LIMIT_S where neither is known."""
     by_factor = max(HANG_FLOOR_S, policy.hang_factor * baseline_wall) if baseline_wall else None
     bounds = [b for b in (by_factor, policy.item_timeout) if b is not None]
-    return min(bounds) if bounds else None
+    return min(bounds) if bounds else UNKNOWN_ITEM_LIMIT_S
 
 
 def results(decoder, requests: list, keep_going: bool = False):

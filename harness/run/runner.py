@@ -17,6 +17,7 @@ nothing: judging is harness.commands.regress.finish, over the records alone.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -232,6 +233,12 @@ class Ledger:
         wall = (row or {}).get("timing", {}).get("wall_s")
         return wall if isinstance(wall, (int, float)) and wall > 0 else None
 
+    def slowest_baseline_wall(self) -> float | None:
+        """The baseline's slowest wall time so far: what its own next item is judged by."""
+        walls = [(r.get("timing") or {}).get("wall_s") for r in self.base_rows.values()]
+        walls = [x for x in walls if isinstance(x, (int, float)) and math.isfinite(x) and x > 0]
+        return max(walls) if walls else None
+
     def wanted(self, spec: DecoderSpec, w: WorkItem) -> bool:
         if w.key(spec.name) in self.done or not runs_on(spec, w.suite.name):
             return False
@@ -412,7 +419,8 @@ def run_decoder(ctx: Context, spec: DecoderSpec, block: list) -> None:
     ctx.bar.set_postfix_str(f"{spec.name} · {w0.suite.name}/{w0.item.id} · T={w0.temperature:g}"
                             + (f" (+{len(items) - 1})" if len(items) > 1 else ""), refresh=False)
     base = spec.name in ledger.base_names
-    limits = [item_limit(ctx.policy, None if base else ledger.baseline_wall(w)) for w in items]
+    limits = [item_limit(ctx.policy, ledger.slowest_baseline_wall() if base else ledger.baseline_wall(w))
+              for w in items]
     limit = None if None in limits else sum(limits)
     batch = Batch(spec, items, requests, found, vocabulary(target))
     worker = lineup.workers.get(spec.name)
