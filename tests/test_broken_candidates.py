@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.run.faults import HANG_FLOOR_S, Policy, item_limit, whose
+from harness.run.faults import HANG_FLOOR_S, UNKNOWN_ITEM_LIMIT_S, Policy, item_limit, whose
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -229,7 +229,8 @@ def test_a_hang_ends_within_the_bound_and_the_others_are_judged(user_decoders, t
 
 
 def test_the_item_limit():
-    assert item_limit(Policy(), None) is None  # no baseline time, no --item-timeout: unbounded
+    # No baseline time and no --item-timeout: bounded all the same (a hung baseline held the run)
+    assert item_limit(Policy(), None) == UNKNOWN_ITEM_LIMIT_S
     assert item_limit(Policy(), 0.5) == HANG_FLOOR_S  # 20 x 0.5 s is below the floor
     assert item_limit(Policy(hang_factor=20), 10.0) == 200.0
     assert item_limit(Policy(item_timeout=5.0), 10.0) == 5.0
