@@ -366,3 +366,29 @@ def test_exit_0_only_from_a_complete_passing_folder(tmp_path):
     assert exit_code(_folder(tmp_path / "5", stopped, [{"candidate": "cand", "suite": "s", "reason": "decided"}]))[0] == 0
     (tmp_path / "6").mkdir()
     assert exit_code(tmp_path / "6")[0] == 1  # nothing to read: no verdict, no pass
+
+
+def test_an_lmeval_only_plan_exits_0_only_when_every_task_run_finished(tmp_path):
+    """lm-eval picks a task's items, so the plan names its runs (decoder, task, seed, T) and each
+    needs its completion marker and no error row. Before, an lm-eval-only profile planned no row
+    and a passing run exited 1 ("plans no generation")."""
+    from harness.verdict.exit_code import exit_code
+    units = [[c, "lmeval:t", 0, 0.0] for c in ("base", "cand")]
+    done = [{"candidate": c, "suite": "lmeval:t", "seed": 0, "temperature": 0.0} for c in ("base", "cand")]
+
+    def folder(name, marks, extra=None, stops=()):
+        d = _folder(tmp_path / name, [], stops)
+        (d / PLAN).write_text(json.dumps({"rows": [], "lmeval": units, "baselines": ["base"]}))
+        rows = [{"candidate": c, "suite": "lmeval:t", "item_id": "0", "seed": 0, "temperature": 0.0}
+                for c in ("base", "cand")]
+        rows[1].update(extra or {})
+        (d / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "lmeval_done.jsonl").write_text("".join(json.dumps(m) + "\n" for m in marks))
+        return d
+    assert exit_code(folder("1", done)) == (0, "")
+    code, why = exit_code(folder("2", done[:1]))  # killed inside lm-eval: no marker for cand
+    assert code == 1 and "cand lmeval:t seed 0 T=0: not finished" in why
+    code, why = exit_code(folder("3", done, {"error": "boom"}))
+    assert code == 1 and "an error row" in why
+    assert exit_code(folder("4", done[:1], stops=[{"candidate": "cand", "suite": "lmeval:t", "reason": "decided"}]))[0] == 0
+    assert exit_code(folder("5", done[:1], stops=[{"candidate": "cand", "suite": "*", "reason": "crashed"}]))[0] == 1

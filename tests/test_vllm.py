@@ -230,7 +230,8 @@ def test_vllm_cpu_draft_model_sampling_fails_the_pit_while_the_control_passes(re
 
 def test_vllm_cpu_ngram_accepts_no_draft_past_the_first_at_t_above_0(regress_run, regress_dir):
     """The same bug on the n-gram candidate, as its acceptance telemetry shows it in every run: at
-    T = 0.7 no draft past position 0 is ever accepted, while at T = 0 later positions are. Whether
+    T = 0.7 no draft past position 0 is ever accepted (position 0 itself in most runs, not all),
+    while at T = 0 later positions are. Whether
     its sampled tokens also leave the target's distribution depends on the uninitialised memory of
     that server's run: its PIT failed in 7 of 9 runs on 2026-12-05 (8-16 tokens of probability 0
     at four seeds) and passed in 2 (p = 0.064 over 77 tokens, p = 0.151 over 179, none of
@@ -247,7 +248,9 @@ def test_vllm_cpu_ngram_accepts_no_draft_past_the_first_at_t_above_0(regress_run
         return [sum(p[j][0] for p in per) for j in range(4)], sum(p[0][1] for p in per)
     hot, rounds = accepted(0.7)
     cold, _ = accepted(0.0)
-    assert rounds >= 20 and hot[0] > 0 and hot[1:] == [0, 0, 0], (hot, rounds)
+    # Position 0 is accepted in most runs, but CI's run of 2026-12-06 accepted none in 21 rounds:
+    # only the positions past it are pinned.
+    assert rounds >= 20 and hot[1:] == [0, 0, 0], (hot, rounds)
     assert sum(cold[1:]) > 0, cold
 
 
@@ -325,13 +328,31 @@ def _requests(target) -> list[GenerationRequest]:
                               stop_token_ids=target.stop_token_ids()) for i, t in enumerate(texts)]
 
 
+def settled_counters(server: EngineServer, quiet_s: float = 1.0, limit_s: float = 60.0) -> dict:
+    """The spec-decode counters once the server runs no request and two reads `quiet_s` apart
+    agree. vLLM's API process records an engine step's stats after it has answered the step's
+    request, so a read right after a response (this test's, or an earlier test's) can miss or
+    catch a late step: CI's run of 2026-12-06 counted 8 draft tokens no request of this test made."""
+    def read():
+        metrics = flatten(httpx.get(server.base_url + "/metrics", timeout=60).text)
+        running = sum(v for k, v in metrics.items() if k.split("{")[0].endswith("num_requests_running"))
+        return running, spec_counters(metrics)
+    deadline, last = time.monotonic() + limit_s, None
+    while time.monotonic() < deadline:
+        running, counters = read()
+        if running == 0 and counters == last:
+            return counters
+        last = counters if running == 0 else None
+        time.sleep(quiet_s)
+    raise AssertionError(f"the server's counters did not settle in {limit_s:g} s")
+
+
 def test_per_request_acceptance_equals_the_prometheus_difference(servers, smollm2):
     dec = make_decoder("vllm", smollm2, engine=servers["ngram"], concurrency=1)
     assert dec.drafts_expected()
-    scrape = lambda: spec_counters(flatten(httpx.get(servers["ngram"].base_url + "/metrics", timeout=60).text))
-    before = scrape()
+    before = settled_counters(servers["ngram"])
     results = [r for _, r in dec.generate_many(_requests(smollm2))]
-    delta = spec_delta(before, scrape())
+    delta = spec_delta(before, settled_counters(servers["ngram"]))
     stats = [r.stats for r in results]
     assert all(s["telemetry"] == "per-request" and "not_reported" not in s for s in stats), stats
     assert sum(s["proposed"] for s in stats) == delta["draft_tokens"] > 0

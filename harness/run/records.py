@@ -11,6 +11,7 @@ from pathlib import Path
 
 RECORDS = "records.jsonl"
 PLAN = "plan.json"  # every row a run's design asks for (harness.run.runner.write_plan, harness.verdict.exit_code)
+LMEVAL_DONE = "lmeval_done.jsonl"  # (decoder, suite, seed, temperature) lm-eval runs finished (harness.run.runner.run_lmeval)
 LOAD, LOAD_LEVELS = "load.jsonl", "load_levels.jsonl"  # open-loop requests and levels (harness.run.load)
 # Only these fields of a record are kept in an acceptance reference (harness.verdict.acceptance_ref) (no text, no tokens' content).
 KEEP = ("candidate", "suite", "suite_hash", "item_id", "categories", "seed", "temperature", "error")

@@ -30,7 +30,7 @@ from harness.config import DecoderSpec, RegressConfig
 from harness.run.faults import (BROKEN, BaselineBroken, Policy, garbage, item_limit, raised, results,
                                 vocabulary)
 from harness.run.inflight import INFLIGHT, InFlight, in_flight, previous_death
-from harness.run.records import PLAN, RECORDS, RecordWriter, read_records, record_key  # noqa: F401 - re-exported
+from harness.run.records import LMEVAL_DONE, PLAN, RECORDS, RecordWriter, read_records, record_key  # noqa: F401 - re-exported
 from harness.run.store_take import StoreTake
 from harness.run.work import (WorkItem, expand, make_request, make_row, runs_on,  # noqa: F401 - re-exported
                               staged_work, work_items)
@@ -288,7 +288,7 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
     ledger = Ledger(run_dir, lineup, stages)                                     # what the folder holds
     inflight = None
     try:
-        write_plan(run_dir, lineup, stages)
+        write_plan(run_dir, config, lineup, stages)
         carry_over(run_dir, lineup, ledger.stops, policy)                        # who broke before
         load_stops(lineup, ledger)                                               # who failed to load
         take = StoreTake(config, run_dir, lineup, reuse, stages[0], ledger.rows)  # the baseline's store side
@@ -311,12 +311,14 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
     return read_records(run_dir)                                                 # the records
 
 
-def write_plan(run_dir: Path, lineup: Lineup, stages: list) -> None:
-    """Every (decoder, suite, item, seed, temperature) this run's design asks for: what the exit
-    code checks the folder against (harness.verdict.exit_code)."""
+def write_plan(run_dir: Path, config: RegressConfig, lineup: Lineup, stages: list) -> None:
+    """Every (decoder, suite, item, seed, temperature) this run's design asks for, and every
+    (decoder, lm-eval task, seed, temperature) run (its items are lm-eval's to choose): what the
+    exit code checks the folder against (harness.verdict.exit_code)."""
     keys = [list(w.key(s.name)) for st in stages for w in st for s in lineup.specs if runs_on(s, w.suite.name)]
+    units = [[spec.name, suite, seed, t] for suite, seed, t, spec in lmeval_units(config, lineup)]
     tmp = Path(run_dir) / (PLAN + ".tmp")
-    tmp.write_text(json.dumps({"rows": keys, "baselines": sorted(lineup.baseline_names)}))
+    tmp.write_text(json.dumps({"rows": keys, "lmeval": units, "baselines": sorted(lineup.baseline_names)}))
     os.replace(tmp, Path(run_dir) / PLAN)
 
 
@@ -618,56 +620,62 @@ def check_lmeval(config: RegressConfig) -> None:
         check_task(name[len("lmeval:"):], spec_s.include_path, allow_code=spec_s.allow_code)
 
 
+def lmeval_units(config: RegressConfig, lineup: Lineup) -> list[tuple]:
+    """(suite, seed, temperature, spec) of every lm-eval run the profile asks for: a task at T > 0
+    only on a sampled suite, and at T = 0 under the first seed only."""
+    units = []
+    for name in (n for n in config.profile.suites if n.startswith("lmeval:")):
+        for t in config.profile.temperatures:
+            if t > 0 and name not in config.profile.sample_suites:
+                continue
+            for seed in (config.profile.seeds[:1] if t == 0 else config.profile.seeds):
+                units += [(name, seed, t, spec) for spec in lineup.specs if runs_on(spec, name)]
+    return units
+
+
 def run_lmeval(config: RegressConfig, run_dir: Path, lineup: Lineup, progress: bool = True) -> list:
     """`lmeval:<task>` suites: each decoder runs the task through lm-eval (generation through our
     decoder), and its per-sample records join records.jsonl like any other suite's."""
-    from harness.run.lmeval import LmEvalEmpty, lmeval_records
     # A task counts as done for a decoder only once its completion marker is written: a run
     # killed inside lm-eval reruns that task from the start (its rows are replaced).
-    marks = read_records(run_dir, LMEVAL_DONE)
-    done = {(r["candidate"], r["suite"], r["seed"], r["temperature"]) for r in marks}
-    suites = []
+    done = {(r["candidate"], r["suite"], r["seed"], r["temperature"]) for r in read_records(run_dir, LMEVAL_DONE)}
     marker = RecordWriter(run_dir, LMEVAL_DONE)
     try:
-        for name in (n for n in config.profile.suites if n.startswith("lmeval:")):
-            spec_s = config.suites[name]
-            task = name[len("lmeval:"):]
-            for t in config.profile.temperatures:
-                if t > 0 and name not in config.profile.sample_suites:
-                    continue
-                for seed in (config.profile.seeds[:1] if t == 0 else config.profile.seeds):
-                    for spec in lineup.specs:
-                        if not runs_on(spec, name) or (spec.name, name, seed, t) in done:
-                            continue
-                        if progress:
-                            print(f"decodegate: lm-eval {task} · {spec.name} · T={t:g}", flush=True)
-                        try:
-                            rows = lmeval_records(task, lineup.targets[spec.name], spec.decoder, dict(spec.options),
-                                                  candidate=spec.name, seed=seed, temperature=t, limit=spec_s.limit,
-                                                  include_path=spec_s.include_path,
-                                                  gen_kwargs={"max_gen_toks": spec_s.max_gen_toks}
-                                                  if spec_s.max_gen_toks else None,
-                                                  confirm_run_unsafe_code=spec_s.allow_code)
-                        except LmEvalEmpty as e:  # no rows: the summary fails its gate with "no items"
-                            print(f"decodegate: warning: {e}", file=sys.stderr)
-                            rows = []
-                        stale = {(spec.name, name, seed, t)}
-                        if any(record_key(r)[:2] == (spec.name, name) for r in read_records(run_dir)):
-                            _drop_rows(run_dir, lambda r: (r["candidate"], r["suite"], r["seed"], r["temperature"]) in stale)
-                        writer = RecordWriter(run_dir)  # opened after any rewrite above
-                        for row in rows:
-                            row.setdefault("kind", spec.kind)
-                            writer.write(row)
-                        writer.close()
-                        marker.write({"candidate": spec.name, "suite": name, "seed": seed, "temperature": t})
-            rows = [r for r in read_records(run_dir) if r["suite"] == name]
-            suites.append(LmEvalSuite(name, rows))
+        for name, seed, t, spec in lmeval_units(config, lineup):
+            if (spec.name, name, seed, t) not in done:
+                _run_lmeval_unit(config, run_dir, lineup, (name, seed, t, spec), progress)
+                marker.write({"candidate": spec.name, "suite": name, "seed": seed, "temperature": t})
     finally:
         marker.close()
-    return suites
+    names = [n for n in config.profile.suites if n.startswith("lmeval:")]
+    rows = read_records(run_dir)
+    return [LmEvalSuite(name, [r for r in rows if r["suite"] == name]) for name in names]
 
 
-LMEVAL_DONE = "lmeval_done.jsonl"
+def _run_lmeval_unit(config: RegressConfig, run_dir: Path, lineup: Lineup, unit: tuple, progress: bool) -> None:
+    """One decoder through one lm-eval task at one seed and temperature; its rows replace any a
+    killed run left."""
+    from harness.run.lmeval import LmEvalEmpty, lmeval_records
+    name, seed, t, spec = unit
+    spec_s, task = config.suites[name], name[len("lmeval:"):]
+    if progress:
+        print(f"decodegate: lm-eval {task} · {spec.name} · T={t:g}", flush=True)
+    try:
+        rows = lmeval_records(task, lineup.targets[spec.name], spec.decoder, dict(spec.options),
+                              candidate=spec.name, seed=seed, temperature=t, limit=spec_s.limit,
+                              include_path=spec_s.include_path,
+                              gen_kwargs={"max_gen_toks": spec_s.max_gen_toks} if spec_s.max_gen_toks else None,
+                              confirm_run_unsafe_code=spec_s.allow_code)
+    except LmEvalEmpty as e:  # no rows: the summary fails its gate with "no items"
+        print(f"decodegate: warning: {e}", file=sys.stderr)
+        rows = []
+    if any(record_key(r)[:2] == (spec.name, name) for r in read_records(run_dir)):
+        _drop_rows(run_dir, lambda r: (r["candidate"], r["suite"], r["seed"], r["temperature"]) == (spec.name, name, seed, t))
+    writer = RecordWriter(run_dir)  # opened after any rewrite above
+    for row in rows:
+        row.setdefault("kind", spec.kind)
+        writer.write(row)
+    writer.close()
 
 
 def broken(run_dir: Path) -> set[str]:

@@ -1,8 +1,10 @@
 """`regress`'s exit code, decided in one place from the run folder alone.
 
 0 only from a complete verdict: summary.json is there and says pass for the run and for every
-candidate on trial, and every row the run's plan asked for (plan.json: decoder, suite, item,
-seed, temperature) is in records.jsonl and is not an error. A row may be missing only where the
+candidate on trial, every row the run's plan asked for (plan.json: decoder, suite, item,
+seed, temperature) is in records.jsonl and is not an error, and every lm-eval run it asked for
+(decoder, task, seed, temperature: lm-eval picks the items) has its completion marker and no
+error row. A row may be missing only where the
 design chose not to run it: a candidate stopped on that suite (a sequential look, --fail-fast;
 a broken candidate is stopped too, and its verdict already fails), or a baseline row no running
 candidate needed. Anything else that is not a pass is 1 (a gate failed, a decoder died, a row is
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.run.records import PLAN
+from harness.run.records import LMEVAL_DONE, PLAN
 
 
 def exit_code(run_dir: Path) -> tuple[int, str]:
@@ -25,6 +27,7 @@ def exit_code(run_dir: Path) -> tuple[int, str]:
         plan = json.loads((run_dir / PLAN).read_text())
         rows = read_records(run_dir)
         stops = read_records(run_dir, "stops.jsonl")
+        done = read_records(run_dir, LMEVAL_DONE)
     except (OSError, ValueError, RecordsError) as e:
         return 1, f"the run folder cannot be read as a finished run ({e}): no verdict"
     why = wrong_shape(summary, plan, rows, stops)
@@ -36,7 +39,7 @@ def exit_code(run_dir: Path) -> tuple[int, str]:
     failed = sorted(n for n, c in on_trial.items() if c.get("verdict") != "pass")
     if failed or not on_trial:
         return 1, f"no pass for {', '.join(failed) or 'any candidate (none was judged)'}"
-    why = incomplete(plan, rows, stops)
+    why = incomplete(plan, rows, stops) or lmeval_incomplete(plan, rows, done, stops)
     return (1, why) if why else (0, "")
 
 
@@ -48,11 +51,13 @@ def wrong_shape(summary, plan, rows: list, stops: list) -> str | None:
         return "summary.json is not a summary"
     if not isinstance(plan, dict) or not isinstance(plan.get("baselines", []), list):
         return f"{PLAN} is not a plan"
-    keys = plan.get("rows")
-    if not isinstance(keys, list) or not keys:
+    keys, units = plan.get("rows"), plan.get("lmeval", [])
+    if not isinstance(keys, list) or not isinstance(units, list) or not (keys or units):
         return f"{PLAN} plans no generation"
     if not all(isinstance(k, list) and len(k) == 5 and isinstance(k[4], (int, float)) for k in keys):
         return f"{PLAN} holds a row that is not (decoder, suite, item, seed, temperature)"
+    if not all(isinstance(u, list) and len(u) == 4 and isinstance(u[3], (int, float)) for u in units):
+        return f"{PLAN} holds an lm-eval run that is not (decoder, suite, seed, temperature)"
     if not all(isinstance(r, dict) and all(f in r for f in KEY) for r in rows):
         return f"records.jsonl holds a row without its {', '.join(KEY)}"
     if not all(isinstance(r, dict) for r in stops):
@@ -90,6 +95,27 @@ def incomplete(plan: dict, rows: list[dict], stops: list[dict]) -> str | None:
     if not bad:
         return None
     return f"{len(bad)} planned generation(s) missing or failed (first: {bad[0]})"
+
+
+def lmeval_incomplete(plan: dict, rows: list[dict], done: list[dict], stops: list[dict]) -> str | None:
+    """Why an lm-eval run the plan asked for is not finished (no completion marker, or an error
+    row among its records), or None. A decoder stopped by design on that suite is excused."""
+    from harness.run.faults import BROKEN
+    unit = lambda r: tuple(_hashable(r.get(f)) for f in ("candidate", "suite", "seed", "temperature"))  # noqa: E731
+    finished = {unit(m) for m in done if isinstance(m, dict)}
+    failed = {unit(r) for r in rows if r.get("error")}
+    stopped = {(_hashable(s.get("candidate")), _hashable(s.get("suite"))) for s in stops
+               if s.get("reason") not in BROKEN}
+    bad = []
+    for c, suite, seed, t in (tuple(_hashable(x) for x in u) for u in plan.get("lmeval") or ()):
+        if (c, "*") in stopped or (c, suite) in stopped:
+            continue
+        if (c, suite, seed, t) not in finished or (c, suite, seed, t) in failed:
+            why = "an error row" if (c, suite, seed, t) in failed else "not finished"
+            bad.append(f"{c} {suite} seed {seed} T={t:g}: {why}")
+    if not bad:
+        return None
+    return f"{len(bad)} planned lm-eval run(s) not finished or failed (first: {bad[0]})"
 
 
 def _hashable(x):
