@@ -319,7 +319,10 @@ def test_ctrl_c_stops_the_whole_run_and_the_rerun_resumes(faulty):
     its rows kept, and the next run goes on from there (no decoder is blamed)."""
     cfg = _config(faulty, "greedy", {}, {"slow": {"fault": "slow", "at": 0}})
     run_dir = faulty / "run"
-    child = _child(cfg, run_dir, start_new_session=True)
+    # SIGINT as a terminal leaves it: a test run started in the background of a non-interactive
+    # shell inherits it ignored, and Python then installs no KeyboardInterrupt (the run ended 0).
+    child = _child(cfg, run_dir, start_new_session=True,
+                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     while len(_rows(run_dir)) < 2 and child.poll() is None:
         time.sleep(0.2)
     os.killpg(child.pid, signal.SIGINT)
