@@ -122,18 +122,15 @@ class EngineServer:
         self.stop()
 
     def start(self) -> None:
-        if self.spec.launch:
-            self._launch()
-        else:
-            # A server that answers (503 while it loads a model) gets 10 s; an address where
-            # nothing listens is refused in 2: a wrong base_url should not cost a user's wait.
-            now = time.monotonic()
-            self._wait_healthy(deadline=now + min(self.spec.health_timeout_s, 10.0),
-                               refused_deadline=now + min(self.spec.health_timeout_s, 2.0))
-        self.info = self.describe()
-        self._check_model()
+        self.launch()
+        self.wait_ready()
 
-    def _launch(self) -> None:
+    def launch(self) -> None:
+        """Start a launched engine's process and return at once: several engines that do not
+        depend on each other boot together (`wait_ready` then waits for each). A no-op for an
+        engine given by URL."""
+        if not self.spec.launch:
+            return
         port = free_port()
         self.command = [a.replace("{port}", str(port)) for a in self.spec.launch]
         self.base_url = f"http://127.0.0.1:{port}"
@@ -151,11 +148,26 @@ class EngineServer:
             raise EngineError(f"engine {self.spec.name!r}: cannot start {self.command[0]!r}: {e}") from e
         finally:
             log.close()
-        try:
-            self._wait_healthy(deadline=time.monotonic() + self.spec.health_timeout_s)
-        except BaseException:
-            self.stop()
-            raise
+        self._launched_at = time.monotonic()
+
+    def wait_ready(self) -> None:
+        """Healthy, described, serving the configured model; a launched engine that is not is stopped."""
+        if self.spec.launch:
+            if self.proc is None:
+                self.launch()
+            try:
+                self._wait_healthy(deadline=self._launched_at + self.spec.health_timeout_s)
+            except BaseException:
+                self.stop()
+                raise
+        else:
+            # A server that answers (503 while it loads a model) gets 10 s; an address where
+            # nothing listens is refused in 2: a wrong base_url should not cost a user's wait.
+            now = time.monotonic()
+            self._wait_healthy(deadline=now + min(self.spec.health_timeout_s, 10.0),
+                               refused_deadline=now + min(self.spec.health_timeout_s, 2.0))
+        self.info = self.describe()
+        self._check_model()
 
     def stop(self) -> None:
         if self._http is not None:

@@ -190,6 +190,25 @@ def _add_package_version(server: EngineServer) -> None:
             pass
 
 
+def _ready(server: EngineServer, step, on_failed_start) -> None:
+    try:
+        step(server)
+    except EngineError:
+        if on_failed_start is not None:
+            on_failed_start()
+        raise
+
+
+def _announce(name: str, server: EngineServer) -> None:
+    _add_package_version(server)
+    print(f"decodegate: engine {name}: {server.info.get('engine', '')} {server.info.get('version', '')} "
+          f"at {server.base_url}" + (f" (log {server.log_path})" if server.log_path else ""), flush=True)
+    if server.info.get("prefix_caching"):
+        print(f"decodegate: engine {name}: prefix caching is on: a run after another on this server (the "
+              f"A/A run, a candidate sharing it) finds its prompts cached and reads faster; launch vLLM "
+              f"with --no-enable-prefix-caching to time engines cold", flush=True)
+
+
 @contextlib.contextmanager
 def started(config, run_dir: Path, on_failed_start=None):
     """Start (or health-check) each engine the run uses; always stop the ones started, on an
@@ -203,25 +222,15 @@ def started(config, run_dir: Path, on_failed_start=None):
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        for name in needed(config):
+        for name in needed(config):  # launched together: their start-ups overlap
             spec: EngineSpec = config.engines[name]
             if spec.launch:
                 spec = EngineSpec(**{**spec.__dict__, "launch": resolve_launch(list(spec.launch))})
-            server = EngineServer(spec, log_dir=run_dir)
-            servers[name] = server  # registered first: a launch that fails half-way is stopped too
-            try:
-                server.start()
-            except EngineError:
-                if on_failed_start is not None:
-                    on_failed_start()
-                raise
-            _add_package_version(server)
-            print(f"decodegate: engine {name}: {server.info.get('engine', '')} {server.info.get('version', '')} "
-                  f"at {server.base_url}" + (f" (log {server.log_path})" if server.log_path else ""), flush=True)
-            if server.info.get("prefix_caching"):
-                print(f"decodegate: engine {name}: prefix caching is on: a run after another on this server (the "
-                      f"A/A run, a candidate sharing it) finds its prompts cached and reads faster; launch vLLM "
-                      f"with --no-enable-prefix-caching to time engines cold", flush=True)
+            servers[name] = EngineServer(spec, log_dir=run_dir)  # registered first: a failed start is stopped too
+            _ready(servers[name], EngineServer.launch, on_failed_start)
+        for name, server in servers.items():
+            _ready(server, EngineServer.wait_ready, on_failed_start)
+            _announce(name, server)
         if servers:
             (Path(run_dir) / "engines.json").write_text(json.dumps({n: s.info for n, s in servers.items()}, indent=2))
         yield servers
