@@ -16,11 +16,17 @@ its run length is that of a finite Markov chain, and ARL = [(I − Q)⁻¹ 1]₀
 ARL, exactly (Brook and Evans 1972; Reynolds and Stoumbos' Bernoulli/binomial CUSUM), not an
 approximation of it. H is the smallest integer whose ARL reaches the target; δ = log(target)/400
 (Lorden: the LR CUSUM's ARL is about e^h), so the ARL lands within a few per cent above it.
+Where one step decides alone (its LR so steep that S never carries evidence to the next step: p0
+0.95, steps of 512), the ARLs on offer are 1/P(a ≤ k), far apart; a tuning to a smaller drop is
+taken there, no slower on the drop asked for, and the ARL lands within 5% (`_tuned`).
 
 The collapse path. A Shewhart limit on the same step: `a ≤ c` alarms at once, c the largest count
 whose in-control probability is at most SHEWHART_SHARE/target. It enters the chain as one more
 absorbing transition from every state, so the ARL of both together is the one computed, and H is
-solved with it in place (the total false-alarm rate is the target's).
+solved with it in place (the total false-alarm rate is the target's). Where the counts are too
+dispersed for a limit (φ 5, p0 0.3: no count is that rare), the collapse's weight in the
+alternative rises from 0.05 to 0.1 if that brings the collapse within COLLAPSE_STEPS steps on
+average (exact); the best CUSUM for the collapse alone takes 6.2 steps there, so 10 is in reach.
 
 Steps of other sizes. Steps are at least `min_drafted` tokens; a scrape that drafted more makes a
 bigger step (a busy engine: every step is a scrape's worth). A step of N tokens is scored by the
@@ -48,6 +54,9 @@ MAX_H = 8 * STATES      # the largest chain solved: (I − Q) is MAX_H² floats 
 SHEWHART_SHARE = 0.1    # the share of the false-alarm budget the collapse limit may spend
 COLLAPSE = 1 / 3        # the collapse the alternative also carries: acceptance at a third of p0
 COLLAPSE_WEIGHT = 0.05  # its weight: costs log(1/0.95) = 0.05 nats a step on a slow drift
+COLLAPSE_WEIGHTS = (COLLAPSE_WEIGHT, 0.1)  # 0.1 where it catches the collapse in time (0.2: 2-3x on a drift)
+COLLAPSE_STEPS = 10     # ... within this many steps on average (exact): the issue's 10 steps of 64 tokens
+FINER = 8               # finer tunings tried where every nudge overshoots: drop × 2^(−1/2), ..., × 1/16
 ARL_SLACK = 0.05        # how far above the target the ARL may land before the tuning is nudged
 NUDGES = (1.0, 1.02, 0.98, 1.04, 0.96, 1.06, 0.94, 1.08, 0.92, 1.1, 0.9, 1.15, 0.85, 1.2, 0.8)
 
@@ -152,23 +161,50 @@ def _design_at(d: Design, size: int) -> Design:
     return design(d.p0, 1 - d.p1 / d.p0, size, d.phi, d.target, weight=d.weight)
 
 
-def design(p0: float, drop: float, n: int, phi: float, target: float, *, weight: float = COLLAPSE_WEIGHT) -> Design:
-    """The detector for steps of n drafted tokens at boundary p0, tuned to a relative `drop` (and,
-    with `weight`, to a collapse to p0·COLLAPSE), whose exact in-control ARL (steps) is the
+def design(p0: float, drop: float, n: int, phi: float, target: float, *, weight: float | None = None) -> Design:
+    """The detector for steps of n drafted tokens at boundary p0, tuned to a relative `drop` and to
+    a collapse to p0·COLLAPSE carried at `weight`, whose exact in-control ARL (steps) is the
     smallest the lattice offers at or above `target`.
 
-    Counts are discrete, so the ARL moves in jumps as h grows (a whole accepted token more or
-    less); where the jump at `drop` overshoots the target by more than ARL_SLACK, the tuning is
-    nudged (drop × 1 ± 2%, ..., ± 20%: p1 is recorded) to the first that lands within it."""
-    if not 0 < p0 < 1 or not 0 < drop < 1 or n < 1 or not phi >= 1 or not target > 1 or not 0 <= weight < 1:
+    `weight` None: the smallest of COLLAPSE_WEIGHTS whose detector catches the collapse within
+    COLLAPSE_STEPS steps on average (exact); where none does, the first (the drift keeps its
+    delay). Counts are discrete, so the ARL moves in jumps as h grows: see `_tuned`."""
+    if not 0 < p0 < 1 or not 0 < drop < 1 or n < 1 or not phi >= 1 or not target > 1 or \
+            not (weight is None or 0 <= weight < 1):
         raise ValueError(f"need 0 < p0 < 1, 0 < drop < 1, n ≥ 1, φ ≥ 1, target > 1 and 0 ≤ weight < 1; got "
                          f"p0={p0!r}, drop={drop!r}, n={n!r}, φ={phi!r}, target={target!r}, weight={weight!r}")
+    if weight is not None:
+        return _tuned(p0, drop, int(n), float(phi), float(target), float(weight))
+    first = None
+    for w in COLLAPSE_WEIGHTS:
+        d = _tuned(p0, drop, int(n), float(phi), float(target), w)
+        first = first or d
+        if d.run_length(p0 * COLLAPSE) <= COLLAPSE_STEPS:
+            return d
+    return first
+
+
+def _tuned(p0: float, drop: float, n: int, phi: float, target: float, weight: float) -> Design:
+    """The design at `drop` whose exact ARL lands within ARL_SLACK above the target.
+
+    Where the jump at `drop` overshoots, the tuning is nudged (drop × 1 ± 2%, ..., ± 20%: p1 is
+    recorded). Where every nudge overshoots, one step is so informative that it decides alone (p0
+    0.95, steps of 512: the LR moves 1.2 nats a count and sits 24 nats below 0 at p0, so S never
+    carries evidence to the next step and the ARLs on offer are 1/P(a ≤ k), 1.8-2.2× apart): a
+    finer tuning (drop × 2^(−j/2)) makes a step's LR gentle enough that evidence adds up over
+    steps, and the ARLs on offer are dense. It is taken where it lands within the slack and is
+    no slower on the drop asked for (exact delay within ARL_SLACK); else the closest above stays."""
     best = None
     for nudge in NUDGES:
-        d = _refined(p0, p0 * (1 - min(drop * nudge, 0.999)), int(n), float(phi), float(target), float(weight))
+        d = _refined(p0, p0 * (1 - min(drop * nudge, 0.999)), n, phi, target, weight)
         best = d if best is None or d.arl < best.arl else best
         if best.arl <= (1 + ARL_SLACK) * target:
-            break
+            return best
+    slowest = (1 + ARL_SLACK) * best.run_length(p0 * (1 - drop))
+    for j in range(1, FINER + 1):
+        d = _refined(p0, p0 * (1 - drop * 2 ** (-j / 2)), n, phi, target, weight)
+        if d.arl <= (1 + ARL_SLACK) * target and d.run_length(p0 * (1 - drop)) <= slowest:
+            return d
     return best
 
 

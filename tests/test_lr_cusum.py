@@ -1,6 +1,6 @@
 """The detector of `decodegate watch` (analysis.lr_cusum): its exact in-control ARL checked by
 simulation through the detector's own scores at the grid the issue names (a small version: the
-full grid is scripts/lr_cusum_grid.py, its figures in docs/monitoring.md), against a Markov
+full grid is scripts/watch_detector_grid.py, its figures in docs/monitoring.md), against a Markov
 chain solved another way, and its delay on a collapse at the default false-alarm rate."""
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from analysis.lr_cusum import (
 DEFAULT_STEPS = 720 * 3600 / 15   # --arl-hours 720 at --interval 15: 172,800 steps
 
 
-@pytest.mark.parametrize("p0,n,phi", [(0.3, 16, 1), (0.8, 64, 1), (0.95, 64, 5), (0.6, 512, 5), (0.3, 64, 5)])
+@pytest.mark.parametrize("p0,n,phi", [(0.3, 16, 1), (0.8, 64, 1), (0.95, 64, 5), (0.6, 512, 5), (0.3, 64, 5),
+                                      (0.95, 512, 1)])  # one step decides there: 1.32x the target before
 def test_in_control_arl_is_the_target_by_simulation_through_the_detector(p0, n, phi):
     target = 1000
     d = design(p0, 0.10, n, phi, target)
@@ -84,17 +85,55 @@ def test_a_collapse_to_a_third_alarms_within_10_steps_of_64_at_the_default_rate(
             d = design(p0, 0.10, 64, phi, DEFAULT_STEPS)
             delays[phi, p0] = d.run_length(p0 * COLLAPSE)
             assert d.run_length(p0 * 0.9) < d.run_length(p0 * 0.95) < d.arl
+            assert DEFAULT_STEPS <= d.arl <= 1.05 * DEFAULT_STEPS
     assert max(delays[1, p] for p in (0.3, 0.6, 0.8, 0.95)) < 4, delays
     assert max(delays[5, p] for p in (0.6, 0.8, 0.95)) < 5, delays
-    # φ = 5 at p0 = 0.3 (11 steps, docs/monitoring.md): a detector for this collapse alone needs
-    # about log(ARL) / KL steps (Wald), over 6; ours, which also carries the 10% drift, is within 2x.
-    f1, f0 = step_pmf(64, 0.1, 5), step_pmf(64, 0.3, 5)
-    kl = float(np.sum(f1 * np.log(f1 / f0)))
-    assert math.log(DEFAULT_STEPS) / kl > 6 and delays[5, 0.3] < 2 * math.log(DEFAULT_STEPS) / kl
-    # The exact delay is the simulated one.
+    assert delays[5, 0.3] < 10, delays           # 11.0 at a collapse weight of 0.05
+
+
+def test_the_slowest_collapse_is_caught_within_10_steps_through_the_detector_and_the_bound_allows_it():
+    """φ 5, p0 0.3, steps of 64: the counts are so dispersed that the best CUSUM for the collapse
+    alone (tuned to p0/3, exact ARL at the default rate) needs 6.2 steps (Wald: log(ARL)/KL =
+    6.3), so 10 is within reach; ours also carries the 10% drift, at a collapse weight of 0.1
+    there (0.05 took 11.0 steps). Simulated through the detector's own scores, and its update."""
+    p0, phi = 0.3, 5.0
+    best = design(p0, 1 - COLLAPSE, 64, phi, DEFAULT_STEPS, weight=0.0)
+    assert DEFAULT_STEPS <= best.arl and 5.5 < best.run_length(p0 * COLLAPSE) < 7
+    d = design(p0, 0.10, 64, phi, DEFAULT_STEPS)
+    assert d.weight == 0.1 and d.p1 == pytest.approx(0.27) and DEFAULT_STEPS <= d.arl <= 1.05 * DEFAULT_STEPS
+    assert best.run_length(p0 * COLLAPSE) < d.run_length(p0 * COLLAPSE) < 10
+    sim = simulate_run_lengths(d, p0 * COLLAPSE, runs=3000, max_steps=500, rng=3)
+    assert sim.mean() == pytest.approx(d.run_length(p0 * COLLAPSE), rel=0.06) and sim.mean() < 10
+    rng, lengths, cdf = np.random.default_rng(8), [], np.cumsum(step_pmf(64, p0 * COLLAPSE, phi))
+    for _ in range(300):                         # AcceptanceCusum.update itself, step by step
+        det = AcceptanceCusum(d)
+        while not det.alarm:
+            det.update(float(min(np.searchsorted(cdf, rng.random()), 64)), 64.0)
+        lengths.append(det.steps)
+    assert np.mean(lengths) == pytest.approx(d.run_length(p0 * COLLAPSE), rel=0.15)
+    # The exact delay is the simulated one elsewhere too.
     d = design(0.6, 0.10, 64, 5, DEFAULT_STEPS)
     sim = simulate_run_lengths(d, 0.2, runs=2000, max_steps=500, rng=3)
     assert sim.mean() == pytest.approx(d.run_length(0.2), rel=0.08)
+
+
+def test_where_one_step_decides_a_finer_tuning_reaches_the_target_at_both_rates():
+    """p0 0.95, steps of 512, φ 1: at the drop asked for (and every nudge) a step's LR moves 1.2
+    nats a count and sits 24 nats below 0 at p0, so the detector is a one-step count limit whose
+    ARLs are 1/P(a ≤ k), 1.8-2.2x apart (1.32x and 1.45x the target before). A finer tuning lets
+    evidence add up over steps: the exact ARL lands within 5%, and a 10% drop is still caught in
+    one step."""
+    from analysis.lr_cusum import COLLAPSE_WEIGHT, NUDGES, _refined
+    p0, n = 0.95, 512
+    for target in (1e3, 1e5):
+        nudged = min(_refined(p0, p0 * (1 - 0.1 * k), n, 1.0, target, COLLAPSE_WEIGHT).arl for k in NUDGES)
+        assert nudged > 1.3 * target
+        d = design(p0, 0.10, n, 1.0, target)
+        assert target <= d.arl <= 1.05 * target and d.p1 > p0 * 0.95, d
+        assert d.run_length(p0 * 0.9) < 1.01                  # 1.0 steps at the drop asked for
+    d = design(p0, 0.10, n, 1.0, 1e5)
+    a = np.arange(n + 1)
+    assert d.run_length(p0) == pytest.approx(arl(*d.scores(n), d.H, stats.binom.pmf(a, n, p0)), rel=1e-12)
 
 
 def test_bigger_steps_than_the_design_keep_the_false_alarm_rate():
@@ -193,12 +232,17 @@ def test_a_tuning_that_overshoots_the_target_is_nudged_to_one_within_5_percent(p
     assert target <= d.arl <= 1.05 * target, d
 
 
-def test_where_no_tuning_lands_within_the_slack_the_closest_above_the_target_is_kept():
-    from analysis.lr_cusum import COLLAPSE_WEIGHT, NUDGES, _refined
+def test_where_no_nudge_lands_within_the_slack_a_finer_tuning_or_the_closest_above_is_kept(monkeypatch):
+    import analysis.lr_cusum as lr
     p0, n, target = 0.95, 64, 100.0
-    arls = [_refined(p0, p0 * (1 - 0.1 * k), n, 1.0, target, COLLAPSE_WEIGHT).arl for k in NUDGES]
-    assert min(arls) > 1.05 * target                      # none within the slack here
-    assert design(p0, 0.10, n, 1.0, target).arl == pytest.approx(min(arls))
+    arls = [lr._refined(p0, p0 * (1 - 0.1 * k), n, 1.0, target, lr.COLLAPSE_WEIGHT).arl for k in lr.NUDGES]
+    assert min(arls) > 1.05 * target                      # no nudge within the slack here
+    d = design(p0, 0.10, n, 1.0, target)                  # a finer tuning does, and is no slower on 10%
+    assert target <= d.arl <= 1.05 * target and d.p1 > 0.9 * p0
+    monkeypatch.setattr(lr, "FINER", 0)                   # without finer tunings: the closest above
+    closest = design(p0, 0.10, n, 1.0, target)
+    assert closest.arl == pytest.approx(min(arls))
+    assert d.run_length(0.9 * p0) <= 1.05 * closest.run_length(0.9 * p0)
 
 
 def test_a_step_is_judged_by_the_nearest_size_on_the_grid():

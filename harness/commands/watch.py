@@ -139,9 +139,9 @@ def run(args) -> int:
 
 def _design_line(d, args) -> str:
     limit = f", collapse limit: {d.shewhart} or fewer accepted of {d.n}" if d.shewhart >= 0 else ""
-    return (f"LR CUSUM against acceptance {d.p1:.3f} (and {d.p0 / 3:.3f}), h {d.h:.2f} nats{limit}: exact in-control "
-            f"ARL {d.arl:.0f} steps of {d.n} drafted tokens for the {args.arl_hours:g} h asked ({d.target:.0f} steps of "
-            f"{args.interval:g} s)")
+    return (f"LR CUSUM against acceptance {d.p1:.3f} (and {d.p0 / 3:.3f} at weight {d.weight:g}), h {d.h:.2f} nats"
+            f"{limit}: exact in-control ARL {d.arl:.0f} steps of {d.n} drafted tokens for the {args.arl_hours:g} h asked "
+            f"({d.target:.0f} steps of {args.interval:g} s)")
 
 
 class _Watch:
