@@ -161,6 +161,7 @@ def _checked_settings(args):
 
 
 def _parse_grid(text: str) -> tuple:
+    """--grid as a tuple of thresholds in [0, 1), in the order given."""
     try:
         grid = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
