@@ -293,6 +293,60 @@ def _theory(alpha: float, k: int, c: float, verify_cost: float = 1.0) -> float:
     return float(theoretical_speedup(alpha, k, c, verify_cost=verify_cost))
 
 
+def _histogram(per_round, k: int) -> np.ndarray:
+    """How many rounds accepted 0..K drafts (rounds that proposed nothing left out)."""
+    hist = np.zeros(k + 1, dtype=int)
+    for r in per_round:
+        if r is not None:  # rounds that proposed nothing (no prompt-lookup match) are not rounds of drafts
+            drafted = r[0][r[1] > 0]
+            hist += np.bincount(np.minimum(drafted, k), minlength=k + 1)[: k + 1]
+    return hist
+
+
+def _positions(stats_list, k: int) -> tuple:
+    """Per draft position: (position, accepted, proposed, acceptance, acceptance given tested)."""
+    positions = _by_position(stats_list, k)
+    if positions is None:
+        return ()
+    a, p, t, _ = positions
+    return tuple((j, int(a[j]), int(p[j]), _ratio(a[j], p[j]), _ratio(a[j], t[j])) for j in range(k))
+
+
+def _measured(pairs, stats_list, proposed: int, rounds: int, level: float, n_resamples: int, gen):
+    """(c, verify cost, achieved speedup, decode-phase speedup), measured against the baselines
+    timed beside the candidate; NaN and no speedup where there are none."""
+    # Costs and the achieved speedup need a baseline timed beside the candidate: a baseline row
+    # reused from another run (``reused``) keeps its tokens, not a comparable clock.
+    fresh = [p for p in pairs if not p.baseline.get("reused")]
+    if not fresh:
+        none = _no_speedup(level)
+        return float("nan"), float("nan"), none, none
+    measured_c, verify_cost = _costs(stats_list, decode_step_seconds([p.baseline for p in fresh]), proposed, rounds)
+    achieved = paired_speedup(fresh, confidence_level=level, n_resamples=n_resamples, rng=gen)
+    try:
+        decode = paired_speedup(fresh, confidence_level=level, rng=gen, decode_only=True)
+    except ValueError:  # no TTFT to split the prefill off: no ratio, rather than a wrong one
+        decode = _no_speedup(level)
+    return measured_c, verify_cost, achieved, decode
+
+
+def _theories(alpha: float, k: int, c: float, verify_cost: float, stats_list, per_round, rounds: int,
+              proposed: int) -> tuple[float, float, float]:
+    """The theoretical speedups: (at a fixed K, over the rounds as run, with the measured verify
+    cost). Where the rounds are known the last two count them as run, fallback steps included."""
+    fixed_k = _theory(alpha, k, c)
+    theory, theory_v = fixed_k, _theory(alpha, k, c, verify_cost)
+    if all(r is not None for r in per_round) and np.isfinite([alpha, c]).all():
+        # the rounds as run, plus kill-switch fallback steps (one token each, no round recorded)
+        ks = np.concatenate([r[1] for r in per_round]
+                            + [np.zeros(int(s.get("fallback_tokens", 0)), dtype=int) for s in stats_list])
+        theory = round_speedup(alpha, ks, c, k=k)
+        verify_steps = verify_cost * rounds  # verify_time_s holds the fallback steps too
+        if np.isfinite(verify_steps) and verify_steps + c * proposed > 0:
+            theory_v = expected_round_tokens(min(max(alpha, 0.0), 1.0), ks) / (verify_steps + c * proposed)
+    return fixed_k, theory, theory_v
+
+
 def acceptance_summary(
     pairs: Sequence[Pair], *, k: int | None = None, c: float | None = None,
     confidence_level: float = 0.95, n_resamples: int = 2000,
@@ -325,41 +379,11 @@ def acceptance_summary(
     alpha_ci = ratio_ci(*cluster_sums(prompt_clusters([p for p, k_ in zip(pairs, known) if k_]),
                                        accepted_rec[known], tested_rec[known]), level, n_resamples, gen)
 
-    hist = np.zeros(k + 1, dtype=int)
-    for r in per_round:
-        if r is not None:  # rounds that proposed nothing (no prompt-lookup match) are not rounds of drafts
-            drafted = r[0][r[1] > 0]
-            hist += np.bincount(np.minimum(drafted, k), minlength=k + 1)[: k + 1]
-    positions = _by_position(stats_list, k)
-    by_pos = ()
-    if positions is not None:
-        a, p, t, _ = positions
-        by_pos = tuple((j, int(a[j]), int(p[j]), _ratio(a[j], p[j]), _ratio(a[j], t[j])) for j in range(k))
-
-    # Costs and the achieved speedup need a baseline timed beside the candidate: a baseline row
-    # reused from another run (``reused``) keeps its tokens, not a comparable clock.
-    fresh = [p for p in pairs if not p.baseline.get("reused")]
-    if fresh:
-        measured_c, verify_cost = _costs(stats_list, decode_step_seconds([p.baseline for p in fresh]), proposed, rounds)
-        achieved = paired_speedup(fresh, confidence_level=level, n_resamples=n_resamples, rng=gen)
-        try:
-            decode = paired_speedup(fresh, confidence_level=level, rng=gen, decode_only=True)
-        except ValueError:  # no TTFT to split the prefill off: no ratio, rather than a wrong one
-            decode = _no_speedup(level)
-    else:
-        measured_c, verify_cost = float("nan"), float("nan")
-        achieved = decode = _no_speedup(level)
+    hist, by_pos = _histogram(per_round, k), _positions(stats_list, k)
+    measured_c, verify_cost, achieved, decode = _measured(pairs, stats_list, proposed, rounds, level, n_resamples,
+                                                          gen)
     c = measured_c if c is None else float(c)
-    fixed_k = _theory(alpha, k, c)
-    theory, theory_v = fixed_k, _theory(alpha, k, c, verify_cost)
-    if all(r is not None for r in per_round) and np.isfinite([alpha, c]).all():
-        # the rounds as run, plus kill-switch fallback steps (one token each, no round recorded)
-        ks = np.concatenate([r[1] for r in per_round]
-                            + [np.zeros(int(s.get("fallback_tokens", 0)), dtype=int) for s in stats_list])
-        theory = round_speedup(alpha, ks, c, k=k)
-        verify_steps = verify_cost * rounds  # verify_time_s holds the fallback steps too
-        if np.isfinite(verify_steps) and verify_steps + c * proposed > 0:
-            theory_v = expected_round_tokens(min(max(alpha, 0.0), 1.0), ks) / (verify_steps + c * proposed)
+    fixed_k, theory, theory_v = _theories(alpha, k, c, verify_cost, stats_list, per_round, rounds, proposed)
     tokens = sum(len(p.candidate.get("tokens") or []) for p in pairs)
     forwards = sum(int(s.get("target_forwards", 0)) for s in stats_list)
     return AcceptanceSummary(

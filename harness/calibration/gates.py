@@ -269,6 +269,16 @@ def _rate(rate: Rate, digits: int = 3) -> str:
 def report_lines(*, studies: int = 10_000, rng=None, pit_studies: int = 500, grid: str = "full") -> list[str]:
     """The markdown sections of CALIBRATION.md on the gate's verdicts and the exactness checks."""
     rng = np.random.default_rng(rng)
+    out = _aa_verdict_lines(studies, rng, grid) + _pass_all_lines(studies, rng, grid)
+    out += speed.lines(studies=max(studies, 20_000) if grid == "full" else 1000, rng=rng,
+                       designs=pick(speed.GRID, speed.SMALL, grid))
+    out += _p95_lines(studies, rng, grid) + _pit_size_lines(pit_studies, rng, grid)
+    out += _pit_power_lines(pit_studies, rng, grid) + _gof_lines(studies, rng, grid)
+    return out
+
+
+def _aa_verdict_lines(studies: int, rng, grid: str) -> list[str]:
+    """Gate verdicts under A/A: P(any of the 3 suites "worse"), exact and simulated, per rule."""
     out = [
         "",
         "## Gate verdicts under A/A: P(any of 3 suites \"worse\")",
@@ -293,7 +303,12 @@ def report_lines(*, studies: int = 10_000, rng=None, pit_studies: int = 500, gri
                      aa_any_worse(n, disc, rule="loss-alone", studies=studies, rng=rng),
                      aa_any_worse(n, disc, rule="old", studies=studies, rng=rng)]
             out.append(f"| {n} | {disc:.1f} | " + " | ".join(_cell(c) for c in cells) + " |")
-    out += [
+    return out
+
+
+def _pass_all_lines(studies: int, rng, grid: str) -> list[str]:
+    """An unchanged candidate passes every suite: intersection-union (fixed and looked) against Holm."""
+    out = [
         "",
         "## An unchanged candidate passes every suite (full profile sizes 217 / 72 / 84, margin 0.10)",
         "",
@@ -311,9 +326,12 @@ def report_lines(*, studies: int = 10_000, rng=None, pit_studies: int = 500, gri
         looked = aa_pass_all((217, 72, 84), disc, looks=3, studies=max(1000, studies // 5), rng=rng)
         holm = aa_pass_all((217, 72, 84), disc, holm=True, studies=studies, rng=rng)
         out.append(f"| {disc:.1f} | {_cell(iut)} | {_cell(looked)} | {holm.simulated:.4f} ± {1.96 * holm.mc_se:.4f} |")
-    out += speed.lines(studies=max(studies, 20_000) if grid == "full" else 1000, rng=rng,
-                       designs=pick(speed.GRID, speed.SMALL, grid))
-    out += [
+    return out
+
+
+def _p95_lines(studies: int, rng, grid: str) -> list[str]:
+    """The p95 at small n: how often it falls below the truth, and its interval's coverage."""
+    out = [
         "",
         "## p95 at small n (log-normal latencies)",
         "",
@@ -331,7 +349,12 @@ def report_lines(*, studies: int = 10_000, rng=None, pit_studies: int = 500, gri
         out.append(f"| {n} | {p95_below_truth(n, method='linear', studies=studies, rng=rng).simulated:.3f} | "
                    f"{p95_below_truth(n, studies=studies, rng=rng).simulated:.3f} | {cov.simulated:.3f} | "
                    f"{upper:.2f} |")
-    out += [
+    return out
+
+
+def _pit_size_lines(pit_studies: int, rng, grid: str) -> list[str]:
+    """The sequential PIT test's size."""
+    out = [
         "",
         "## Sequential PIT test (analysis/pit.py): size",
         "",
@@ -344,7 +367,12 @@ def report_lines(*, studies: int = 10_000, rng=None, pit_studies: int = 500, gri
         a = pit_rejection(n, level=0.01, studies=4 * pit_studies, rng=rng)
         b = pit_rejection(n, level=0.0025, studies=4 * pit_studies, rng=rng)
         out.append(f"| {n} | {a.simulated:.4f} ± {1.96 * a.mc_se:.4f} | {b.simulated:.4f} ± {1.96 * b.mc_se:.4f} |")
-    out += [
+    return out
+
+
+def _pit_power_lines(pit_studies: int, rng, grid: str) -> list[str]:
+    """The sequential PIT test's power per distortion shape and TV."""
+    out = [
         "",
         "## Sequential PIT test: power at level 0.0025 (0.01 over the smoke run's four checks)",
         "",
@@ -363,8 +391,13 @@ def report_lines(*, studies: int = 10_000, rng=None, pit_studies: int = 500, gri
                      for n in (300, 1200, 5000)]
             cells.append(_pct(pit_rejection(1200, tv, shape, share=0.3, level=0.0025, studies=pit_studies, rng=rng)))
             out.append(f"| {shape} | {tv:.2f} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _gof_lines(studies: int, rng, grid: str) -> list[str]:
+    """The sequence goodness of fit: size and power."""
     gof_studies = pick(max(1000, studies // 5), 100, grid)
-    out += [
+    out = [
         "",
         "## Sequence goodness of fit (one window): size and power at level 0.0025",
         "",

@@ -177,15 +177,28 @@ def report_lines(*, studies: int = 10_000, rng=None, grid_size: str = "full") ->
     rng = np.random.default_rng(rng)
     ns, discs = pick(NS, (30, 217), grid_size), pick(DISCS, (0.1, 0.3), grid_size)
     g = grid(ns=ns, discs=discs)
-    m, m2 = -MARGIN, -2 * MARGIN
+    return (_intro_lines(g, ns, discs) + _type_one_lines(g, ns, discs) + _power_lines(g, ns, discs)
+            + _clearly_worse_lines(g, ns, discs) + _simulated_lines(studies, rng, grid_size))
 
-    def val(d, n, c, delta, f):
-        op = g[(d, n, c, delta)]
-        return "—" if op is None else f(op)
 
-    def worst(d, delta, attr):
-        return max(getattr(op, attr) for (dd, _, _, de), op in g.items() if dd == d and de == delta and op)
+def _value(g: dict, d: str, n: int, c: float, delta: float, f) -> str:
+    """A cell: f of the operating characteristics at (design, n, disc, delta), '—' where none."""
+    op = g[(d, n, c, delta)]
+    return "—" if op is None else f(op)
 
+
+def _worst(g: dict, d: str, delta: float, attr: str) -> float:
+    """The largest `attr` of design d at delta over the grid's sizes and discordances."""
+    return max(getattr(op, attr) for (dd, _, _, de), op in g.items() if dd == d and de == delta and op)
+
+
+def _share(n: int):
+    """A cell's formatter: the expected items as a share of n."""
+    return lambda o: f"{o.expected_n / n:.2f}"
+
+
+def _intro_lines(g: dict, ns, discs) -> list[str]:
+    """The section's heading, its design (the boundaries of each plan) and the summary."""
     obf, poc = plan("obrien-fleming"), plan("pocock")
     fmt_b = lambda b: ", ".join(f"{x:.3f}" for x in b)  # noqa: E731
     out = [
@@ -207,6 +220,14 @@ def report_lines(*, studies: int = 10_000, rng=None, grid_size: str = "full") ->
         "",
         summary(g, ns, discs),
         "",
+    ]
+    return out
+
+
+def _type_one_lines(g: dict, ns, discs) -> list[str]:
+    """Type I error: P("non-inferior") at the margin and P("worse") when nothing changed."""
+    m = -MARGIN
+    out = [
         "### Type I error",
         "",
         "P(\"non-inferior\") at the margin (delta = -margin; nominal <= 0.05) and P(\"worse\") when "
@@ -217,13 +238,19 @@ def report_lines(*, studies: int = 10_000, rng=None, grid_size: str = "full") ->
     ]
     for n in ns:
         for c in discs:
-            cells = [val(d, n, c, m, lambda o: f"{o.non_inferior:.4f}") for d in DESIGNS]
-            cells += [val(d, n, c, 0.0, lambda o: f"{o.worse:.4f}") for d in DESIGNS]
+            cells = [_value(g, d, n, c, m, lambda o: f"{o.non_inferior:.4f}") for d in DESIGNS]
+            cells += [_value(g, d, n, c, 0.0, lambda o: f"{o.worse:.4f}") for d in DESIGNS]
             out.append(f"| {n} | {c:.1f} | " + " | ".join(cells) + " |")
     out.append("| **max** | | " + " | ".join(
-        [f"**{worst(d, m, 'non_inferior'):.4f}**" for d in DESIGNS]
-        + [f"**{worst(d, 0.0, 'worse'):.4f}**" for d in DESIGNS]) + " |")
-    out += [
+        [f"**{_worst(g, d, m, 'non_inferior'):.4f}**" for d in DESIGNS]
+        + [f"**{_worst(g, d, 0.0, 'worse'):.4f}**" for d in DESIGNS]) + " |")
+    return out
+
+
+def _power_lines(g: dict, ns, discs) -> list[str]:
+    """Power of an unchanged candidate and the expected items run."""
+    m = -MARGIN
+    out = [
         "",
         "### Power and expected items",
         "",
@@ -234,14 +261,19 @@ def report_lines(*, studies: int = 10_000, rng=None, grid_size: str = "full") ->
         "| n | disc | power: fixed | OBF | Pocock | E[n]/n at 0: OBF | Pocock | at -margin: OBF | Pocock |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    share = lambda n: (lambda o: f"{o.expected_n / n:.2f}")  # noqa: E731
     for n in ns:
         for c in discs:
-            cells = [val(d, n, c, 0.0, lambda o: f"{o.non_inferior:.3f}") for d in DESIGNS[:3]]
+            cells = [_value(g, d, n, c, 0.0, lambda o: f"{o.non_inferior:.3f}") for d in DESIGNS[:3]]
             for delta in (0.0, m):
-                cells += [val(d, n, c, delta, share(n)) for d in DESIGNS[1:3]]
+                cells += [_value(g, d, n, c, delta, _share(n)) for d in DESIGNS[1:3]]
             out.append(f"| {n} | {c:.1f} | " + " | ".join(cells) + " |")
-    out += [
+    return out
+
+
+def _clearly_worse_lines(g: dict, ns, discs) -> list[str]:
+    """A candidate two margins worse: P("worse"), expected items and stopping at the first look."""
+    m2 = -2 * MARGIN
+    out = [
         "",
         "### A clearly worse candidate (delta = -2 margin)",
         "",
@@ -254,11 +286,17 @@ def report_lines(*, studies: int = 10_000, rng=None, grid_size: str = "full") ->
         for c in discs:
             if not feasible(c, m2):
                 continue
-            cells = [val(d, n, c, m2, lambda o: f"{o.worse:.3f}") for d in DESIGNS[:3]]
-            cells += [val(d, n, c, m2, share(n)) for d in DESIGNS[1:3]]
-            cells += [val(d, n, c, m2, lambda o: f"{o.stop_at[0]:.3f}") for d in DESIGNS[1:3]]
+            cells = [_value(g, d, n, c, m2, lambda o: f"{o.worse:.3f}") for d in DESIGNS[:3]]
+            cells += [_value(g, d, n, c, m2, _share(n)) for d in DESIGNS[1:3]]
+            cells += [_value(g, d, n, c, m2, lambda o: f"{o.stop_at[0]:.3f}") for d in DESIGNS[1:3]]
             out.append(f"| {n} | {c:.1f} | " + " | ".join(cells) + " |")
-    out += [
+    return out
+
+
+def _simulated_lines(studies: int, rng, grid_size: str) -> list[str]:
+    """The exact figures checked against simulated suites."""
+    m, m2 = -MARGIN, -2 * MARGIN
+    out = [
         "",
         "### Simulated cross-check",
         "",

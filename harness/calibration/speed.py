@@ -236,6 +236,15 @@ def family(design: SpeedDesign) -> str:
 def lines(*, studies: int, rng, designs=GRID) -> list[str]:
     """The CALIBRATION.md section on the speed gate's bound."""
     rng = np.random.default_rng(rng)
+    rows, worst = _grid_rows(designs, studies, rng)
+    return (["", "## Speedup lower bound (the speed gate) over the design grid", "",
+             _method_text(studies), "", _finding_text(worst), ""]
+            + _worst_table(worst) + _grid_table(rows))
+
+
+def _grid_rows(designs, studies: int, rng) -> tuple[list[str], dict]:
+    """One table row per design, and per family the worst of each column over the designs with
+    at least MIN_PROMPTS prompts."""
     rows, worst = [], {}
     for design in designs:
         cov = coverage(design, studies=studies, rng=rng)
@@ -251,12 +260,13 @@ def lines(*, studies: int, rng, designs=GRID) -> list[str]:
         w = worst.setdefault(family(design), [1.0, 1.0, 1.0, 1.0, 0.0, 1.0])
         w[:] = (min(w[0], new.simulated), min(w[1], old.simulated), min(w[2], share), min(w[3], old_share),
                 max(w[4], undecided), min(w[5], unlimited.simulated))
+    return rows, worst
+
+
+def _method_text(studies: int) -> str:
+    """What each column measures, and how the shipped bound is computed."""
     se = float(np.sqrt(0.95 * 0.05 / studies))
-    rare = half_time_rarity(SLOPE_15)
-    return [
-        "",
-        "## Speedup lower bound (the speed gate) over the design grid",
-        "",
+    return (
         f"`python -m harness.calibration.speed --studies {studies}` rewrites this section (the model is in "
         f"that module's docstring). Each row: {studies:,} studies; coverage of the one-sided 95% lower bound "
         f"(Monte Carlo SE {se:.4f} at 0.95) against the population ratio of totals, `truth` (E[baseline wall] "
@@ -273,8 +283,13 @@ def lines(*, studies: int, rng, designs=GRID) -> list[str]:
         "shipped bound without the length rule. `no minimum`: the shipped bound computed below "
         f"{MIN_PROMPTS} prompts too, which is why the minimum is {MIN_PROMPTS}. `jackknife before`: the "
         "plain jackknife shipped until now. `log delta`: the ratio-estimator (delta-method) variance of the "
-        "log ratio with its covariance terms, t at m - 1 df, without and with Hall's skewness correction.",
-        "",
+        "log ratio with its covariance terms, t at m - 1 df, without and with Hall's skewness correction.")
+
+
+def _finding_text(worst: dict) -> str:
+    """The audit's finding and what the length rule costs, read from the families' worst cases."""
+    rare = half_time_rarity(SLOPE_15)
+    return (
         "The audit's finding, reproduced: where the gain falls with length the plain jackknife's bound "
         f"covered {_range(worst, 'falls', 'uncapped', 1)} uncapped and {_range(worst, 'falls', 'capped', 1)} with "
         "lengths capped at 128 or 256 tokens, and held where the gain does not depend on length "
@@ -296,8 +311,12 @@ def lines(*, studies: int, rng, designs=GRID) -> list[str]:
         f"{_range(worst, '', 'capped at 256', 4, hi=True)} capped at 256, and "
         f"{_range(worst, '', 'log-sd 1.5, uncapped', 4, hi=True)} with log-sd 1.5 uncapped, where no bound "
         "is what it should give. The bootstrap-t of the log ratio covered 0.918-0.929 even with gains "
-        "independent of length (this section before), so it was not rerun here.",
-        "",
+        "independent of length (this section before), so it was not rerun here.")
+
+
+def _worst_table(worst: dict) -> list[str]:
+    """Per family, the worst of each column over its designs."""
+    return [
         f"Worst over {MIN_PROMPTS}-45 prompts, per family:",
         "",
         "| family | shipped, worst coverage (no bound counts as covering) | shipped, most often inconclusive | "
@@ -307,6 +326,12 @@ def lines(*, studies: int, rng, designs=GRID) -> list[str]:
         *(f"| {k} | {v[0]:.3f} | {v[4]:.2f} | {v[5]:.3f} | {v[1]:.3f} | {v[2]:.2f} | {v[3]:.2f} |"
           for k, v in worst.items()),
         "",
+    ]
+
+
+def _grid_table(rows: list[str]) -> list[str]:
+    """Every design of the grid, one row each."""
+    return [
         "Columns: prompts, pairs per prompt, lengths, length cap, slope of the log gain per log token, gain "
         "log-sd, share of straggler pairs.",
         "",

@@ -166,28 +166,53 @@ def pick_prompts(per_category: int, target, max_new: int):
 
 def run_bench(args) -> dict:
     import numpy as np
-    from tqdm import tqdm
 
     import analysis
     import analysis.latency
-    from decoders import GenerationRequest
-    from harness.build import build_decoder, get_model
+    from harness.build import build_decoder
 
     target = bench_target(args)
     suite, prompts = pick_prompts(args.prompts_per_category, target, args.max_new_tokens)
     temps = [float(t) for t in args.temperatures.split(",") if t != ""]
     decoders = {label: (backend, opts, build_decoder(backend, target, opts))
                 for label, backend, opts in lineup(args)}
-
-    def request(item, t, seed=0, max_new=args.max_new_tokens):
-        ids = target.encode(item.messages or item.prompt)
-        return GenerationRequest(tuple(ids), max_new_tokens=max_new, temperature=t, top_p=0.95 if t > 0 else 1.0,
-                                 stop_token_ids=target.stop_token_ids(), seed=seed)
-
     # Warm-up: every decoder once, short, so that lazy init and allocator growth are not timed.
     for backend, opts, dec in decoders.values():
-        dec.generate(request(prompts[0][1], 0.0, max_new=8))
+        dec.generate(_request(target, prompts[0][1], 0.0, max_new=8))
+    rows, bandwidth = _interleaved_rows(args, target, suite, prompts, temps, decoders)
 
+    by = analysis.split_by_candidate(rows)
+    rng = np.random.default_rng(0)
+    result = {"target": target.name, "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+              "k": args.k, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+              "temperatures": temps, "prompts": [f"{c}:{i.id}" for c, i in prompts], "decoders": {}}
+    base_step = analysis.latency.decode_step_seconds(by["standard"])
+    for label, (backend, opts, _) in decoders.items():
+        result["decoders"][label] = _decoder_entry(label, backend, opts, by, temps, target, rng)
+    result["roofline"] = _roofline(bandwidth, target, decoders, by, base_step)
+    from decoders.measure import block_cost
+    context = target.encode(prompts[0][1].messages or prompts[0][1].prompt)
+    kinds = ("static", "dynamic") if getattr(args, "compare_old", False) else ("static",)
+    result["verify_cost"] = {kind: block_cost(target.model, target.device, context, args.k, cache=kind).ratio
+                             for kind in kinds}
+    result["goals"] = goals(result)
+    if args.profile_round:
+        _add_profiles(result, target, decoders, _request(target, prompts[0][1], 0.0, max_new=args.max_new_tokens))
+    return result
+
+
+def _request(target, item, t, seed=0, *, max_new):
+    """The generation request for one prompt at temperature t (top-p 0.95 when sampling)."""
+    from decoders import GenerationRequest
+    ids = target.encode(item.messages or item.prompt)
+    return GenerationRequest(tuple(ids), max_new_tokens=max_new, temperature=t, top_p=0.95 if t > 0 else 1.0,
+                             stop_token_ids=target.stop_token_ids(), seed=seed)
+
+
+def _interleaved_rows(args, target, suite, prompts, temps, decoders):
+    """Every decoder on every (round, prompt, temperature), interleaved (A B C A B C ...) with a
+    bandwidth probe before each group: (result rows, the Bandwidth prober)."""
+    from tqdm import tqdm
     rows: list[dict] = []
     total = args.rounds * len(prompts) * len(temps) * len(decoders)
     bar = tqdm(total=total, desc="bench", unit="gen", disable=args.json, dynamic_ncols=True)
@@ -198,96 +223,109 @@ def run_bench(args) -> dict:
                 bandwidth.probe()
                 for label, (backend, opts, dec) in decoders.items():  # interleaved
                     bar.set_postfix_str(f"{label} {item.id} T={t:g}", refresh=False)
-                    res = dec.generate(request(item, t, seed=r))
+                    res = dec.generate(_request(target, item, t, seed=r, max_new=args.max_new_tokens))
                     rows.append({"candidate": label, "decoder": backend, "suite": "bench", "suite_hash": suite.hash,
                                  "item_id": f"{item.id}#r{r}", "categories": [cat], "seed": r, "temperature": t,
                                  "tokens": list(res.tokens), "text": res.text, "stats": res.stats,
                                  "timing": res.timing.as_dict(), "margins": list(res.margins)})
                     bar.update(1)
     bar.close()
+    return rows, bandwidth
 
-    by = analysis.split_by_candidate(rows)
-    rng = np.random.default_rng(0)
-    result = {"target": target.name, "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
-              "k": args.k, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
-              "temperatures": temps, "prompts": [f"{c}:{i.id}" for c, i in prompts], "decoders": {}}
-    base_step = analysis.latency.decode_step_seconds(by["standard"])
-    for label, (backend, opts, _) in decoders.items():
-        mine = by[label]
-        entry: dict = {"decoder": backend, "options": opts}
-        for t in temps:
-            tag = f"T={t:g}"
-            lat = analysis.latency_summary([x for x in mine if x["temperature"] == t])
-            entry[tag] = {"tokens_per_s": lat.tokens_per_s, "p50_s_per_token": lat.per_token.p50,
-                          "p95_s_per_token": lat.per_token.p95, "ttft_p50_s": lat.ttft.p50}
-            pairs = analysis.pair_records([x for x in by["standard"] if x["temperature"] == t],
-                                          [x for x in mine if x["temperature"] == t])
-            if label != "standard":
-                sp = analysis.paired_speedup(pairs, rng=rng)
-                entry[tag].update(speedup=sp.statistic, ci=[sp.ci_low, sp.ci_high],
-                                  identity=analysis.token_identity(pairs).statistic)
-                entry[tag]["by_category"] = {}
-                for cat in CATEGORIES:
-                    cp = [p for p in pairs if cat in p.candidate["categories"]]
-                    if cp:
-                        entry[tag]["by_category"][cat] = {"speedup": analysis.paired_speedup(cp, rng=rng, n_resamples=999).statistic}
-            if backend == "speculative":
-                acc = analysis.acceptance_summary(pairs, rng=rng)
-                entry[tag] = {**entry.get(tag, {}), "alpha": acc.alpha, "acceptance_rate": acc.acceptance_rate,
-                              "tau": acc.tau, "c": acc.c, "theoretical_speedup": acc.theoretical_speedup,
-                              "achieved_over_theoretical": acc.achieved_over_theoretical,
-                              "decode_speedup": acc.achieved_decode.statistic,
-                              "theoretical_speedup_fixed_k": acc.theoretical_speedup_fixed_k,
-                              "theoretical_speedup_measured_verify": acc.theoretical_speedup_measured_verify,
-                              "plain_rounds": sum(int(np.sum(np.asarray(p.candidate["stats"].get("proposed_per_round") or [1]) == 0))
-                                                  for p in pairs),
-                              "fallbacks": sum(p.candidate["stats"].get("fallbacks", 0) for p in pairs),
-                              "time_split_s": {k: float(sum(p.candidate["stats"].get(k, 0.0) for p in pairs))
-                                               for k in ("prefill_time_s", "draft_time_s", "verify_time_s", "other_time_s")}}
-                for cat in CATEGORIES:
-                    cp = [p for p in pairs if cat in p.candidate["categories"]]
-                    if cp and cat in entry[tag].get("by_category", {}):
-                        a = analysis.acceptance_summary(cp, rng=rng, n_resamples=200)
-                        entry[tag]["by_category"][cat].update(alpha=a.alpha, tau=a.tau)
-            if backend == "early-exit":
-                from harness.models import lm_head_cost_in_layers
-                ex = analysis.exit_summary([p.candidate for p in pairs], lm_head_cost=lm_head_cost_in_layers(target.model))
-                entry[tag] = {**entry.get(tag, {}), "avg_layers": ex.mean_layers, "num_layers": ex.num_layers,
-                              "theoretical_speedup": ex.theoretical_speedup}
-        result["decoders"][label] = entry
 
+def _decoder_entry(label, backend, opts, by, temps, target, rng) -> dict:
+    """One decoder's summary per temperature: latency, the paired speedup over `standard` (per
+    category too), and the speculative or early-exit figures against theory."""
+    import analysis
+    mine = by[label]
+    entry: dict = {"decoder": backend, "options": opts}
+    for t in temps:
+        tag = f"T={t:g}"
+        lat = analysis.latency_summary([x for x in mine if x["temperature"] == t])
+        entry[tag] = {"tokens_per_s": lat.tokens_per_s, "p50_s_per_token": lat.per_token.p50,
+                      "p95_s_per_token": lat.per_token.p95, "ttft_p50_s": lat.ttft.p50}
+        pairs = analysis.pair_records([x for x in by["standard"] if x["temperature"] == t],
+                                      [x for x in mine if x["temperature"] == t])
+        if label != "standard":
+            sp = analysis.paired_speedup(pairs, rng=rng)
+            entry[tag].update(speedup=sp.statistic, ci=[sp.ci_low, sp.ci_high],
+                              identity=analysis.token_identity(pairs).statistic)
+            entry[tag]["by_category"] = {}
+            for cat in CATEGORIES:
+                cp = [p for p in pairs if cat in p.candidate["categories"]]
+                if cp:
+                    entry[tag]["by_category"][cat] = {"speedup": analysis.paired_speedup(cp, rng=rng, n_resamples=999).statistic}
+        if backend == "speculative":
+            entry[tag] = {**entry.get(tag, {}), **_speculative_fields(pairs, rng)}
+            for cat in CATEGORIES:
+                cp = [p for p in pairs if cat in p.candidate["categories"]]
+                if cp and cat in entry[tag].get("by_category", {}):
+                    a = analysis.acceptance_summary(cp, rng=rng, n_resamples=200)
+                    entry[tag]["by_category"][cat].update(alpha=a.alpha, tau=a.tau)
+        if backend == "early-exit":
+            from harness.models import lm_head_cost_in_layers
+            ex = analysis.exit_summary([p.candidate for p in pairs], lm_head_cost=lm_head_cost_in_layers(target.model))
+            entry[tag] = {**entry.get(tag, {}), "avg_layers": ex.mean_layers, "num_layers": ex.num_layers,
+                          "theoretical_speedup": ex.theoretical_speedup}
+    return entry
+
+
+def _speculative_fields(pairs, rng) -> dict:
+    """A speculative decoder's acceptance against theory, its plain rounds, fallbacks and where
+    its time went."""
+    import numpy as np
+
+    import analysis
+    acc = analysis.acceptance_summary(pairs, rng=rng)
+    return {"alpha": acc.alpha, "acceptance_rate": acc.acceptance_rate,
+            "tau": acc.tau, "c": acc.c, "theoretical_speedup": acc.theoretical_speedup,
+            "achieved_over_theoretical": acc.achieved_over_theoretical,
+            "decode_speedup": acc.achieved_decode.statistic,
+            "theoretical_speedup_fixed_k": acc.theoretical_speedup_fixed_k,
+            "theoretical_speedup_measured_verify": acc.theoretical_speedup_measured_verify,
+            "plain_rounds": sum(int(np.sum(np.asarray(p.candidate["stats"].get("proposed_per_round") or [1]) == 0))
+                                for p in pairs),
+            "fallbacks": sum(p.candidate["stats"].get("fallbacks", 0) for p in pairs),
+            "time_split_s": {k: float(sum(p.candidate["stats"].get(k, 0.0) for p in pairs))
+                             for k in ("prefill_time_s", "draft_time_s", "verify_time_s", "other_time_s")}}
+
+
+def _roofline(bandwidth, target, decoders, by, base_step) -> dict:
+    """Weight bytes per token over the probed copy bandwidth: the step's lower bound, and each
+    plain decoder's step against it."""
+    import numpy as np
+
+    import analysis.latency
     bandwidth.release()
     probes = bandwidth.probes
     bw = float(np.median(probes))
     wb = weight_bytes_per_token(target.model)
     bound = wb / (bw * 1e9)
     # The goal reads the median probe; the best one (the tightest bound) is kept beside it.
-    result["roofline"] = {"weight_bytes_per_token": wb, "memory_bandwidth_gbs": bw, "step_lower_bound_s": bound,
-                          "memory_bandwidth_probes_gbs": probes, "best_probe_gbs": max(probes),
-                          "standard_step_s": base_step, "standard_over_bound": base_step / bound,
-                          "standard_over_best_probe_bound": base_step * max(probes) * 1e9 / wb}
+    roofline = {"weight_bytes_per_token": wb, "memory_bandwidth_gbs": bw, "step_lower_bound_s": bound,
+                "memory_bandwidth_probes_gbs": probes, "best_probe_gbs": max(probes),
+                "standard_step_s": base_step, "standard_over_bound": base_step / bound,
+                "standard_over_best_probe_bound": base_step * max(probes) * 1e9 / wb}
     for label in decoders:
         if decoders[label][0] == "standard" and label != "standard":
             step = analysis.latency.decode_step_seconds(by[label])
-            result["roofline"][f"{label}_step_s"] = step
-            result["roofline"][f"{label}_over_bound"] = step / bound
-    from decoders.measure import block_cost
-    context = target.encode(prompts[0][1].messages or prompts[0][1].prompt)
-    kinds = ("static", "dynamic") if getattr(args, "compare_old", False) else ("static",)
-    result["verify_cost"] = {kind: block_cost(target.model, target.device, context, args.k, cache=kind).ratio
-                             for kind in kinds}
-    result["goals"] = goals(result)
-    if args.profile_round:
-        from decoders.profile import profile_request as profile_step
-        result["profile"] = {label: profile_request(dec, request(prompts[0][1], 0.0))
-                             for label, (backend, _, dec) in decoders.items() if backend == "speculative"}
-        result["step_profile"] = {}
-        for label, (backend, opts, dec) in decoders.items():
-            if backend in IN_PROCESS:
-                loaded = getattr(getattr(dec, "drafter", None), "loaded", None)  # a draft model's own parts
-                models = [target.model] + ([loaded.model] if loaded is not None else [])
-                result["step_profile"][label] = profile_step(dec, request(prompts[0][1], 0.0), models=models)
-    return result
+            roofline[f"{label}_step_s"] = step
+            roofline[f"{label}_over_bound"] = step / bound
+    return roofline
+
+
+def _add_profiles(result: dict, target, decoders, request) -> None:
+    """--profile-round: where a speculative round spends its time, and a torch-profiler split of
+    a step per in-process decoder."""
+    from decoders.profile import profile_request as profile_step
+    result["profile"] = {label: profile_request(dec, request)
+                         for label, (backend, _, dec) in decoders.items() if backend == "speculative"}
+    result["step_profile"] = {}
+    for label, (backend, opts, dec) in decoders.items():
+        if backend in IN_PROCESS:
+            loaded = getattr(getattr(dec, "drafter", None), "loaded", None)  # a draft model's own parts
+            models = [target.model] + ([loaded.model] if loaded is not None else [])
+            result["step_profile"][label] = profile_step(dec, request, models=models)
 
 
 def bench_target(args):

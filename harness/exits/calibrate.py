@@ -140,15 +140,10 @@ def _heads(args, target):
     return heads
 
 
-def run_calibration(args, *, log=print) -> dict:
-    from decoders.early_exit import CALIBRATION_FILE, CALIBRATION_FORMAT, default_exit_layers
-    from decoders.exit_heads import heads_hash, model_fingerprint
-    from harness.build import get_model
-    from harness.exits import data
+def _checked_settings(args):
+    """The checked level, grid and prompt splits: (eps, delta, n needed, grid, calib prompts,
+    test prompts); a CalibrationError names the argument that cannot work."""
     from harness.exits import prompts as P
-    from harness.exits.train import Lens, parse_layers
-    from harness.models import lm_head_cost_in_layers
-
     eps, delta = check_level(args.epsilon, "--epsilon"), check_level(args.delta, "--delta")
     need = n_needed(eps, delta)
     if args.calib_prompts < need:
@@ -157,66 +152,57 @@ def run_calibration(args, *, log=print) -> dict:
     if args.test_prompts < 1 or args.max_new_tokens < 1 or args.seeds < 0 or args.decoder_check_prompts < 0:
         raise CalibrationError("--test-prompts and --max-new-tokens must be >= 1; --seeds and "
                                "--decoder-check-prompts >= 0")
-    if args.grid:
-        try:
-            grid = tuple(float(x) for x in args.grid.split(",") if x.strip())
-        except ValueError:
-            raise CalibrationError(f"--grid takes comma-separated numbers, got {args.grid!r}") from None
-        if not grid or any(not 0 <= x < 1 for x in grid):
-            raise CalibrationError(f"--grid values must be in [0, 1), got {args.grid!r}")
-    else:
-        grid = default_grid()
+    grid = _parse_grid(args.grid) if args.grid else default_grid()
     calib_p, test_p = P.prompts("calib"), P.prompts("test")
     if args.calib_prompts > len(calib_p) or args.test_prompts > len(test_p):
         raise CalibrationError(f"the calib / test splits hold {len(calib_p)} / {len(test_p)} prompts; asked for "
                                f"{args.calib_prompts} / {args.test_prompts}")
-    calib_p, test_p = calib_p[:args.calib_prompts], test_p[:args.test_prompts]
+    return eps, delta, need, grid, calib_p[:args.calib_prompts], test_p[:args.test_prompts]
 
-    t_start = time.perf_counter()
-    target = get_model(args.target, args.device)
-    num_layers = int(target.model.config.num_hidden_layers)
-    fp = model_fingerprint(target.model)
+
+def _parse_grid(text: str) -> tuple:
+    """--grid as a tuple of thresholds in [0, 1), in the order given."""
+    try:
+        grid = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise CalibrationError(f"--grid takes comma-separated numbers, got {text!r}") from None
+    if not grid or any(not 0 <= x < 1 for x in grid):
+        raise CalibrationError(f"--grid values must be in [0, 1), got {text!r}")
+    return grid
+
+
+def _exit_layers(args, target, num_layers):
+    """(exit layers, heads on the target's device and dtype or None): the heads' layers, else
+    --layers or the decoder's default ones for the logit lens."""
+    from decoders.early_exit import default_exit_layers
+    from harness.exits.train import parse_layers
     heads = _heads(args, target)
-    if heads is not None:
-        if args.layers:
-            raise CalibrationError("--layers applies to the logit lens; with --exit-heads the heads' layers are used")
-        layers = heads.layers
-        param = next(target.model.parameters())
-        heads = heads.to(device=param.device, dtype=param.dtype)
-    else:
-        layers = parse_layers(args.layers, num_layers) if args.layers else default_exit_layers(num_layers)
-    progress = not args.no_progress
-    kw = dict(temperatures=(0.0,), max_new_tokens=args.max_new_tokens, fingerprint=fp, progress=progress)
-    calib_c = data.continuations(target, calib_p, seed=11, **kw)
-    test_c = data.continuations(target, test_p, seed=12, **kw)
-    lens = Lens(target.model)
-    how, binary = args.loss, args.loss == "sequence"
-    if args.estimate == "onepass":
-        feats = {name: _onepass(target, lens, heads, layers, grid, num_layers, conts, progress, name)
-                 for name, conts in (("calib", calib_c), ("test", test_c))}
-    else:
-        feats = _decoder_grid(target, heads, layers, grid, num_layers, calib_c, test_c, progress,
-                              eps=eps, delta=delta, how=how)
-        grid = grid[:feats["calib"]["loss"].shape[1]]   # fixed sequence: points past the first failure never run
-    calib_l = per_sequence(feats["calib"]["loss"], feats["calib"]["owner"], how)
-    test_l = per_sequence(feats["test"]["loss"], feats["test"]["owner"], how)
-    res = learn_then_test(calib_l, grid, epsilon=eps, delta=delta, binary=binary)
-    j = res.index
-    test_risk = float(test_l[:, j].mean()) if j is not None else 0.0
+    if heads is None:
+        return (parse_layers(args.layers, num_layers) if args.layers else default_exit_layers(num_layers)), None
+    if args.layers:
+        raise CalibrationError("--layers applies to the logit lens; with --exit-heads the heads' layers are used")
+    param = next(target.model.parameters())
+    return heads.layers, heads.to(device=param.device, dtype=param.dtype)
 
-    # The same procedure over random re-splits of calib + test (sizes kept). With
-    # --estimate decoder only the grid points run above exist, so a re-split stops there too.
+
+def _resplits(calib_l, test_l, grid, *, seeds, eps, delta, binary) -> list[dict]:
+    """The same procedure over random re-splits of calib + test (sizes kept). With
+    --estimate decoder only the grid points run exist, so a re-split stops there too."""
     pool = np.concatenate([calib_l, test_l])
     rng = np.random.default_rng(0)
     repeats = []
-    for s in range(args.seeds):
+    for s in range(seeds):
         order = rng.permutation(len(pool))
         a, b = pool[order[:len(calib_l)]], pool[order[len(calib_l):]]
         r = learn_then_test(a, grid, epsilon=eps, delta=delta, binary=binary)
         held = float(b[:, r.index].mean()) if r.index is not None else 0.0
         repeats.append({"seed": s, "threshold": r.threshold, "held_out_risk": held, "exceeds_epsilon": held > eps})
+    return repeats
 
-    head_cost = lm_head_cost_in_layers(target.model)
+
+def _frontier(feats, grid, num_layers, head_cost) -> list[dict]:
+    """Per grid point, over calib + test: token disagreement, mean layers, LM-head evaluations per
+    token and the theoretical speedup they imply."""
     frontier = []
     all_depth = np.concatenate([feats["calib"]["depth"], feats["test"]["depth"]])
     all_evals = np.concatenate([feats["calib"]["evals"], feats["test"]["evals"]])
@@ -226,20 +212,63 @@ def run_calibration(args, *, log=print) -> dict:
         frontier.append({"threshold": lam, "token_disagreement": float(all_loss[:, k].mean()), "mean_layers": d,
                          "lm_head_evals_per_token": e,
                          "theoretical_speedup": (num_layers + head_cost) / (d + e * head_cost)})
+    return frontier
 
+
+def _outcomes(args, target, layers, heads, grid, num_layers, calib_p, test_p, fp, *, eps, delta):
+    """The target's greedy continuations of both splits and their per-token outcomes over the
+    grid (--estimate): (outcomes per split, the grid points run, calib and test continuations)."""
+    from harness.exits import data
+    from harness.exits.train import Lens
+    progress = not args.no_progress
+    kw = dict(temperatures=(0.0,), max_new_tokens=args.max_new_tokens, fingerprint=fp, progress=progress)
+    calib_c = data.continuations(target, calib_p, seed=11, **kw)
+    test_c = data.continuations(target, test_p, seed=12, **kw)
+    lens = Lens(target.model)
+    if args.estimate == "onepass":
+        feats = {name: _onepass(target, lens, heads, layers, grid, num_layers, conts, progress, name)
+                 for name, conts in (("calib", calib_c), ("test", test_c))}
+    else:
+        feats = _decoder_grid(target, heads, layers, grid, num_layers, calib_c, test_c, progress,
+                              eps=eps, delta=delta, how=args.loss)
+        grid = grid[:feats["calib"]["loss"].shape[1]]   # fixed sequence: points past the first failure never run
+    return feats, grid, calib_c, test_c
+
+
+def run_calibration(args, *, log=print) -> dict:
+    from decoders.early_exit import CALIBRATION_FORMAT
+    from decoders.exit_heads import heads_hash, model_fingerprint
+    from harness.build import get_model
+    from harness.exits import data
+    from harness.models import lm_head_cost_in_layers
+
+    eps, delta, need, grid, calib_p, test_p = _checked_settings(args)
+    t_start = time.perf_counter()
+    target = get_model(args.target, args.device)
+    num_layers = int(target.model.config.num_hidden_layers)
+    fp = model_fingerprint(target.model)
+    layers, heads = _exit_layers(args, target, num_layers)
+    feats, grid, calib_c, test_c = _outcomes(args, target, layers, heads, grid, num_layers, calib_p, test_p, fp,
+                                             eps=eps, delta=delta)
+    how, binary = args.loss, args.loss == "sequence"
+    calib_l = per_sequence(feats["calib"]["loss"], feats["calib"]["owner"], how)
+    test_l = per_sequence(feats["test"]["loss"], feats["test"]["owner"], how)
+    res = learn_then_test(calib_l, grid, epsilon=eps, delta=delta, binary=binary)
+    j = res.index
+    test_risk = float(test_l[:, j].mean()) if j is not None else 0.0
+    repeats = _resplits(calib_l, test_l, grid, seeds=args.seeds, eps=eps, delta=delta, binary=binary)
+    frontier = _frontier(feats, grid, num_layers, lm_head_cost_in_layers(target.model))
     decoder_check = None
     if args.decoder_check_prompts and j is not None and args.estimate == "onepass":
         decoder_check = _decoder_check(target, heads, layers, res.threshold, test_c[:args.decoder_check_prompts],
-                                       progress)
+                                       not args.no_progress)
         decoder_check["exceeds_epsilon"] = (decoder_check["token_disagreement"] or 0.0) > eps
-
-    thresholds = {str(l): res.threshold for l in layers}
     result = {
         "format": CALIBRATION_FORMAT, "version": 1,
         "target": target.name, "target_fingerprint": fp, "num_layers": num_layers,
         "exit_heads": str(Path(args.exit_heads).expanduser().resolve()) if args.exit_heads else None,
         "heads_hash": heads_hash(heads) if heads is not None else None,
-        "confidence": "softmax", "exit_layers": list(layers), "thresholds": thresholds,
+        "confidence": "softmax", "exit_layers": list(layers), "thresholds": {str(l): res.threshold for l in layers},
         "certified": j is not None, "epsilon": eps, "delta": delta, "n": res.n, "n_needed": need,
         "loss": how, "estimate": args.estimate,
         "method": "Learn-then-Test, fixed-sequence testing over the grid, "
@@ -247,10 +276,7 @@ def run_calibration(args, *, log=print) -> dict:
         "grid": list(grid), "risks": list(res.risks), "pvalues": list(res.pvalues), "grid_certified": res.certified,
         "held_out": {"n": int(len(test_l)), "risk": test_risk, "within_epsilon": test_risk <= eps,
                      "tokens": feats["test"]["tokens"]},
-        "resplits": {"seeds": args.seeds, "exceeded": sum(r["exceeds_epsilon"] for r in repeats),
-                     "held_out_risk_mean": float(np.mean([r["held_out_risk"] for r in repeats])) if repeats else None,
-                     "held_out_risk_max": float(np.max([r["held_out_risk"] for r in repeats])) if repeats else None,
-                     "runs": repeats},
+        "resplits": _resplit_summary(args.seeds, repeats),
         "decoder_check": decoder_check,
         "frontier": frontier,
         "data": {"source": "target's greedy continuations of the calib / test prompt splits (harness/exits/prompts.py)",
@@ -260,22 +286,43 @@ def run_calibration(args, *, log=print) -> dict:
         "seconds": time.perf_counter() - t_start,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    out = Path(args.out).expanduser()
+    _write(result, Path(args.out).expanduser())
+    _warn(log, result, res)
+    return result
+
+
+def _resplit_summary(seeds: int, repeats: list[dict]) -> dict:
+    held = [r["held_out_risk"] for r in repeats]
+    return {"seeds": seeds, "exceeded": sum(r["exceeds_epsilon"] for r in repeats),
+            "held_out_risk_mean": float(np.mean(held)) if repeats else None,
+            "held_out_risk_max": float(np.max(held)) if repeats else None,
+            "runs": repeats}
+
+
+def _write(result: dict, out: Path) -> None:
+    """CAL/exit_calibration.json written atomically (a reader never sees half a file); `out` is
+    added to the result."""
+    from decoders.early_exit import CALIBRATION_FILE
     out.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".calibration-")
     with os.fdopen(fd, "w") as f:
         json.dump(result, f, indent=2)
     os.replace(tmp, out / CALIBRATION_FILE)
     result["out"] = str(out)
+
+
+def _warn(log, result: dict, res) -> None:
+    """Warnings on stderr: the real decoder exceeds ε where the one-pass estimate did not, or no
+    grid point was certified."""
+    eps, delta, decoder_check = result["epsilon"], result["delta"], result["decoder_check"]
     if decoder_check and decoder_check["exceeds_epsilon"]:
         log(f"calibrate-exits: warning: through the real decoder (state propagation) the held-out token disagreement "
             f"at this threshold is {decoder_check['token_disagreement']:.3f} > epsilon {eps:g}: the one-pass guarantee "
             f"does not carry over to deployment here; calibrate with --estimate decoder", file=sys.stderr)
-    if j is None:
+    if res.index is None:
         log(f"calibrate-exits: no threshold of the grid could be certified at epsilon={eps:g}, delta={delta:g} "
             f"(the safest has risk {res.risks[0]:.3f}, p={res.pvalues[0]:.3g}); the thresholds are 1.0: never exit",
             file=sys.stderr)
-    return result
 
 
 def _onepass(target, lens, heads, layers, grid, num_layers, conts, progress, name) -> dict:

@@ -167,6 +167,35 @@ def train(lens: Lens, states, settings: Settings, *, init_heads: dict, checkpoin
     them); the schedule shrinks to fit. Saves a checkpoint on interrupt (and every 50 steps)
     when given a path."""
     from tqdm import tqdm
+    params, opt, gen, step, spent = _optimizer(settings, init_heads, resume)
+
+    def save():
+        _save_checkpoint(checkpoint, meta=meta, step=step, spent=spent, gen=gen, opt=opt, params=params)
+
+    bar = tqdm(total=settings.steps, initial=step, desc="train-exits", unit="step", disable=not progress,
+               dynamic_ncols=True)
+    try:
+        while step < planned_steps(settings, step, spent, time_budget, reserve_rows):
+            t0 = time.perf_counter()
+            lr = _lr(step, planned_steps(settings, step, spent, time_budget, reserve_rows), settings.lr)
+            total = _train_step(lens, states, params, opt, gen, batch=settings.batch, lr=lr)
+            step += 1
+            spent += time.perf_counter() - t0
+            bar.set_postfix_str(f"KL/layer {total / len(params):.3f}", refresh=False)
+            bar.update(1)
+            if checkpoint is not None and step % 50 == 0:
+                save()
+    except KeyboardInterrupt:
+        save()
+        bar.close()
+        raise
+    bar.close()
+    return {l: (w.detach().clone(), b.detach().clone()) for l, (w, b) in params.items()}, step, spent
+
+
+def _optimizer(settings: Settings, init_heads: dict, resume: dict | None):
+    """(trainable heads per layer, Adam, batch generator, step, seconds spent), from the initial
+    heads or where a checkpoint left off."""
     params = {l: (init_heads[l][0].clone().requires_grad_(True), init_heads[l][1].clone().requires_grad_(True))
               for l in settings.layers}
     flat = [t for pair in params.values() for t in pair]
@@ -180,46 +209,36 @@ def train(lens: Lens, states, settings: Settings, *, init_heads: dict, checkpoin
         opt.load_state_dict(resume["optimizer"])
         gen.set_state(resume["generator"])
         step, spent = int(resume["step"]), float(resume["seconds"])
+    return params, opt, gen, step, spent
 
-    def save():
-        if checkpoint is None:
-            return
-        checkpoint.mkdir(parents=True, exist_ok=True)
-        tmp = checkpoint / (PARTIAL + ".tmp")
-        torch.save({"meta": meta, "step": step, "seconds": spent, "generator": gen.get_state(),
-                    "optimizer": opt.state_dict(),
-                    "params": {l: (w.detach().clone(), b.detach().clone()) for l, (w, b) in params.items()}}, tmp)
-        tmp.replace(checkpoint / PARTIAL)
 
-    bar = tqdm(total=settings.steps, initial=step, desc="train-exits", unit="step", disable=not progress,
-               dynamic_ncols=True)
-    try:
-        while step < planned_steps(settings, step, spent, time_budget, reserve_rows):
-            t0 = time.perf_counter()
-            rows = torch.randint(0, states.n, (min(settings.batch, states.n),), generator=gen)
-            with torch.no_grad():
-                logp = torch.log_softmax(lens.logits(states.final[rows]).float(), -1)   # (B, V)
-            for g in opt.param_groups:
-                g["lr"] = _lr(step, planned_steps(settings, step, spent, time_budget, reserve_rows), settings.lr)
-            opt.zero_grad(set_to_none=True)
-            total = 0.0
-            for l, (w, b) in params.items():   # one layer at a time: one (B, V) graph alive
-                loss = kl_rows(logp, lens.logits(apply_head(states.layers[l][rows], w, b))).mean()
-                loss.backward()
-                total += float(loss.detach())
-            opt.step()
-            step += 1
-            spent += time.perf_counter() - t0
-            bar.set_postfix_str(f"KL/layer {total / len(params):.3f}", refresh=False)
-            bar.update(1)
-            if checkpoint is not None and step % 50 == 0:
-                save()
-    except KeyboardInterrupt:
-        save()
-        bar.close()
-        raise
-    bar.close()
-    return {l: (w.detach().clone(), b.detach().clone()) for l, (w, b) in params.items()}, step, spent
+def _train_step(lens: Lens, states, params: dict, opt, gen, *, batch: int, lr: float) -> float:
+    """One Adam step on a random batch of rows; returns the summed KL over the layers."""
+    rows = torch.randint(0, states.n, (min(batch, states.n),), generator=gen)
+    with torch.no_grad():
+        logp = torch.log_softmax(lens.logits(states.final[rows]).float(), -1)   # (B, V)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    total = 0.0
+    for l, (w, b) in params.items():   # one layer at a time: one (B, V) graph alive
+        loss = kl_rows(logp, lens.logits(apply_head(states.layers[l][rows], w, b))).mean()
+        loss.backward()
+        total += float(loss.detach())
+    opt.step()
+    return total
+
+
+def _save_checkpoint(checkpoint: Path | None, *, meta, step: int, spent: float, gen, opt, params: dict) -> None:
+    """The training state in checkpoint/PARTIAL, written whole or not at all (no checkpoint: nothing)."""
+    if checkpoint is None:
+        return
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    tmp = checkpoint / (PARTIAL + ".tmp")
+    torch.save({"meta": meta, "step": step, "seconds": spent, "generator": gen.get_state(),
+                "optimizer": opt.state_dict(),
+                "params": {l: (w.detach().clone(), b.detach().clone()) for l, (w, b) in params.items()}}, tmp)
+    tmp.replace(checkpoint / PARTIAL)
 
 
 # ---------------------------------------------------------------------------------- command
@@ -248,9 +267,54 @@ def run_training(args, *, log=print) -> dict:
     """Everything `train-exits` does; returns the held-out report (also written to the heads)."""
     from decoders.exit_heads import model_fingerprint, save_exit_heads
     from harness.build import get_model
-    from harness.exits import data
-    from harness.exits import prompts as P
 
+    temps = _checked_temperatures(args)
+    t_start = time.perf_counter()
+    torch.manual_seed(args.seed)
+    target = get_model(args.target, args.device)
+    cfg = target.model.config
+    num_layers, hidden = int(cfg.num_hidden_layers), int(cfg.hidden_size)
+    layers = parse_layers(args.layers, num_layers)
+    fp = model_fingerprint(target.model)
+    out = Path(args.out).expanduser() if args.out else default_out(target.name, fp)
+    settings = Settings(layers, args.prompts, args.valid_prompts, temps, args.max_new_tokens, args.steps,
+                        args.batch, args.lr, args.init, args.seed)
+    d = _training_data(args, target, layers, temps, fp, log=log)
+
+    lens = Lens(target.model)
+    t0 = time.perf_counter()
+    if args.init == "lstsq":
+        init = {l: lstsq_head(d["train_s"].layers[l], d["train_s"].final) for l in layers}
+    else:
+        from decoders.exit_heads import identity_heads
+        init = identity_heads(hidden, layers)
+    t_init = time.perf_counter() - t0
+
+    meta = {"target_fingerprint": fp, "data_hash": d["hash"], "settings": asdict(settings)}
+    partial = out.parent / f".{out.name}.partial"
+    resume = _resume_point(partial, meta, restart=args.restart, log=log)
+    # --time-budget is for the whole command: the steps get what is left of it.
+    budget_left = (None if args.time_budget is None else
+                   args.time_budget - (time.perf_counter() - t_start) + (resume["seconds"] if resume else 0.0))
+    heads, steps, t_train = train(lens, d["train_s"], settings, init_heads=init, checkpoint=partial, resume=resume,
+                                  time_budget=budget_left, reserve_rows=d["valid_s"].n,
+                                  progress=not args.no_progress, meta=meta)
+    t0 = time.perf_counter()
+    held_out = evaluate(lens, d["valid_s"], {"init": init, "head": heads})
+    t_eval = time.perf_counter() - t0
+    provenance = _provenance(args, target, fp, num_layers, temps, d, steps, resume, held_out)
+    provenance["seconds"] = {"generation": d["t_gen"], "states": d["t_states"], "init": t_init, "train": t_train,
+                             "eval": t_eval, "total": time.perf_counter() - t_start}
+    from harness.commands.regress import code_version
+    provenance["code_version"] = code_version()
+    provenance["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    save_exit_heads(out, heads, **provenance)
+    shutil.rmtree(partial, ignore_errors=True)
+    return {"out": str(out), **provenance}
+
+
+def _checked_temperatures(args) -> tuple[float, ...]:
+    """The sizes, rate and --temperatures checked; the temperatures parsed."""
     for name in ("prompts", "valid_prompts", "steps", "batch", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise DecoderError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -262,18 +326,15 @@ def run_training(args, *, log=print) -> dict:
         raise DecoderError(f"--temperatures takes comma-separated numbers, got {args.temperatures!r}") from None
     if not temps or any(t < 0 for t in temps):
         raise DecoderError(f"--temperatures must be numbers >= 0, got {args.temperatures!r}")
-    t_start = time.perf_counter()
-    torch.manual_seed(args.seed)
-    target = get_model(args.target, args.device)
-    cfg = target.model.config
-    num_layers, hidden = int(cfg.num_hidden_layers), int(cfg.hidden_size)
-    layers = parse_layers(args.layers, num_layers)
-    fp = model_fingerprint(target.model)
-    out = Path(args.out).expanduser() if args.out else default_out(target.name, fp)
-    settings = Settings(layers, args.prompts, args.valid_prompts, temps, args.max_new_tokens, args.steps,
-                        args.batch, args.lr, args.init, args.seed)
-    progress = not args.no_progress
+    return temps
 
+
+def _training_data(args, target, layers, temps, fp, *, log) -> dict:
+    """The target's own continuations of the train and valid prompt splits and their hidden
+    states at the exit layers, with the data hash and the seconds each stage took."""
+    from harness.exits import data
+    from harness.exits import prompts as P
+    progress = not args.no_progress
     train_p, valid_p = P.prompts("train")[:args.prompts], P.prompts("valid")[:args.valid_prompts]
     gen_kw = dict(temperatures=temps, max_new_tokens=args.max_new_tokens, seed=args.seed, progress=progress,
                   fingerprint=fp)
@@ -288,47 +349,34 @@ def run_training(args, *, log=print) -> dict:
     dhash = data.data_hash(train_c)
     log(f"train-exits: {len(train_c)} continuations, {train_s.n} training positions, {valid_s.n} held out "
         f"(generation {t_gen:.0f} s, states {t_states:.0f} s)", file=sys.stderr)
+    return {"train_p": train_p, "valid_p": valid_p, "train_c": train_c, "train_s": train_s, "valid_s": valid_s,
+            "hash": dhash, "t_gen": t_gen, "t_states": t_states}
 
-    lens = Lens(target.model)
-    t0 = time.perf_counter()
-    if args.init == "lstsq":
-        init = {l: lstsq_head(train_s.layers[l], train_s.final) for l in layers}
-    else:
-        from decoders.exit_heads import identity_heads
-        init = identity_heads(hidden, layers)
-    t_init = time.perf_counter() - t0
 
-    def budget_left():
-        """--time-budget is for the whole command: the steps get what is left of it."""
-        if args.time_budget is None:
-            return None
-        return args.time_budget - (time.perf_counter() - t_start) + (resume["seconds"] if resume else 0.0)
+def _resume_point(partial: Path, meta: dict, *, restart: bool, log) -> dict | None:
+    """The checkpoint to resume from: the one in `partial` if it was made with these settings and
+    data (and --restart is not given), else None."""
+    if not (partial / PARTIAL).is_file() or restart:
+        return None
+    ck = torch.load(partial / PARTIAL, weights_only=False)
+    if ck.get("meta") == meta:
+        log(f"train-exits: resuming from step {ck['step']} ({partial})", file=sys.stderr)
+        return ck
+    log(f"train-exits: a checkpoint in {partial} is for other settings or data; starting over", file=sys.stderr)
+    return None
 
-    meta = {"target_fingerprint": fp, "data_hash": dhash, "settings": asdict(settings)}
-    partial = out.parent / f".{out.name}.partial"
-    resume = None
-    if (partial / PARTIAL).is_file() and not args.restart:
-        ck = torch.load(partial / PARTIAL, weights_only=False)
-        if ck.get("meta") == meta:
-            resume = ck
-            log(f"train-exits: resuming from step {ck['step']} ({partial})", file=sys.stderr)
-        else:
-            log(f"train-exits: a checkpoint in {partial} is for other settings or data; starting over",
-                file=sys.stderr)
-    heads, steps, t_train = train(lens, train_s, settings, init_heads=init, checkpoint=partial, resume=resume,
-                                  time_budget=budget_left(), reserve_rows=valid_s.n, progress=progress,
-                                  meta=meta)
-    t0 = time.perf_counter()
-    held_out = evaluate(lens, valid_s, {"init": init, "head": heads})
-    t_eval = time.perf_counter() - t0
-    from harness.commands.regress import code_version
-    provenance = {
+
+def _provenance(args, target, fp, num_layers, temps, d: dict, steps: int, resume, held_out) -> dict:
+    """What the heads were trained on and how, and how they do on held-out rows (the caller adds
+    the timings, the code version and the date)."""
+    from harness.exits import prompts as P
+    return {
         "target": target.name, "target_fingerprint": fp, "num_layers": num_layers,
         "data": {"source": "target's own continuations of templated prompts (harness/exits/prompts.py, "
                            "train split), checked disjoint from every suite's items",
-                 "hash": dhash, "continuations": len(train_c), "positions": train_s.n,
+                 "hash": d["hash"], "continuations": len(d["train_c"]), "positions": d["train_s"].n,
                  "temperatures": list(temps), "max_new_tokens": args.max_new_tokens,
-                 "prompts": len(train_p), "valid_prompts": len(valid_p),
+                 "prompts": len(d["train_p"]), "valid_prompts": len(d["valid_p"]),
                  "suites_checked": P.check_disjoint()[1]["suites"],
                  "dropped_for_overlap": len(P.check_disjoint()[1]["dropped_for_overlap"])},
         "training": {"loss": "KL(final || exit)", "init": args.init, "steps": steps, "steps_asked": args.steps,
@@ -336,13 +384,7 @@ def run_training(args, *, log=print) -> dict:
                      "batch": args.batch, "lr": args.lr, "optimizer": "Adam, warm-up then cosine", "seed": args.seed,
                      "resumed_from_step": int(resume["step"]) if resume else None},
         "held_out": held_out,
-        "seconds": {"generation": t_gen, "states": t_states, "init": t_init, "train": t_train, "eval": t_eval,
-                    "total": time.perf_counter() - t_start},
-        "code_version": code_version(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    save_exit_heads(out, heads, **provenance)
-    shutil.rmtree(partial, ignore_errors=True)
-    return {"out": str(out), **provenance}
 
 
 def table(result: dict) -> str:

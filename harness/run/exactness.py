@@ -434,80 +434,105 @@ def run_checks(config, run_dir: Path, lineup, suites, progress: bool = True) -> 
             if hasattr(it, "id"):
                 items[(s.name, it.id)] = (s, it)
     stored = [r for r in read_records(run_dir, FILE) if r.get("kind") == "window"]
-    base_name = config.baseline.name
+    return {spec.name: _check_candidate(config, run_dir, lineup, spec, records, items,
+                                        [r for r in stored if r["candidate"] == spec.name], progress)
+            for spec in specs}
+
+
+def _check_candidate(config, run_dir: Path, lineup, spec, records, items: dict, stored, progress: bool) -> dict:
+    """One candidate's exactness checks: the window goodness-of-fit tests and the PIT tests of its
+    sampled tokens (by subset), with the baseline's own tokens as the control."""
     target = lineup.baseline_target
-    out: dict = {}
-    for spec in specs:
-        mine = [r for r in records if r["candidate"] == spec.name and r["temperature"] > 0]
-        keys = {(r["suite"], r["item_id"], r["seed"], r["temperature"]) for r in mine}
-        base_rows = [r for r in records if r["candidate"] == base_name and r["temperature"] > 0
-                     and (r["suite"], r["item_id"], r["seed"], r["temperature"]) in keys]
-        cand_seqs, _ = _record_sequences(config, lineup, spec.name, mine, items)
-        base_seqs, base_meta = _record_sequences(config, lineup, base_name, base_rows, items)
-        # Window candidates: the baseline's continuations at its first seed and lowest temperature.
-        first = [i for i, m in enumerate(base_meta) if m[4] == min(x[4] for x in base_meta)
-                 and m[3] == min(x[3] for x in base_meta)]
-        top1 = _top1(target, [base_seqs[i] for i in first])
-        chosen = [(base_meta[i][0], base_meta[i][1], base_meta[i][2], p1, base_meta[i][3])
-                  for i, p1 in zip(first, top1)]
-        windows = _window_rows(config, run_dir, lineup, spec, chosen,
-                               [r for r in stored if r["candidate"] == spec.name], progress)
-        tests, win_seqs = [], []
-        for w in windows:
-            suite, item = items[(w["suite"], w["item_id"])]
-            base = make_request(config, target, WorkItem(suite, item, w["temperature"], 0))
-            req = dataclasses.replace(_request_at(base, list(base.prompt_ids) + w["prefix"]), max_new_tokens=SEQ_LEN)
-            tests.append(_gof(target, w, req))
-            win_seqs += [Sequence(req.prompt_ids, s["tokens"], req, s["stats"]) for s in w["samples"]
-                         if not s.get("error")]
-        if len(windows) < prof.exactness_prompts:
-            tests.append(_shortfall(windows, prof, chosen))
-        kind = _q_kind(spec)
-        draft = _draft_model(spec, lineup.targets[spec.name]) if kind == "model" else None
-        cand = sequence_features(target, cand_seqs + win_seqs, draft=draft, kind=kind)
-        control = sequence_features(target, base_seqs, kind=None)
-        feats = cand["features"]
-        # The family: the candidate's checks and the controls, Bonferroni at exactness_pvalue.
-        runnable = [k for k in ("all", "drafted", "rejected", "proposals") if len(feats[k]) >= pit.MIN_TOKENS]
-        n_checks = (len(runnable) + sum(t.get("pvalue") is not None for t in tests)
-                    + int(len(control["features"]["all"]) >= pit.MIN_TOKENS))
-        level = config.gates.exactness_pvalue / max(n_checks, 1)
-        rng = np.random.default_rng(20_250_916)
-        subsets = {}
-        for k in ("all", "drafted", "rejected"):
-            if k == "rejected" and kind is None:
-                continue
-            res = analysis.pit_test(feats[k], level=level, rng=rng)
-            prop, rej = (cand["proposed"], cand["rejected"]) if k != "rejected" else (cand["rejected"], cand["rejected"])
-            subsets[k] = {**dataclasses.asdict(res), "proposed": prop, "rejected": rej}
-            if res.pvalue is None:
-                subsets[k]["note"] = res.note or "too few tokens"
-        for t in tests:
-            if t.get("pvalue") is not None:
-                bins = t.pop("bin_probabilities")
-                t["detectable_tv"] = gof_detectable_tv(bins, t["n"], level=level)
-                if t["detectable_tv"] is None:
-                    t["samples_needed"] = gof_samples_needed(bins, level=level)
-        ctrl = analysis.pit_test(control["features"]["all"], level=level, rng=rng)
-        result = {
-            "tests": tests,
-            "pit": {"subsets": subsets, "control": {**dataclasses.asdict(ctrl), "ambiguous": control["ambiguous"]},
-                    "level": level, "reference": REFERENCE,
-                    "sources": f"{len(cand_seqs)} sampled records and {len(win_seqs)} window samples "
-                               f"({len(feats['all'])} tokens); control: the baseline's {len(base_seqs)} records",
-                    "ambiguous": cand["ambiguous"], "records_without_rounds": cand["no_rounds"],
-                    "residual_q": {"point": "point mass at the rejected draft token", "model":
-                                   f"draft model {spec.options.get('draft')!r}, replayed on its KV cache in the "
-                                   f"chunks it was fed while decoding",
-                                   None: "not rebuilt (self-draft): the rejected subset is not tested"}[kind]},
-        }
-        if kind == "model":
-            dc = analysis.pit_test(feats["proposals"], level=level, rng=rng)
-            result["pit"]["draft_control"] = {
-                **dataclasses.asdict(dc), "ambiguous": cand["ambiguous_proposals"],
-                "what": f"the draft's {len(feats['proposals'])} tested proposals under the rebuilt q"}
-        out[spec.name] = result
-    return out
+    cand_seqs, base_seqs, chosen = _sequences(config, lineup, spec, records, items)
+    windows = _window_rows(config, run_dir, lineup, spec, chosen, stored, progress)
+    tests, win_seqs = _window_tests(config, target, windows, items)
+    if len(windows) < config.profile.exactness_prompts:
+        tests.append(_shortfall(windows, config.profile, chosen))
+    kind = _q_kind(spec)
+    draft = _draft_model(spec, lineup.targets[spec.name]) if kind == "model" else None
+    cand = sequence_features(target, cand_seqs + win_seqs, draft=draft, kind=kind)
+    control = sequence_features(target, base_seqs, kind=None)
+    feats = cand["features"]
+    # The family: the candidate's checks and the controls, Bonferroni at exactness_pvalue.
+    runnable = [k for k in ("all", "drafted", "rejected", "proposals") if len(feats[k]) >= pit.MIN_TOKENS]
+    n_checks = (len(runnable) + sum(t.get("pvalue") is not None for t in tests)
+                + int(len(control["features"]["all"]) >= pit.MIN_TOKENS))
+    level = config.gates.exactness_pvalue / max(n_checks, 1)
+    rng = np.random.default_rng(20_250_916)
+    subsets = _pit_subsets(cand, kind, level, rng)
+    for t in tests:
+        if t.get("pvalue") is not None:
+            bins = t.pop("bin_probabilities")
+            t["detectable_tv"] = gof_detectable_tv(bins, t["n"], level=level)
+            if t["detectable_tv"] is None:
+                t["samples_needed"] = gof_samples_needed(bins, level=level)
+    ctrl = analysis.pit_test(control["features"]["all"], level=level, rng=rng)
+    result = {
+        "tests": tests,
+        "pit": {"subsets": subsets, "control": {**dataclasses.asdict(ctrl), "ambiguous": control["ambiguous"]},
+                "level": level, "reference": REFERENCE,
+                "sources": f"{len(cand_seqs)} sampled records and {len(win_seqs)} window samples "
+                           f"({len(feats['all'])} tokens); control: the baseline's {len(base_seqs)} records",
+                "ambiguous": cand["ambiguous"], "records_without_rounds": cand["no_rounds"],
+                "residual_q": {"point": "point mass at the rejected draft token", "model":
+                               f"draft model {spec.options.get('draft')!r}, replayed on its KV cache in the "
+                               f"chunks it was fed while decoding",
+                               None: "not rebuilt (self-draft): the rejected subset is not tested"}[kind]},
+    }
+    if kind == "model":
+        dc = analysis.pit_test(feats["proposals"], level=level, rng=rng)
+        result["pit"]["draft_control"] = {
+            **dataclasses.asdict(dc), "ambiguous": cand["ambiguous_proposals"],
+            "what": f"the draft's {len(feats['proposals'])} tested proposals under the rebuilt q"}
+    return result
+
+
+def _sequences(config, lineup, spec, records, items: dict):
+    """(the candidate's sampled sequences, the baseline's on the same keys, the window candidates:
+    the baseline's continuations at its first seed and lowest temperature, with their top-1)."""
+    base_name = config.baseline.name
+    mine = [r for r in records if r["candidate"] == spec.name and r["temperature"] > 0]
+    keys = {(r["suite"], r["item_id"], r["seed"], r["temperature"]) for r in mine}
+    base_rows = [r for r in records if r["candidate"] == base_name and r["temperature"] > 0
+                 and (r["suite"], r["item_id"], r["seed"], r["temperature"]) in keys]
+    cand_seqs, _ = _record_sequences(config, lineup, spec.name, mine, items)
+    base_seqs, base_meta = _record_sequences(config, lineup, base_name, base_rows, items)
+    # Window candidates: the baseline's continuations at its first seed and lowest temperature.
+    first = [i for i, m in enumerate(base_meta) if m[4] == min(x[4] for x in base_meta)
+             and m[3] == min(x[3] for x in base_meta)]
+    top1 = _top1(lineup.baseline_target, [base_seqs[i] for i in first])
+    chosen = [(base_meta[i][0], base_meta[i][1], base_meta[i][2], p1, base_meta[i][3])
+              for i, p1 in zip(first, top1)]
+    return cand_seqs, base_seqs, chosen
+
+
+def _window_tests(config, target, windows: list[dict], items: dict):
+    """(a goodness-of-fit test per window, the windows' samples as sequences for the PIT)."""
+    tests, win_seqs = [], []
+    for w in windows:
+        suite, item = items[(w["suite"], w["item_id"])]
+        base = make_request(config, target, WorkItem(suite, item, w["temperature"], 0))
+        req = dataclasses.replace(_request_at(base, list(base.prompt_ids) + w["prefix"]), max_new_tokens=SEQ_LEN)
+        tests.append(_gof(target, w, req))
+        win_seqs += [Sequence(req.prompt_ids, s["tokens"], req, s["stats"]) for s in w["samples"]
+                     if not s.get("error")]
+    return tests, win_seqs
+
+
+def _pit_subsets(cand: dict, kind, level: float, rng) -> dict:
+    """The PIT test of all sampled tokens, the drafted ones and (with a rebuilt residual q) the
+    rejected ones, at the family's level."""
+    feats = cand["features"]
+    subsets = {}
+    for k in ("all", "drafted", "rejected"):
+        if k == "rejected" and kind is None:
+            continue
+        res = analysis.pit_test(feats[k], level=level, rng=rng)
+        prop, rej = (cand["proposed"], cand["rejected"]) if k != "rejected" else (cand["rejected"], cand["rejected"])
+        subsets[k] = {**dataclasses.asdict(res), "proposed": prop, "rejected": rej}
+        if res.pvalue is None:
+            subsets[k]["note"] = res.note or "too few tokens"
+    return subsets
 
 
 # ------------------------------------------------------------------------------ numerics

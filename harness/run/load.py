@@ -143,23 +143,7 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
                "seed": a.work.seed, "temperature": a.work.temperature, "lag_s": due - (t0 + a.offset_s),
                "cap_wait_s": sent - due, "sent_s": sent - t0}
         try:
-            if not decoder.server.alive():
-                raise DecoderError(f"engine {decoder.server.spec.name!r}: {decoder.server.exit_state() or 'its process exited'}")
-            result = await decoder._stream_once(http, request)
-            t = result.timing
-            row.update(ttft_s=t.ttft_s, e2e_s=t.wall_s, token_times_s=list(t.token_times_s),
-                       n_tokens=len(result.tokens), finish_reason=result.finish_reason, stats=result.stats,
-                       tokens=list(result.tokens), done_s=time.perf_counter() - t0, error=None)
-        except refused as e:
-            row.update(error=_error_text(e), n_tokens=0, stats={}, done_s=time.perf_counter() - t0)
-        except Exception as e:  # noqa: BLE001 - an answer that could not be read is that request's error
-            if not malformed(e):
-                raise
-            # As the closed-loop client counts it (decoders.engines.client._one): bad JSON in one
-            # stream had ended the whole load phase, the level being played lost with it.
-            row.update(error=f"engine {decoder.server.spec.name!r} sent a malformed or error response: "
-                             f"{type(e).__name__}: {str(e)[:300]}", n_tokens=0, stats={},
-                       done_s=time.perf_counter() - t0)
+            row.update(await _answer(decoder, http, request, refused, t0))
         finally:
             state["in_flight"] -= 1
             if gate is not None:
@@ -173,6 +157,29 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
             await decoder.close_session()
     wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
     return sorted(rows, key=lambda r: r["index"]), {**level_info(rows, wall, cpu, state["most"]), "warmup": warmup}
+
+
+async def _answer(decoder, http: httpx.AsyncClient, request, refused: tuple, t0: float) -> dict:
+    """The fields one request's row gets from its answer: timings and tokens, or its error (a
+    refusal, or an answer that could not be read). Any other exception is a bug and raises."""
+    try:
+        if not decoder.server.alive():
+            raise DecoderError(f"engine {decoder.server.spec.name!r}: {decoder.server.exit_state() or 'its process exited'}")
+        result = await decoder._stream_once(http, request)
+        t = result.timing
+        return dict(ttft_s=t.ttft_s, e2e_s=t.wall_s, token_times_s=list(t.token_times_s),
+                    n_tokens=len(result.tokens), finish_reason=result.finish_reason, stats=result.stats,
+                    tokens=list(result.tokens), done_s=time.perf_counter() - t0, error=None)
+    except refused as e:
+        return dict(error=_error_text(e), n_tokens=0, stats={}, done_s=time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - an answer that could not be read is that request's error
+        if not malformed(e):
+            raise
+        # As the closed-loop client counts it (decoders.engines.client._one): bad JSON in one
+        # stream had ended the whole load phase, the level being played lost with it.
+        return dict(error=f"engine {decoder.server.spec.name!r} sent a malformed or error response: "
+                          f"{type(e).__name__}: {str(e)[:300]}", n_tokens=0, stats={},
+                    done_s=time.perf_counter() - t0)
 
 
 def level_info(rows: list[dict], wall: float, cpu: float, most: int, workers: int = 1) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.run.records import acceptance_rows, read_records
@@ -96,6 +97,22 @@ def _log(client, run_id: str, params: dict, metrics: dict, tags: dict, logged: d
 DEFAULT_TRACE_LIMIT = 100  # traces per decoder and run, when summary.json predates trace_limit
 
 
+@dataclass(frozen=True)
+class _Upload:
+    """What every part of one folder's upload reads."""
+    client: object
+    exp_id: str
+    run_dir: Path
+    summary: dict
+    records: list
+    rows: dict          # candidate -> its review rows (harness.run.review.pair_rows)
+    prompt_text: dict
+    log_text: bool
+    trace_limit: int
+    t0: int             # the regress run's start, ns
+    started: int        # the same, ms: MLflow runs start when the regress run did
+
+
 def log_run(run_dir: Path, uri: str | None = None) -> dict:
     """Upload a finished run folder (summary.json, records, figures, the review views of
     harness.run.tracking_views). Idempotent. Returns the MLflow run ids, also written to the
@@ -111,78 +128,93 @@ def log_run(run_dir: Path, uri: str | None = None) -> dict:
     views.label_experiment(client, exp_id)
     uid = summary["run_uid"]
     log_text = summary.get("log_text", True)
-    trace_limit = summary.get("trace_limit", DEFAULT_TRACE_LIMIT)
     records = read_records(run_dir)
     prompt_text = review.prompts(run_dir, summary) if log_text else {}
     rows = {name: review.pair_rows(records, summary, name, prompt_text, log_text) for name in summary["candidates"]}
     t0 = views.start_ns(summary)
     # Runs start when the regress run did, not when they were uploaded: a folder synced days later
     # must not become the newest run (`history`'s order and the fingerprint it compares with).
-    started = t0 // 1_000_000
+    up = _Upload(client, exp_id, run_dir, summary, records, rows, prompt_text, log_text,
+                 summary.get("trace_limit", DEFAULT_TRACE_LIMIT), t0, t0 // 1_000_000)
     parent = _existing(client, exp_id, uid)
     ids = {}
     with views.tracing_to(uri):
         if parent is None or parent.info.status != "FINISHED":
-            parent_id = parent.info.run_id if parent else client.create_run(
-                exp_id, run_name=f"regress {summary['profile']} {summary['target']}", start_time=started,
-                tags={"decodegate.run_uid": uid}).info.run_id
-            _log(client, parent_id, params=summary_params(summary),
-                 metrics={"verdict_pass": summary["verdict"] == "pass"},
-                 tags={"decodegate.verdict": summary["verdict"], "optimization": "baseline",
-                       **{f"label.{k}": v for k, v in summary.get("labels", {}).items()}},
-                 logged=parent.data.metrics if parent else None)
-            report_md = run_dir / "report.md"
-            client.set_tag(parent_id, views.NOTE, views.note(
-                report_md.read_text() if report_md.exists() else f"verdict: **{summary['verdict'].upper()}**"))
-            # log_text = false: records.jsonl (the only file holding generated text) stays in the folder.
-            text = ("records.jsonl",) if log_text else ()
-            for name in ("summary.json", *text, "per_prompt.csv", "report.txt", "report.md"):
-                if (run_dir / name).exists():
-                    client.log_artifact(parent_id, str(run_dir / name))
-            store = run_dir / "baseline_store"
-            if store.is_dir() and log_text:  # `--baseline-store mlflow:<run id>` reads it back
-                client.log_artifacts(parent_id, str(store), artifact_path="baseline_store")
-            for fig in ("sweep.png", "load.png"):  # speedup against concurrency; speedup and goodput against rate
-                if (run_dir / "figures" / fig).exists():
-                    client.log_artifact(parent_id, str(run_dir / "figures" / fig), artifact_path="figures")
-            base_attrs = {"optimization": "baseline",
-                          **{f"label.{k}": v for k, v in (summary.get("labels") or {}).items()}}
-            views.log_baseline(client, exp_id, parent_id, summary["baseline"],
-                               review.baseline_rows(records, summary["baseline"], prompt_text, log_text), records,
-                               views.baseline_keys(rows, trace_limit), base_attrs, log_text, t0)
-            ids["parent"] = parent_id
+            parent_id = ids["parent"] = _log_parent(up, parent)
         else:
             parent_id = ids["parent"] = parent.info.run_id
         for name, cand in summary["candidates"].items():
-            cuid = f"{uid}/{name}"
-            child = _existing(client, exp_id, cuid)
-            if child is not None and child.info.status == "FINISHED":
-                ids[name] = child.info.run_id
-                continue
-            run_id = child.info.run_id if child else client.create_run(
-                exp_id, run_name=name, start_time=started,
-                tags={"decodegate.run_uid": cuid, "mlflow.parentRunId": parent_id}).info.run_id
-            metrics: dict = {}
-            _flat("", cand.get("metrics", {}), metrics)
-            metrics["verdict_pass"] = float(cand["verdict"] == "pass")
-            metrics.update(views.category_metrics(rows[name]))
-            tags = {**candidate_tags(cand, summary), "decodegate.candidate": name}
-            _log(client, run_id, params={"decoder": cand["decoder"], "kind": cand["kind"], "target": cand["target"],
-                                         **{f"option.{k}": v for k, v in cand.get("options", {}).items()}},
-                 metrics=metrics, tags={**tags, **fingerprint_tags(summary, name)},
-                 logged=child.data.metrics if child else None)
-            figures = run_dir / "figures" / name
-            if figures.is_dir():
-                client.log_artifacts(run_id, str(figures), artifact_path="figures")
-            _log_acceptance_rows(client, run_id, run_dir, name, cand, summary)
-            views.log_candidate(client, exp_id, run_id, parent_id, name, cand, rows[name], records, tags, trace_limit,
-                                log_text, t0)
-            client.set_terminated(run_id, "FINISHED")
-            ids[name] = run_id
+            ids[name] = _log_candidate(up, parent_id, name, cand)
     client.set_terminated(parent_id, "FINISHED")
     (run_dir / STATE).write_text(json.dumps({"uri": uri, "runs": ids,
                                              "review_url": views.review_url(uri, exp_id)}, indent=2))
     return ids
+
+
+def _log_parent(up: _Upload, parent) -> str:
+    """The regress run's parent run (created, or the unfinished one completed): its params,
+    verdict, note, files, figures and the baseline's review views. Returns its id."""
+    from harness.run import review, tracking_views as views
+    client, summary, run_dir = up.client, up.summary, up.run_dir
+    parent_id = parent.info.run_id if parent else client.create_run(
+        up.exp_id, run_name=f"regress {summary['profile']} {summary['target']}", start_time=up.started,
+        tags={"decodegate.run_uid": summary["run_uid"]}).info.run_id
+    _log(client, parent_id, params=summary_params(summary),
+         metrics={"verdict_pass": summary["verdict"] == "pass"},
+         tags={"decodegate.verdict": summary["verdict"], "optimization": "baseline",
+               **{f"label.{k}": v for k, v in summary.get("labels", {}).items()}},
+         logged=parent.data.metrics if parent else None)
+    report_md = run_dir / "report.md"
+    client.set_tag(parent_id, views.NOTE, views.note(
+        report_md.read_text() if report_md.exists() else f"verdict: **{summary['verdict'].upper()}**"))
+    # log_text = false: records.jsonl (the only file holding generated text) stays in the folder.
+    text = ("records.jsonl",) if up.log_text else ()
+    for name in ("summary.json", *text, "per_prompt.csv", "report.txt", "report.md"):
+        if (run_dir / name).exists():
+            client.log_artifact(parent_id, str(run_dir / name))
+    store = run_dir / "baseline_store"
+    if store.is_dir() and up.log_text:  # `--baseline-store mlflow:<run id>` reads it back
+        client.log_artifacts(parent_id, str(store), artifact_path="baseline_store")
+    for fig in ("sweep.png", "load.png"):  # speedup against concurrency; speedup and goodput against rate
+        if (run_dir / "figures" / fig).exists():
+            client.log_artifact(parent_id, str(run_dir / "figures" / fig), artifact_path="figures")
+    base_attrs = {"optimization": "baseline",
+                  **{f"label.{k}": v for k, v in (summary.get("labels") or {}).items()}}
+    views.log_baseline(client, up.exp_id, parent_id, summary["baseline"],
+                       review.baseline_rows(up.records, summary["baseline"], up.prompt_text, up.log_text),
+                       up.records, views.baseline_keys(up.rows, up.trace_limit), base_attrs, up.log_text, up.t0)
+    return parent_id
+
+
+def _log_candidate(up: _Upload, parent_id: str, name: str, cand: dict) -> str:
+    """One candidate's child run (skipped if already finished): params, metrics, tags, figures,
+    acceptance rows and its review views. Returns its id."""
+    from harness.run import tracking_views as views
+    client = up.client
+    cuid = f"{up.summary['run_uid']}/{name}"
+    child = _existing(client, up.exp_id, cuid)
+    if child is not None and child.info.status == "FINISHED":
+        return child.info.run_id
+    run_id = child.info.run_id if child else client.create_run(
+        up.exp_id, run_name=name, start_time=up.started,
+        tags={"decodegate.run_uid": cuid, "mlflow.parentRunId": parent_id}).info.run_id
+    metrics: dict = {}
+    _flat("", cand.get("metrics", {}), metrics)
+    metrics["verdict_pass"] = float(cand["verdict"] == "pass")
+    metrics.update(views.category_metrics(up.rows[name]))
+    tags = {**candidate_tags(cand, up.summary), "decodegate.candidate": name}
+    _log(client, run_id, params={"decoder": cand["decoder"], "kind": cand["kind"], "target": cand["target"],
+                                 **{f"option.{k}": v for k, v in cand.get("options", {}).items()}},
+         metrics=metrics, tags={**tags, **fingerprint_tags(up.summary, name)},
+         logged=child.data.metrics if child else None)
+    figures = up.run_dir / "figures" / name
+    if figures.is_dir():
+        client.log_artifacts(run_id, str(figures), artifact_path="figures")
+    _log_acceptance_rows(client, run_id, up.run_dir, name, cand, up.summary)
+    views.log_candidate(client, up.exp_id, run_id, parent_id, name, cand, up.rows[name], up.records, tags,
+                        up.trace_limit, up.log_text, up.t0)
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
 
 
 def fingerprint_tags(summary: dict, name: str) -> dict:

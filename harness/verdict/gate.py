@@ -433,54 +433,57 @@ def _acceptance_gates(cand: dict, gates: Gates) -> list[GateResult]:
         return []
     if drift.get("error"):
         return [GateResult("acceptance drift", "fail", f"against {drift['reference']}: {drift['error']}")]
-    tol = drift["tolerance"]
-    min_prompts = drift.get("min_prompts", MIN_PROMPTS)
-    out = []
-    for c in drift["comparisons"]:
-        if (c["group"] == "all" and c["rounds_reference"] >= drift["min_rounds"] > c["rounds_candidate"]):
-            out.append(GateResult(f"acceptance all {c['quantity']}", _inconclusive(gates), f"inconclusive: the "
-                                  f"candidate drafted in {c['rounds_candidate']} round(s) where the reference "
-                                  f"{drift['reference']} drafted in {c['rounds_reference']} on the same "
-                                  f"{c['n_prompts']} prompts (fewer than {drift['min_rounds']}): its drafter stopped "
-                                  f"proposing, so its {c['quantity']} cannot be shown within -{tol:.0%}"))
-            continue
-        enough_rounds = min(c["rounds_reference"], c["rounds_candidate"]) >= drift["min_rounds"]
-        if c["group"] == "all" and enough_rounds and c["n_prompts"] < min_prompts:
-            # A bootstrap over fewer prompts collapses to the point estimate: neither a drop nor its
-            # absence is shown (analysis.acceptance_drift.MIN_PROMPTS).
-            out.append(GateResult(f"acceptance all {c['quantity']}", _inconclusive(gates), f"inconclusive: "
-                                  f"{c['quantity']} {_num(c['reference'])} -> {_num(c['candidate'])} on "
-                                  f"{c['n_prompts']} prompt(s) only: the interval resamples prompts, and fewer than "
-                                  f"{min_prompts} show nothing against {drift['reference']}; at least {min_prompts} "
-                                  f"paired prompts would decide"))
-            continue
-        if not c["gated"]:
-            if c["group"] == "all" and enough_rounds:
-                # Enough rounds on both sides, and still no interval: a side's records lack what the
-                # quantity is computed from (τ: the target's forwards). Not gated would drop it unseen.
-                vals = ", ".join(f"{side} {c[side]:.3f}" if _finite(c[side]) else f"{side} not computable"
-                                 for side in ("reference", "candidate"))
-                out.append(GateResult(f"acceptance all {c['quantity']}", _inconclusive(gates), f"inconclusive: "
-                                      f"both sides drafted in enough rounds ({c['rounds_reference']} and "
-                                      f"{c['rounds_candidate']}), but {c['quantity']} could not be compared "
-                                      f"({vals}): the records lack the counts it is computed from"
-                                      f"{' (the target forwards per request)' if c['quantity'] == 'tau' else ''}"))
-            continue  # too few rounds on one side: reported, not gated
-        what = f"{c['quantity']} {c['reference']:.3f} -> {c['candidate']:.3f} ({c['relative_change']:+.1%}"
-        if c["upper_bound"] is not None:
-            what += f"; one-sided {_pct(c['upper_level'])} upper bound {c['upper_bound']:+.1%}"
-        what += f"; {c['n_prompts']} prompts, {c['rounds_candidate']} rounds vs {c['rounds_reference']})"
-        name = f"acceptance {c['group']} {c['quantity']}"
-        if c["regressed"]:
-            out.append(GateResult(name, "fail", f"below the reference {drift['reference']} beyond the "
-                                  f"tolerance -{tol:.0%}: {what}"))
-        elif c["group"] == "all":
-            out.append(GateResult(name, "pass", f"within -{tol:.0%} of {drift['reference']} or not shown "
-                                  f"below it: {what}"))
+    out = [g for g in (_comparison_gate(c, drift, gates) for c in drift["comparisons"]) if g is not None]
     if not out:
         out.append(GateResult("acceptance drift", "warn", f"not gated: fewer than {drift['min_rounds']} drafting "
                               f"rounds on one side in every group (against {drift['reference']})"))
     return out
+
+
+def _comparison_gate(c: dict, drift: dict, gates: Gates) -> GateResult | None:
+    """One comparison of analysis.acceptance_drift as a gate: failed, passed (overall only) or
+    inconclusive where nothing decides; None where it is reported, not gated."""
+    tol = drift["tolerance"]
+    min_prompts = drift.get("min_prompts", MIN_PROMPTS)
+    if (c["group"] == "all" and c["rounds_reference"] >= drift["min_rounds"] > c["rounds_candidate"]):
+        return GateResult(f"acceptance all {c['quantity']}", _inconclusive(gates), f"inconclusive: the "
+                          f"candidate drafted in {c['rounds_candidate']} round(s) where the reference "
+                          f"{drift['reference']} drafted in {c['rounds_reference']} on the same "
+                          f"{c['n_prompts']} prompts (fewer than {drift['min_rounds']}): its drafter stopped "
+                          f"proposing, so its {c['quantity']} cannot be shown within -{tol:.0%}")
+    enough_rounds = min(c["rounds_reference"], c["rounds_candidate"]) >= drift["min_rounds"]
+    if c["group"] == "all" and enough_rounds and c["n_prompts"] < min_prompts:
+        # A bootstrap over fewer prompts collapses to the point estimate: neither a drop nor its
+        # absence is shown (analysis.acceptance_drift.MIN_PROMPTS).
+        return GateResult(f"acceptance all {c['quantity']}", _inconclusive(gates), f"inconclusive: "
+                          f"{c['quantity']} {_num(c['reference'])} -> {_num(c['candidate'])} on "
+                          f"{c['n_prompts']} prompt(s) only: the interval resamples prompts, and fewer than "
+                          f"{min_prompts} show nothing against {drift['reference']}; at least {min_prompts} "
+                          f"paired prompts would decide")
+    if not c["gated"]:
+        if c["group"] == "all" and enough_rounds:
+            # Enough rounds on both sides, and still no interval: a side's records lack what the
+            # quantity is computed from (τ: the target's forwards). Not gated would drop it unseen.
+            vals = ", ".join(f"{side} {c[side]:.3f}" if _finite(c[side]) else f"{side} not computable"
+                             for side in ("reference", "candidate"))
+            return GateResult(f"acceptance all {c['quantity']}", _inconclusive(gates), f"inconclusive: "
+                              f"both sides drafted in enough rounds ({c['rounds_reference']} and "
+                              f"{c['rounds_candidate']}), but {c['quantity']} could not be compared "
+                              f"({vals}): the records lack the counts it is computed from"
+                              f"{' (the target forwards per request)' if c['quantity'] == 'tau' else ''}")
+        return None  # too few rounds on one side: reported, not gated
+    what = f"{c['quantity']} {c['reference']:.3f} -> {c['candidate']:.3f} ({c['relative_change']:+.1%}"
+    if c["upper_bound"] is not None:
+        what += f"; one-sided {_pct(c['upper_level'])} upper bound {c['upper_bound']:+.1%}"
+    what += f"; {c['n_prompts']} prompts, {c['rounds_candidate']} rounds vs {c['rounds_reference']})"
+    name = f"acceptance {c['group']} {c['quantity']}"
+    if c["regressed"]:
+        return GateResult(name, "fail", f"below the reference {drift['reference']} beyond the "
+                          f"tolerance -{tol:.0%}: {what}")
+    if c["group"] == "all":
+        return GateResult(name, "pass", f"within -{tol:.0%} of {drift['reference']} or not shown "
+                          f"below it: {what}")
+    return None  # a category within the tolerance: reported, not gated
 
 
 # --------------------------------------------------------------------------- missing evidence

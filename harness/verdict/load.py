@@ -43,41 +43,66 @@ def summarize(config, rows: list[dict], levels: list[dict], baseline: str, timin
     names = [baseline] + list(dict.fromkeys(lv["candidate"] for lv in levels if lv["candidate"] != baseline))
     table, judged = [], {n: [] for n in names[1:]}
     for rate in rates:
-        base_rows = by.get((baseline, rate), [])
         for name in names:
             lv = info.get((name, rate))
             if lv is None:
                 continue
-            entry = {"rate": rate, "decoder": name, "role": "baseline" if name == baseline else "candidate",
-                     "refine": bool(lv.get("refine")), "harness": {k: lv.get(k) for k in (
-                         "wall_s", "harness_cpu_per_request_s", "harness_cpu_per_token_s", "loop_busy_share",
-                         "lag_p50_s", "lag_p99_s", "lag_max_s", "most_in_flight", "client_workers")}}
-            if name == baseline:
-                entry["metrics"] = level_metrics(by.get((name, rate), []), duration_s=lv["wall_s"], slo=slo,
-                                                 alpha=alpha, prometheus=lv.get("prometheus"))
-            else:
-                j = judge_level(base_rows, by.get((name, rate), []), duration_s=lv["wall_s"], slo=slo, alpha=alpha,
-                                prometheus=lv.get("prometheus"), rate=rate, base_level=info.get((baseline, rate)),
-                                cand_level=lv)
-                if timing_bias:
-                    j["pays"], j["why"] = None, timing_bias
-                entry.update(metrics=j["metrics"], speedup=j["speedup"], pays=j["pays"], why=j["why"])
-                if (baseline, rate) in info:
-                    judged[name].append((rate, j["pays"], j["why"]))
-            mine = by.get((name, rate), [])
-            entry["metrics"].update(scheduled=lv.get("requests"), held_back=held_back(mine, rate),
-                                    sent_late=sent_late(mine, rate), generator=generator_limit(mine, lv))
+            entry = _level_entry(name, rate, lv, by, info, baseline, slo=slo, alpha=alpha, timing_bias=timing_bias)
+            if name != baseline and (baseline, rate) in info:
+                judged[name].append((rate, entry["pays"], entry["why"]))
             table.append(entry)
     for entry in table:
         if entry["role"] == "baseline":
             entry["metrics"]["after_unanswered"] = _unanswered_before(levels, by, baseline, entry["rate"])
+    top = max(rates) if rates else None
+    overhead = _overhead(table, top)
+    shares = [o["share_of_e2e"] for o in overhead.values() if o["share_of_e2e"] is not None]
+    return {"baseline": baseline, "rates": rates, "configured_rates": list(plan.rates),
+            "refined": sorted({lv["rate"] for lv in levels if lv.get("refine")}), "refine_budget": plan.refine_levels,
+            "requests": plan.requests, "burstiness": plan.burstiness, "max_in_flight": plan.max_in_flight,
+            "seed": plan.seed, "slo": slo, "alpha": alpha, "levels": table, "crossover": _crossovers(judged),
+            "overhead": {"rate": top, "by_decoder": overhead, "max_share": max(shares) if shares else None,
+                         "limit": OVERHEAD_LIMIT}, "notes": list(NOTES)}
+
+
+def _level_entry(name: str, rate: float, lv: dict, by: dict, info: dict, baseline: str, *, slo, alpha,
+                 timing_bias) -> dict:
+    """One decoder at one level: the harness's own figures, the metrics, and for a candidate the
+    paired speedup and whether it pays against the baseline at the same rate."""
+    entry = {"rate": rate, "decoder": name, "role": "baseline" if name == baseline else "candidate",
+             "refine": bool(lv.get("refine")), "harness": {k: lv.get(k) for k in (
+                 "wall_s", "harness_cpu_per_request_s", "harness_cpu_per_token_s", "loop_busy_share",
+                 "lag_p50_s", "lag_p99_s", "lag_max_s", "most_in_flight", "client_workers")}}
+    if name == baseline:
+        entry["metrics"] = level_metrics(by.get((name, rate), []), duration_s=lv["wall_s"], slo=slo,
+                                         alpha=alpha, prometheus=lv.get("prometheus"))
+    else:
+        j = judge_level(by.get((baseline, rate), []), by.get((name, rate), []), duration_s=lv["wall_s"], slo=slo,
+                        alpha=alpha, prometheus=lv.get("prometheus"), rate=rate, base_level=info.get((baseline, rate)),
+                        cand_level=lv)
+        if timing_bias:
+            j["pays"], j["why"] = None, timing_bias
+        entry.update(metrics=j["metrics"], speedup=j["speedup"], pays=j["pays"], why=j["why"])
+    mine = by.get((name, rate), [])
+    entry["metrics"].update(scheduled=lv.get("requests"), held_back=held_back(mine, rate),
+                            sent_late=sent_late(mine, rate), generator=generator_limit(mine, lv))
+    return entry
+
+
+def _crossovers(judged: dict) -> dict:
+    """Per candidate: the rate where it stops paying (analysis.load.crossover), in words, and the
+    levels not measured."""
     crossovers = {}
     for name, js in judged.items():
         c = crossover([(rate, paid) for rate, paid, _ in js])
         why = {rate: w for rate, _, w in js}
         unmeasured = {rate for rate, paid, _ in js if paid is None}
         crossovers[name] = {**c, "words": _words(name, c, why, unmeasured), "not_measured": sorted(unmeasured)}
-    top = max(rates) if rates else None
+    return crossovers
+
+
+def _overhead(table: list[dict], top) -> dict:
+    """Per decoder at the top level: the harness's CPU per request as a share of the median E2E."""
     overhead = {}
     for e in (e for e in table if e["rate"] == top):
         e2e = (e["metrics"].get("e2e") or {}).get("p50")
@@ -86,13 +111,7 @@ def summarize(config, rows: list[dict], levels: list[dict], baseline: str, timin
                                   "share_of_e2e": cpu / e2e if cpu is not None and e2e else None,
                                   "lag_max_s": e["harness"].get("lag_max_s"),
                                   "loop_busy_share": e["harness"].get("loop_busy_share")}
-    shares = [o["share_of_e2e"] for o in overhead.values() if o["share_of_e2e"] is not None]
-    return {"baseline": baseline, "rates": rates, "configured_rates": list(plan.rates),
-            "refined": sorted({lv["rate"] for lv in levels if lv.get("refine")}), "refine_budget": plan.refine_levels,
-            "requests": plan.requests, "burstiness": plan.burstiness, "max_in_flight": plan.max_in_flight,
-            "seed": plan.seed, "slo": slo, "alpha": alpha, "levels": table, "crossover": crossovers,
-            "overhead": {"rate": top, "by_decoder": overhead, "max_share": max(shares) if shares else None,
-                         "limit": OVERHEAD_LIMIT}, "notes": list(NOTES)}
+    return overhead
 
 
 # Errors that leave no work on an engine (harness.run.load writes "HTTP <status>: ..." for a
@@ -248,6 +267,22 @@ def lines(summary: dict) -> str:
            + (f", at most {load['max_in_flight']} in flight" if load["max_in_flight"] else "")
            + f"; the same items at the same offsets for every decoder; intervals 95% over prompts, speedup "
              f"lower bounds one-sided {1 - load['alpha']:.0%}):"]
+    out += _table(_latency_rows(load))
+    out += [""] + _table(_speed_rows(load))
+    if load["refined"]:
+        out.append(f"* a bracketing level ({len(load['refined'])} of a budget of {load['refine_budget']})")
+    out += _slo_lines(load)
+    out.append("crossover (the highest load up to which every level paid: speedup lower bound >= 1, no failed "
+               "request, SLOs met):")
+    out += [f"  {c['words']}" for c in load["crossover"].values()]
+    out += _overhead_lines(load)
+    out += _generator_lines(load)
+    out += [f"note: {n}" for n in load["notes"]]
+    return "\n".join(out)
+
+
+def _latency_rows(load: dict) -> list[tuple]:
+    """The latency table: per level and decoder, TTFT, TPOT, ITL and E2E quantiles with intervals."""
     lat = [("decoder", "req/s", "n (err)", "TTFT p50 [CI] / p90", "TPOT p50 [CI] / p90", "ITL p50 / p90",
             "E2E p50 [CI] / p90 / p99")]
     for e in load["levels"]:
@@ -261,7 +296,11 @@ def lines(summary: dict) -> str:
                     f"{_f(_q(m, 'e2e', 'p50'))} {_ci(_q(m, 'e2e', 'p50_ci'))} / {_f(_q(m, 'e2e', 'p90'))} / "
                     + (_f(p99) if p99 is not None else f"– (n {(m.get('e2e') or {}).get('n', 0)} < "
                                                           f"{(m.get('e2e') or {}).get('p99_needs_n', 100)})")))
-    out += _table(lat)
+    return lat
+
+
+def _speed_rows(load: dict) -> list[tuple]:
+    """The speed table: throughput, goodput, the paired speedup, α, and whether the level paid."""
     spd = [("decoder", "req/s", "out tok/s [CI]", "goodput req/s [CI]", "speedup [CI] (lower bound)",
             "α per token / per request / level", "pays")]
     for e in load["levels"]:
@@ -277,9 +316,12 @@ def lines(summary: dict) -> str:
                     "" if e["role"] == "baseline" else (
                         "yes" if e.get("pays") else
                         f"{'not measured' if e.get('pays') is None else 'no'}: {e.get('why')}")))
-    out += [""] + _table(spd)
-    if load["refined"]:
-        out.append(f"* a bracketing level ({len(load['refined'])} of a budget of {load['refine_budget']})")
+    return spd
+
+
+def _slo_lines(load: dict) -> list[str]:
+    """The SLOs, and the levels where the baseline misses one (over capacity: not gated)."""
+    out = []
     if load["slo"]:
         out.append("SLOs (p95, gated on the candidate's upper bound where the baseline meets them): "
                    + ", ".join(f"{k} = {v:g} s" for k, v in load["slo"].items()))
@@ -288,9 +330,12 @@ def lines(summary: dict) -> str:
             if over:
                 out.append(f"  {e['rate']:g} req/s: over capacity for {', '.join(over)} (the baseline misses it): "
                            f"not gated")
-    out.append("crossover (the highest load up to which every level paid: speedup lower bound >= 1, no failed "
-               "request, SLOs met):")
-    out += [f"  {c['words']}" for c in load["crossover"].values()]
+    return out
+
+
+def _overhead_lines(load: dict) -> list[str]:
+    """The harness's own CPU per request at the top level, flagged above its limit."""
+    out = []
     ov = load["overhead"]
     if ov["by_decoder"]:
         worst = ov["max_share"]
@@ -301,9 +346,7 @@ def lines(summary: dict) -> str:
                                for n, o in ov["by_decoder"].items())
                    + ("" if worst is None or worst < ov["limit"] else
                       f"; ABOVE {ov['limit']:.0%}: the load generator may be the bottleneck"))
-    out += _generator_lines(load)
-    out += [f"note: {n}" for n in load["notes"]]
-    return "\n".join(out)
+    return out
 
 
 def _generator_lines(load: dict) -> list[str]:
