@@ -565,11 +565,12 @@ class _Server:
     `drop_reused`, a connection's second request is closed without an answer: what a server
     does when its idle timeout fires just as the client takes the kept-alive connection."""
 
-    def __init__(self, drop_reused: bool = False, tokens: int = 4):
+    def __init__(self, drop_reused: bool = False, tokens: int = 4, llama_slots: int | None = None):
         import threading
 
         from fake_engine import _frame, completion_events
         self.drop_reused, self.frames = drop_reused, [_frame(e) for e in completion_events(tokens)]
+        self.props = (b'{"build_info": "b1", "total_slots": %d}' % llama_slots) if llama_slots else None  # as llama.cpp's
         self.connections = self.posts = self.dropped = 0   # connections: those that carried a stream
         self.loop = asyncio.new_event_loop()
         self.ready, self.thread = threading.Event(), threading.Thread(target=self._run, daemon=True)
@@ -583,9 +584,11 @@ class _Server:
                                if x.lower().startswith(b"content-length")), 0)
                 await reader.readexactly(length)
                 line = head.split(b"\r\n")[0]
-                if not line.startswith(b"POST /v1/completions"):   # /health, /v1/models; 404 for the rest
+                if not line.startswith(b"POST /v1/completions"):   # /health, /v1/models, /props; 404 for the rest
                     body = b'{"data": [{"id": "smollm2-135m"}]}' if line.startswith(b"GET /v1/models") else b"{}"
                     status = b"200 OK" if line.startswith((b"GET /v1/models", b"GET /health")) else b"404 X"
+                    if self.props and line.startswith(b"GET /props"):
+                        body, status = self.props, b"200 OK"
                     writer.write(b"HTTP/1.1 %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
                                  % (status, len(body), body))
                     await writer.drain()
@@ -754,3 +757,28 @@ def test_batches_and_levels_close_their_connections(smollm2_tokenizer_target, ca
     assert after <= before, (before, after)
     assert not [w for w in caught if "Unclosed" in str(w.message)]
     assert "Unclosed" not in caplog.text
+
+
+def test_a_llama_cpp_server_keeps_connections_only_for_a_batch_within_its_slots(smollm2_tokenizer_target):
+    """llama.cpp's server holds one of its HTTP threads (its slots + 2 at least) per kept
+    connection: more kept connections than threads, and a request on a connection no thread
+    holds waits behind newer ones on the kept connections, where a connection per request is
+    served in the order it came. So a batch beyond its slots connects per request, as before."""
+    from decoders.base import GenerationRequest
+    requests = [GenerationRequest((5, 6, 7 + i), max_new_tokens=4) for i in range(6)]
+    with _Server(llama_slots=2) as server:
+        decoder = _decoder(smollm2_tokenizer_target, server.url, concurrency=2)
+        assert decoder.server.info["engine"] == "llama.cpp"
+        assert len(list(decoder.generate_many(requests))) == 6
+        assert server.connections <= 2, server.connections       # 2 in flight, 2 slots: kept
+        posts, connections = server.posts, server.connections
+
+        async def level(cap):
+            async with httpx.AsyncClient(timeout=30) as http:
+                return await load.play(decoder, [load.Arrival(i, 0.01 * i, _Work()) for i in range(6)], requests,
+                                       http, max_in_flight=cap)
+        rows, _ = asyncio.run(asyncio.wait_for(level(None), 60))    # no cap: a connection per request
+        assert [r["error"] for r in rows] == [None] * 6
+        assert server.posts - posts == 6 and server.connections - connections == 6
+        rows, _ = asyncio.run(asyncio.wait_for(level(3), 60))       # 3 in flight, 2 slots: the same
+        assert server.connections - connections == 12

@@ -183,6 +183,19 @@ class EngineDecoder(Decoder):
         "0 drafted" (the drafter found nothing) rather than "no speculation here"."""
         return False
 
+    def keeps_connections(self, in_flight: int | None) -> bool:
+        """Whether a batch of up to `in_flight` streams keeps its connections alive (stream_pool).
+        llama.cpp's server serves a connection on one of its HTTP threads for as long as the
+        connection is kept (at least its slots + 2 threads): with more kept connections than
+        threads, a request on a connection no thread holds waits behind newer requests sent on
+        the kept ones, where a connection per request is served in the order it came. So there,
+        only a batch of at most its slots (`total_slots` in /props) keeps them."""
+        info = getattr(self.server, "info", None) or {}
+        if info.get("engine") != "llama.cpp":
+            return True
+        slots = (info.get("props") or {}).get("total_slots")
+        return bool(in_flight and isinstance(slots, int) and in_flight <= slots)
+
     async def open_session(self):
         """A client object for one batch, made inside its event loop (the openai client)."""
         return None
@@ -234,7 +247,7 @@ class EngineDecoder(Decoder):
         limits = httpx.Limits(max_connections=self.concurrency + 2)
         timeout = httpx.Timeout(self.timeout, connect=10.0)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.server.headers()) as http, \
-                stream_pool(self.concurrency):
+                stream_pool(self.concurrency, keep_alive=self.keeps_connections(self.concurrency)):
             self.session = await self.open_session()
             if not getattr(self.server, "warmed", False):   # once per server and process, before any timing
                 self.warmup = await warm(self, http, requests, self.concurrency)
@@ -419,14 +432,17 @@ KEEPALIVE_S = 2.0
 
 
 @contextlib.asynccontextmanager
-async def stream_pool(in_flight: int | None):
+async def stream_pool(in_flight: int | None, keep_alive: bool = True):
     """The connections `sse_json` streams through in this task and the tasks it starts: one
     aiohttp session whose connector holds up to `in_flight` (+ POOL_SLACK) connections (None: no
-    cap), kept alive between requests, all closed when the block ends."""
+    cap), kept alive between requests (`keep_alive`; else one per request, see
+    EngineDecoder.keeps_connections), all closed when the block ends."""
     import aiohttp
     trace = aiohttp.TraceConfig()
     trace.on_connection_reuseconn.append(_mark_reused)
-    connector = aiohttp.TCPConnector(limit=in_flight + POOL_SLACK if in_flight else 0, keepalive_timeout=KEEPALIVE_S)
+    limit = in_flight + POOL_SLACK if in_flight else 0
+    connector = (aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_S) if keep_alive
+                 else aiohttp.TCPConnector(limit=limit, force_close=True))
     session = aiohttp.ClientSession(connector=connector, trace_configs=[trace])
     token = _POOL.set((asyncio.get_running_loop(), session))
     try:

@@ -118,7 +118,8 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
     rows and the level's own measurements (wall time, the loop's CPU time, lag, most in flight).
     `start_at`: the level's start on `time.perf_counter`'s clock (the machine's monotonic clock,
     shared by the client workers of harness.run.load_workers); default now."""
-    async with stream_pool(max_in_flight):   # the level's kept-alive connections, closed with it
+    # The level's connections, kept alive between its requests where the server allows, closed with it.
+    async with stream_pool(max_in_flight, keep_alive=decoder.keeps_connections(max_in_flight)):
         return await _play(decoder, arrivals, requests, http, max_in_flight, start_at)
 
 
@@ -320,7 +321,7 @@ class LoadRun:
             http.headers.clear()
             http.headers.update(decoder.server.headers())
             burst = min(self.plan.max_in_flight or len(requests), WARMUP_BURST)
-            async with stream_pool(burst):
+            async with stream_pool(burst, keep_alive=decoder.keeps_connections(burst)):
                 warmed_now = decoder.warmup = await warm(decoder, http, requests, burst)
         n, why = workers_needed(rate, self.client_cost(name, decoder), self.plan.client_workers,
                                 self.plan.max_in_flight)
