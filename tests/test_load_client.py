@@ -712,7 +712,7 @@ def test_a_server_that_closes_idle_connections_costs_no_request(smollm2_tokenize
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         try:
             decoder = await asyncio.to_thread(_decoder, target, url)
             requests = [GenerationRequest((5, 6, 7 + i), max_new_tokens=4) for i in range(9)]

@@ -470,7 +470,7 @@ async def _answer(stack: contextlib.AsyncExitStack, url: str, **options):
         mark: dict = {}
         try:
             return await stack.enter_async_context(pool[1].post(url, trace_request_ctx=mark, **options))
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError) as e:
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError) as e:
             if isinstance(e, aiohttp.ClientConnectorError) or not mark.get("reused"):
                 raise
     return await stack.enter_async_context(aiohttp.request("POST", url, **options))
