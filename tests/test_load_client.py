@@ -572,11 +572,13 @@ class _Server:
         self.drop_reused, self.frames = drop_reused, [_frame(e) for e in completion_events(tokens)]
         self.props = (b'{"build_info": "b1", "total_slots": %d}' % llama_slots) if llama_slots else None  # as llama.cpp's
         self.connections = self.posts = self.dropped = 0   # connections: those that carried a stream
+        self.open = 0                                      # connections open now, this side
         self.loop = asyncio.new_event_loop()
         self.ready, self.thread = threading.Event(), threading.Thread(target=self._run, daemon=True)
 
     async def _handle(self, reader, writer):
         served, posted = 0, False
+        self.open += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -609,6 +611,17 @@ class _Server:
             pass
         finally:
             writer.close()
+            await writer.wait_closed()
+            self.open -= 1
+
+    def quiet(self) -> bool:
+        """Whether every connection the clients closed is closed on this side too (its sockets
+        live in this process: counted before they are, they read as the client's leak)."""
+        import time
+        deadline = time.monotonic() + 30
+        while self.open and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self.open
 
     def _run(self):
         async def serve():
@@ -741,6 +754,7 @@ def test_batches_and_levels_close_their_connections(smollm2_tokenizer_target, ca
         decoder = _decoder(smollm2_tokenizer_target, server.url, concurrency=4)
         list(decoder.generate_many(requests))   # the first batch: lazily made clients are made
         gc.collect()
+        assert server.quiet()
         before = len(os.listdir("/proc/self/fd"))
         for _ in range(5):
             assert len(list(decoder.generate_many(requests))) == 8
@@ -752,6 +766,7 @@ def test_batches_and_levels_close_their_connections(smollm2_tokenizer_target, ca
             rows, _ = asyncio.run(asyncio.wait_for(level(), 60))
             assert [r["error"] for r in rows] == [None] * 8
         gc.collect()
+        assert server.quiet(), f"{server.open} connection(s) still open 30 s after their batch or level"
         after = len(os.listdir("/proc/self/fd"))
     assert server.connections < server.posts     # connections were kept, and yet none is left open
     assert after <= before, (before, after)
