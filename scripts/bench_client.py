@@ -6,7 +6,8 @@ Each (client, in-flight) cell runs in a fresh worker process that keeps N reques
 (closed loop) until its requests are done, and reports streamed tokens/s, requests/s and its own
 CPU seconds per streamed token over the timed loop (imports and set-up excluded):
 - `decodegate`: `VLLMDecoder._stream_once` (the light SSE reader, the vLLM parser, the Emitter
-  that cuts and times tokens) on one `httpx.AsyncClient` set up as harness.run.load sets it up;
+  that cuts and times tokens) with the streams' kept-alive connection pool (`stream_pool`) and
+  the `httpx.AsyncClient` set up as harness.run.load sets them up;
 - `openai-sdk`: the same decoder with its stream read as before this change (`openai.AsyncOpenAI`,
   a pydantic object per chunk, `model_dump()`, the same parser);
 - `vllm-bench`: `vllm bench serve --backend vllm` at `--max-concurrency N` (its throughput only:
@@ -82,16 +83,19 @@ async def _closed_loop(decoder, client: str, in_flight: int, n_requests: int, to
     import httpx
 
     from decoders.base import GenerationRequest
+    from decoders.engines.client import stream_pool
     request = GenerationRequest(tuple(range(1, 51)), max_new_tokens=tokens)
     if client == "openai-sdk":
         import openai
         decoder.session = openai.AsyncOpenAI(base_url=decoder.url("/v1"), api_key="unused", max_retries=0,
                                              timeout=600, http_client=httpx.AsyncClient(
                                                  limits=httpx.Limits(max_connections=in_flight + 4), timeout=600))
-    # As harness.run.load's client: no keep-alive, a connection per request.
+    # As harness.run.load's client: the streams on one pool of kept-alive connections (the SDK
+    # path keeps its own), the httpx client for headers and timeouts.
     limits = httpx.Limits(max_connections=in_flight + 4, max_keepalive_connections=0)
     left, streamed, errors = [n_requests], [0], [0]
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=60), limits=limits) as http:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=60), limits=limits) as http, \
+            stream_pool(in_flight):
         async def lane():
             while left[0] > 0:
                 left[0] -= 1

@@ -12,7 +12,8 @@ way for all of them:
   finished records kept; an HTTP error on one request (prompt too long, bad option) is a
   `DecoderError` for that item only;
 - concurrency: `generate_many` keeps up to `concurrency` requests in flight (asyncio) and yields
-  each result as it finishes, so the runner writes every record the moment it exists;
+  each result as it finishes, so the runner writes every record the moment it exists; the
+  batch's streams share one pool of kept-alive connections (`stream_pool`), closed with it;
 - warm-up: before its first timed request to a server, a decoder sends a few untimed requests
   shaped like the timed ones (`warm`), so a cold server does not read as a slow one;
 - telemetry: per-request acceptance from the final chunk when the flavour has it, else the
@@ -21,6 +22,8 @@ way for all of them:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import json
 import math
 import queue
@@ -180,6 +183,19 @@ class EngineDecoder(Decoder):
         "0 drafted" (the drafter found nothing) rather than "no speculation here"."""
         return False
 
+    def keeps_connections(self, in_flight: int | None) -> bool:
+        """Whether a batch of up to `in_flight` streams keeps its connections alive (stream_pool).
+        llama.cpp's server serves a connection on one of its HTTP threads for as long as the
+        connection is kept (at least its slots + 2 threads): with more kept connections than
+        threads, a request on a connection no thread holds waits behind newer requests sent on
+        the kept ones, where a connection per request is served in the order it came. So there,
+        only a batch of at most its slots (`total_slots` in /props) keeps them."""
+        info = getattr(self.server, "info", None) or {}
+        if info.get("engine") != "llama.cpp":
+            return True
+        slots = (info.get("props") or {}).get("total_slots")
+        return bool(in_flight and isinstance(slots, int) and in_flight <= slots)
+
     async def open_session(self):
         """A client object for one batch, made inside its event loop (the openai client)."""
         return None
@@ -230,7 +246,8 @@ class EngineDecoder(Decoder):
         gate = asyncio.Semaphore(self.concurrency)
         limits = httpx.Limits(max_connections=self.concurrency + 2)
         timeout = httpx.Timeout(self.timeout, connect=10.0)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.server.headers()) as http:
+        async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.server.headers()) as http, \
+                stream_pool(self.concurrency, keep_alive=self.keeps_connections(self.concurrency)):
             self.session = await self.open_session()
             if not getattr(self.server, "warmed", False):   # once per server and process, before any timing
                 self.warmup = await warm(self, http, requests, self.concurrency)
@@ -403,18 +420,78 @@ def _body(response: httpx.Response) -> str:
 
 JSON = {"content-type": "application/json"}
 
+# The streams' connections: one aiohttp session per batch (generate_many's) or load level
+# (harness.run.load.play), its connections kept alive from one request to the next. A new
+# session and TCP connection per request cost 3.5-5.7 ms each on the loaded 2-core machine,
+# more than a 64-token answer streams in.
+_POOL: contextvars.ContextVar = contextvars.ContextVar("decodegate_stream_pool", default=None)
+POOL_SLACK = 4      # connections past the batch's in-flight cap: one still being released is no wait
+# An idle connection is dropped by the client before the servers drop it (uvicorn's 5 s for vLLM
+# and SGLang, cpp-httplib's 5 s for llama.cpp), so a level's pauses do not meet closed sockets.
+KEEPALIVE_S = 2.0
+
+
+@contextlib.asynccontextmanager
+async def stream_pool(in_flight: int | None, keep_alive: bool = True):
+    """The connections `sse_json` streams through in this task and the tasks it starts: one
+    aiohttp session whose connector holds up to `in_flight` (+ POOL_SLACK) connections (None: no
+    cap), kept alive between requests (`keep_alive`; else one per request, see
+    EngineDecoder.keeps_connections), all closed when the block ends."""
+    import aiohttp
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(_mark_reused)
+    limit = in_flight + POOL_SLACK if in_flight else 0
+    connector = (aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_S) if keep_alive
+                 else aiohttp.TCPConnector(limit=limit, force_close=True))
+    session = aiohttp.ClientSession(connector=connector, trace_configs=[trace])
+    token = _POOL.set((asyncio.get_running_loop(), session))
+    try:
+        yield session
+    finally:
+        _POOL.reset(token)
+        await session.close()
+
+
+async def _mark_reused(session, context, params) -> None:
+    if isinstance(context.trace_request_ctx, dict):
+        context.trace_request_ctx["reused"] = True
+
+
+async def _answer(stack: contextlib.AsyncExitStack, url: str, **options):
+    """The response to a POST: through the pool of this batch where there is one (stream_pool),
+    else on a connection of its own. A kept-alive connection that the server closed as the
+    request took it (an idle timeout that fired just then; llama.cpp's server does it: "Server
+    disconnected") fails before any byte of an answer, and aiohttp retries only idempotent
+    methods: that request goes again once, on a new connection, as it would have gone with no
+    pool. A new connection that fails, or an answer cut after it began, is raised as before."""
+    import aiohttp
+    pool = _POOL.get()
+    if pool is not None and pool[0] is asyncio.get_running_loop():
+        mark: dict = {}
+        try:
+            return await stack.enter_async_context(pool[1].post(url, trace_request_ctx=mark, **options))
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError) as e:
+            if isinstance(e, aiohttp.ClientConnectorError) or not mark.get("reused"):
+                raise
+    return await stack.enter_async_context(aiohttp.request("POST", url, **options))
+
+
+DRAIN_S = 0.1   # after [DONE]: how long the body's end may take (it follows at once) before the connection is dropped
+
 
 async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterator:
     """POST `body` as JSON and yield each server-sent event's `data` parsed with `json.loads`,
     until the stream ends or sends `[DONE]`: the whole per-chunk cost of the light client.
 
     The stream is read with aiohttp (its C HTTP parser: a few µs a read, where httpx's h11 and
-    anyio layers cost ~30 µs, and a GPU server sends a read per token), through a session of
-    its own that ends with the request (a connection per request, as harness.run.load's client
-    keeps none alive). `http` (the batch's httpx client) gives the headers and timeouts; its
-    errors are raised as httpx's (a refusal as `HTTPStatusError` with the body read, a
-    connection that fails as `ConnectError`, a cut as `RemoteProtocolError`, a silence or a
-    stream not done within the request's timeout as `ReadTimeout`), so what is retried, refused or counted as malformed is decided as before.
+    anyio layers cost ~30 µs, and a GPU server sends a read per token), on a kept-alive
+    connection of the batch's pool (stream_pool; a connection of its own outside one). After
+    `[DONE]` the rest of the body (the chunked stream's end) is read, up to DRAIN_S, so the
+    connection goes back to the pool; the answer's times were taken before. `http` (the batch's
+    httpx client) gives the headers and timeouts; its errors are raised as httpx's (a refusal
+    as `HTTPStatusError` with the body read, a connection that fails as `ConnectError`, a cut as
+    `RemoteProtocolError`, a silence or a stream not done within the request's timeout as
+    `ReadTimeout`), so what is retried, refused or counted as malformed is decided as before.
 
     No per-chunk objects: the bytes are split into lines here (SSE ends a line at \\n, \\r\\n or
     \\r), an event's `data:` lines are joined with \\n and the event is parsed when its blank
@@ -434,7 +511,8 @@ async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterat
     timeout = aiohttp.ClientTimeout(total=t.read, sock_connect=t.connect, sock_read=t.read)
     headers = {**{k: v for k, v in http.headers.items() if k.lower() in ("authorization",)}, **JSON}
     try:
-        async with aiohttp.request("POST", url, data=content, headers=headers, timeout=timeout) as response:
+        async with contextlib.AsyncExitStack() as stack:
+            response = await _answer(stack, url, data=content, headers=headers, timeout=timeout)
             if response.status >= 400:
                 text = await response.text(errors="replace")
                 request = httpx.Request("POST", url)
@@ -442,6 +520,7 @@ async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterat
                                             response=httpx.Response(response.status, text=text, request=request))
             async for payload, error in _events(response.content):
                 yield {"error": _error_value(payload)} if error else json.loads(payload)
+            await _drain(response.content)
     except aiohttp.ClientConnectorError as e:
         raise httpx.ConnectError(str(e)) from e
     except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as e:
@@ -449,6 +528,21 @@ async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterat
                                 f"whole request, streaming included)") from e
     except aiohttp.ClientError as e:   # a reset, a cut chunk, a server that went away mid-stream
         raise httpx.RemoteProtocolError(f"{type(e).__name__}: {e}") from e
+
+
+async def _drain(content) -> None:
+    """Read what follows `[DONE]` (the chunked body's end) so the connection can be kept; a
+    server that goes on sending, or is slow to end, costs only that connection (closed)."""
+    import aiohttp
+    if content.at_eof():
+        return
+
+    async def rest():
+        read = 0
+        while read < 1 << 16 and not content.at_eof():
+            read += len(await content.readany())
+    with contextlib.suppress(asyncio.TimeoutError, aiohttp.ClientError):
+        await asyncio.wait_for(rest(), DRAIN_S)
 
 
 def _error_value(payload: bytes):

@@ -10,7 +10,8 @@ the baseline and each engine candidate, one decoder after the other (each on its
   level gets the same item at the same offset, and a rerun gets the same schedule.
 - **One client** (`httpx.AsyncClient`, streams read by decoders.engines.client.sse_json) and one
   event loop serve the whole phase; each request waits for its offset, then (under
-  `max_in_flight`, when set) for a free slot, then streams.
+  `max_in_flight`, when set) for a free slot, then streams. A level's streams share one pool of
+  kept-alive connections (decoders.engines.client.stream_pool), closed with the level.
 - **Warm before timing**: a server no timed request has reached yet in this process gets
   untimed warm-up requests shaped like the level's (decoders.engines.client.warm) first.
 - **Client workers**: a level whose rate needs more client CPU than one event loop has is
@@ -47,7 +48,7 @@ import httpx
 import numpy as np
 
 from decoders.base import DecoderError
-from decoders.engines.client import WARMUP_BURST, malformed, warm
+from decoders.engines.client import WARMUP_BURST, malformed, stream_pool, warm
 from decoders.engines.telemetry import latency_delta, latency_sums, spec_counters, spec_delta
 from harness.run.records import LOAD, LOAD_LEVELS as LEVELS, RecordWriter, read_records
 from harness.run.runner import WorkItem, make_request, work_items
@@ -117,6 +118,13 @@ async def play(decoder, arrivals: list[Arrival], requests: list, http: httpx.Asy
     rows and the level's own measurements (wall time, the loop's CPU time, lag, most in flight).
     `start_at`: the level's start on `time.perf_counter`'s clock (the machine's monotonic clock,
     shared by the client workers of harness.run.load_workers); default now."""
+    # The level's connections, kept alive between its requests where the server allows, closed with it.
+    async with stream_pool(max_in_flight, keep_alive=decoder.keeps_connections(max_in_flight)):
+        return await _play(decoder, arrivals, requests, http, max_in_flight, start_at)
+
+
+async def _play(decoder, arrivals: list[Arrival], requests: list, http: httpx.AsyncClient,
+                max_in_flight: int | None, start_at: float | None) -> tuple[list[dict], dict]:
     refused = _refusals()
     gate = asyncio.Semaphore(max_in_flight) if max_in_flight else None
     rows: list[dict] = []
@@ -319,8 +327,9 @@ class LoadRun:
         if not getattr(decoder.server, "warmed", False):
             http.headers.clear()
             http.headers.update(decoder.server.headers())
-            warmed_now = decoder.warmup = await warm(decoder, http, requests,
-                                                     min(self.plan.max_in_flight or len(requests), WARMUP_BURST))
+            burst = min(self.plan.max_in_flight or len(requests), WARMUP_BURST)
+            async with stream_pool(burst, keep_alive=decoder.keeps_connections(burst)):
+                warmed_now = decoder.warmup = await warm(decoder, http, requests, burst)
         n, why = workers_needed(rate, self.client_cost(name, decoder), self.plan.client_workers,
                                 self.plan.max_in_flight)
         before, clock = _prometheus(decoder), _server_latency(decoder)
@@ -338,9 +347,11 @@ class LoadRun:
     async def all_levels(self) -> None:
         names = [s.name for s in self.specs]
         timeout = max(self.lineup.decoders[n].timeout for n in names)
-        # No keep-alive: a server may close an idle connection just as the next request takes it
-        # (llama.cpp's does: "Server disconnected without sending a response"), and open-loop
-        # requests are not retried; a fresh local connection costs far less than that error.
+        # The streams go through each level's pool (stream_pool, which sends a request again when a
+        # server closed its kept-alive connection just as it was taken); this client carries the
+        # headers and timeouts and the few plain calls, with no keep-alive: a server may close an
+        # idle connection just as the next request takes it (llama.cpp's does: "Server
+        # disconnected without sending a response"), and nothing here sends those again.
         limits = httpx.Limits(max_connections=(self.plan.max_in_flight or self.plan.requests) + 4,
                               max_keepalive_connections=0)
         async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), limits=limits) as http:
