@@ -461,12 +461,19 @@ def judge_level(base_rows: Sequence[Mapping[str, Any]], cand_rows: Sequence[Mapp
     `rate`: the level's offered rate. Where `max_in_flight` held either side back the engine was
     not offered it, so the level's speedup is no evidence at that rate: "pays" is None (not
     measured), whatever the numbers say. So too where the load generator could not keep up on
-    either side (generator_limit; `base_level`, `cand_level`: the sides' load_levels.jsonl rows)."""
+    either side (generator_limit; `base_level`, `cand_level`: the sides' load_levels.jsonl rows).
+    Failed or repeated requests are no timing: they fail the level whatever the client's lag."""
     metrics = level_metrics(cand_rows, duration_s=duration_s, slo=slo, alpha=alpha, prometheus=prometheus)
     speedup = level_speedup(base_rows, cand_rows, alpha=alpha)
     paid, why = pays(metrics, speedup)
     if paid and repeated(base_rows):
         paid, why = False, f"{repeated(base_rows)} of the baseline's rows repeat a request already counted"
+    failed = [r for r in cand_rows if r.get("error") and not str(r["error"]).startswith(LOST_WORKER)]
+    if failed or metrics.get("repeated") or repeated(base_rows):
+        # Requests the engine failed (not those lost with a client worker: the harness's) or that
+        # repeat fail the level whatever the timing: a late or starved client cannot make the
+        # engine fail a request, so its marking must not hide that it did.
+        return {"metrics": metrics, "speedup": speedup, "pays": paid, "why": why}
     for side, rows, level in (("baseline", base_rows, base_level), ("candidate", cand_rows, cand_level)):
         held = held_back(rows, rate) if rate is not None else {}
         late = sent_late(rows, rate) if rate is not None else {}

@@ -513,3 +513,19 @@ def test_an_engine_candidate_without_any_load_level_is_not_a_pass(tmp_path):
     [gate] = [g for g in summary["candidates"]["c"]["gates"] if g["name"] == "load errors"]
     assert gate["status"] == "fail" and "1 req/s: no candidate requests" in gate["detail"]
     assert summary["candidates"]["c"]["verdict"] == "fail"
+
+
+def test_failed_requests_fail_a_level_the_generator_could_not_keep_up_with():
+    """A level whose requests the engine failed (a killed server) fails, even where the client lagged:
+    its lag cannot make a request fail. Before, CI's loaded run of test_load_engine read such a level
+    as "not judged" (send lag p99 52 ms > 50 ms) and the 32 failures were not its verdict. Rows lost
+    with a client worker are the harness's failure: the level stays unjudged."""
+    from analysis.load import LOST_WORKER
+    base = [{**row(k, 0.1, [0.1] * 9), "offset_s": float(k), "lag_s": 0.2} for k in range(32)]
+    failed = [{**row(k, 0.1, [], error="engine 'ngram' stopped answering"), "offset_s": float(k), "lag_s": 0.2}
+              for k in range(32)]
+    j = judge_level(base, failed, duration_s=10, rate=1.0)
+    assert j["pays"] is False and "32 of 32 requests failed" in j["why"], j["why"]
+    lost = [{**r, "error": f"{LOST_WORKER}: worker 1 died"} for r in failed]
+    j = judge_level(base, lost, duration_s=10, rate=1.0)
+    assert j["pays"] is None and "could not keep up" in j["why"], j["why"]
