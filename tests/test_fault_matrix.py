@@ -427,3 +427,25 @@ def test_an_lmeval_marker_holds_only_with_the_rows_it_counts(tmp_path):
     code, why = exit_code(folder("5", two[1:], keep=("cand",),
                                  stops=[{"candidate": "base", "suite": "lmeval:t", "reason": "decided"}]))
     assert code == 1 and "base lmeval:t seed 0 T=0: not finished" in why
+
+
+def test_a_candidate_broken_before_the_lmeval_suites_is_not_run_through_them(faulty, tmp_path):
+    """lm-eval runs its decoders in this process, after every other suite. A candidate that
+    already broke (here: its worker failed to load) was still built there for each task: its
+    fault or its options then hit decodegate itself (before: exit 2 after every other suite had
+    run, no summary, lm-eval refusing the plugin's option `fault`; a segfault there would kill the
+    run). Now a decoder that broke is left out of the lm-eval runs: the run finishes with its
+    verdict, FAIL, and exit 1 (its lm-eval run is not finished)."""
+    from harness.verdict.exit_code import exit_code
+    local = Path(__file__).parent / "data" / "lmeval"
+    cfg = _config(faulty, "greedy", {}, {"bad": {"fault": "raise-on-load", "at": 1}})
+    text = cfg.read_text().replace('suites = ["s"]', 'suites = ["s", "lmeval:decodegate_tiny_gen"]')
+    cfg.write_text(text + f'[suites."lmeval:decodegate_tiny_gen"]\ninclude_path = "{local}"\nlimit = 2\n')
+    run_dir = tmp_path / "run"
+    assert _regress(cfg, run_dir) == 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["candidates"]["bad"]["verdict"] == "fail"
+    marks = [json.loads(x) for x in (run_dir / "lmeval_done.jsonl").read_text().splitlines()]
+    assert [m["candidate"] for m in marks] == ["baseline"]
+    code, why = exit_code(run_dir)
+    assert code == 1

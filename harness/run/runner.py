@@ -640,7 +640,13 @@ def run_lmeval(config: RegressConfig, run_dir: Path, lineup: Lineup, progress: b
     # folder holds the rows it counts: a run killed inside lm-eval, or rows dropped since (a
     # decoder run again after a fix), reruns that task from the start (its rows are replaced).
     done = lmeval_finished(run_dir)
+    # A decoder stopped on the task (a look, or it broke: raised, crashed, failed to load) is not
+    # built here: lm-eval runs in this process, where its fault would end the run (the exit code
+    # then says which: a stop by design is excused, a broken decoder's run is not finished).
+    stopped = {(r["candidate"], r["suite"]) for r in read_records(run_dir, STOPS)}
     for name, seed, t, spec in lmeval_units(config, lineup):
+        if {(spec.name, "*"), (spec.name, name)} & stopped:
+            continue
         if (spec.name, name, seed, t) not in done:
             n = _run_lmeval_unit(config, run_dir, lineup, (name, seed, t, spec), progress)
             marker = RecordWriter(run_dir, LMEVAL_DONE)  # opened after the unit's rewrite of records
