@@ -53,6 +53,13 @@ class Unprintable(Exception):
         raise RuntimeError("no str")
 
 
+class CrashOnLoad(StandardDecoder):
+    """A decoder that never loads, with no options of its own."""
+
+    def __init__(self, target, **options):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+
 class Faulty(StandardDecoder):
     """A correct decoder that applies `fault` on its `at`-th call."""
 
@@ -432,14 +439,15 @@ def test_an_lmeval_marker_holds_only_with_the_rows_it_counts(tmp_path):
 def test_a_candidate_broken_before_the_lmeval_suites_is_not_run_through_them(faulty, tmp_path):
     """lm-eval runs its decoders in this process, after every other suite. A candidate that
     already broke (here: its worker failed to load) was still built there for each task: its
-    fault or its options then hit decodegate itself (before: exit 2 after every other suite had
-    run, no summary, lm-eval refusing the plugin's option `fault`; a segfault there would kill the
-    run). Now a decoder that broke is left out of the lm-eval runs: the run finishes with its
+    fault then hit decodegate itself (before: exit 3, decodegate's own bug, after every other
+    suite had run, no summary; a segfault there would kill the run). Now a decoder that broke is left out of the lm-eval runs: the run finishes with its
     verdict, FAIL, and exit 1 (its lm-eval run is not finished)."""
     from harness.verdict.exit_code import exit_code
     local = Path(__file__).parent / "data" / "lmeval"
     cfg = _config(faulty, "greedy", {}, {"bad": {"fault": "raise-on-load", "at": 1}})
     text = cfg.read_text().replace('suites = ["s"]', 'suites = ["s", "lmeval:decodegate_tiny_gen"]')
+    text = text.replace('decoder = "faulty:Faulty"\noptions = { fault = "raise-on-load", at = 1 }',
+                        'decoder = "faulty:CrashOnLoad"')   # no options: lm-eval could build it
     cfg.write_text(text + f'[suites."lmeval:decodegate_tiny_gen"]\ninclude_path = "{local}"\nlimit = 2\n')
     run_dir = tmp_path / "run"
     assert _regress(cfg, run_dir) == 1
@@ -449,3 +457,19 @@ def test_a_candidate_broken_before_the_lmeval_suites_is_not_run_through_them(fau
     assert [m["candidate"] for m in marks] == ["baseline"]
     code, why = exit_code(run_dir)
     assert code == 1
+
+
+def test_a_decoder_lmeval_cannot_build_is_refused_before_anything_generates(faulty, tmp_path, capsys):
+    """A plugin decoder with its own options, on a profile with an lm-eval suite: lm-eval's model
+    takes only the options it knows, and refused this one only after every other suite had
+    generated (exit 2, no summary). Now the pre-flight refuses it, naming the decoder."""
+    local = Path(__file__).parent / "data" / "lmeval"
+    cfg = _config(faulty, "greedy", {}, {"plugin": {"fault": "none", "at": 0}})
+    text = cfg.read_text().replace('suites = ["s"]', 'suites = ["s", "lmeval:decodegate_tiny_gen"]')
+    cfg.write_text(text + f'[suites."lmeval:decodegate_tiny_gen"]\ninclude_path = "{local}"\nlimit = 2\n')
+    run_dir = tmp_path / "run"
+    capsys.readouterr()
+    assert _regress(cfg, run_dir) == 2
+    err = capsys.readouterr().err
+    assert "plugin runs lmeval:decodegate_tiny_gen, and lm-eval cannot build it: unknown model arg 'fault'" in err
+    assert not (run_dir / "records.jsonl").exists()   # refused before any generation

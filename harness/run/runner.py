@@ -609,15 +609,25 @@ class LmEvalSuite:
 def check_lmeval(config: RegressConfig) -> None:
     """Pre-flight of the profile's `lmeval:<task>` suites, before any model loads or anything
     generates (they run after every other suite): each task resolves and builds, and one that
-    executes generated code runs only where its table says `allow_code = true`. An LmEvalError
-    (input error) naming the task otherwise."""
+    executes generated code runs only where its table says `allow_code = true`, and every decoder
+    that runs one takes only options lm-eval's model can. An LmEvalError (input error) naming the
+    task or the decoder otherwise."""
     names = [n for n in config.profile.suites if n.startswith("lmeval:")]
     if not names:
         return
-    from harness.run.lmeval import check_task
+    from harness.run.lmeval import LmEvalError, check_task, parse_model_args
     for name in names:
         spec_s = config.suites[name]
         check_task(name[len("lmeval:"):], spec_s.include_path, allow_code=spec_s.allow_code)
+    # lm-eval builds each decoder from model args: options it cannot take (a plugin decoder's own)
+    # were refused only after every other suite had generated.
+    for spec in (config.baseline, *config.candidates):
+        on = [n for n in names if runs_on(spec, n)]
+        try:
+            if on:
+                parse_model_args({"decoder": spec.decoder, **dict(spec.options)})
+        except LmEvalError as e:
+            raise LmEvalError(f"{spec.name} runs {on[0]}, and lm-eval cannot build it: {e}") from None
 
 
 def lmeval_units(config: RegressConfig, lineup: Lineup) -> list[tuple]:
