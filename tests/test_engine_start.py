@@ -59,3 +59,67 @@ def _cmdline(proc: Path) -> str:
         return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+CHILD = """
+import json, shlex, sys, time
+from pathlib import Path
+from types import SimpleNamespace
+from decoders.engines.server import EngineSpec
+from harness.run.engines import started
+tmp, fake = Path(sys.argv[1]), sys.argv[2]
+serve = f"exec {shlex.quote(sys.executable)} {shlex.quote(fake)} --port {{port}}"
+cmds = {"a": "trap '' TERM; " + serve, "b": serve}  # a ignores SIGTERM (an engine stuck in its shutdown)
+engines = {n: EngineSpec(name=n, launch=("sh", "-c", c), model="smollm2-135m", health_timeout_s=120.0)
+           for n, c in cmds.items()}
+config = SimpleNamespace(engines=engines, baseline=SimpleNamespace(options={"engine": "a"}),
+                         candidates=[SimpleNamespace(options={"engine": "b"})])
+with started(config, tmp) as servers:
+    (tmp / "pids.tmp").write_text(json.dumps({n: s.proc.pid for n, s in servers.items()}))
+    (tmp / "pids.tmp").rename(tmp / "pids")
+    time.sleep(600)
+"""
+
+
+def test_a_second_sigterm_while_engines_stop_leaves_none_running(tmp_path):
+    """SIGTERM stops the run; a second one (a user's second Ctrl-C) comes while the first engine,
+    which ignores SIGTERM, is waited for. Before, the stop loop ended there: the second engine was
+    never signalled and the first was never killed, and the parent-death signal (SIGTERM) left it
+    running after decodegate had exited. Now every engine gets SIGTERM first, and a second signal
+    kills what is still running."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(FAKE)], env=env)
+    pids = {}
+    try:
+        for _ in range(1200):  # until both engines answer (the child writes their pids)
+            if (tmp_path / "pids").exists() or child.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert child.poll() is None, "the engines did not start"
+        pids = json.loads((tmp_path / "pids").read_text())
+        child.send_signal(signal.SIGTERM)
+        time.sleep(2)  # the stop is under way: engine a is waited for (up to 15 s), b is next
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=60)
+        time.sleep(1)  # the kernel's parent-death signal to what is left
+        left = [n for n, pid in pids.items() if _running(pid)]
+        assert not left, f"engines left running after decodegate exited: {left}"
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for pid in pids.values():  # only the engines this test started
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

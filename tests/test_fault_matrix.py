@@ -53,6 +53,13 @@ class Unprintable(Exception):
         raise RuntimeError("no str")
 
 
+class CrashOnLoad(StandardDecoder):
+    """A decoder that never loads, with no options of its own."""
+
+    def __init__(self, target, **options):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+
 class Faulty(StandardDecoder):
     """A correct decoder that applies `fault` on its `at`-th call."""
 
@@ -377,14 +384,15 @@ def test_an_lmeval_only_plan_exits_0_only_when_every_task_run_finished(tmp_path)
     and a passing run exited 1 ("plans no generation")."""
     from harness.verdict.exit_code import exit_code
     units = [[c, "lmeval:t", 0, 0.0] for c in ("base", "cand")]
-    done = [{"candidate": c, "suite": "lmeval:t", "seed": 0, "temperature": 0.0} for c in ("base", "cand")]
+    done = [{"candidate": c, "suite": "lmeval:t", "seed": 0, "temperature": 0.0, "rows": 1} for c in ("base", "cand")]
 
-    def folder(name, marks, extra=None, stops=()):
+    def folder(name, marks, extra=None, stops=(), keep=("base", "cand")):
         d = _folder(tmp_path / name, [], stops)
         (d / PLAN).write_text(json.dumps({"rows": [], "lmeval": units, "baselines": ["base"]}))
         rows = [{"candidate": c, "suite": "lmeval:t", "item_id": "0", "seed": 0, "temperature": 0.0}
                 for c in ("base", "cand")]
         rows[1].update(extra or {})
+        rows = [r for r in rows if r["candidate"] in keep]
         (d / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (d / "lmeval_done.jsonl").write_text("".join(json.dumps(m) + "\n" for m in marks))
         return d
@@ -395,3 +403,73 @@ def test_an_lmeval_only_plan_exits_0_only_when_every_task_run_finished(tmp_path)
     assert code == 1 and "an error row" in why
     assert exit_code(folder("4", done[:1], stops=[{"candidate": "cand", "suite": "lmeval:t", "reason": "decided"}]))[0] == 0
     assert exit_code(folder("5", done[:1], stops=[{"candidate": "cand", "suite": "*", "reason": "crashed"}]))[0] == 1
+
+
+def test_an_lmeval_marker_holds_only_with_the_rows_it_counts(tmp_path):
+    """Attacks on the lm-eval path through a hand-edited or half-forgotten folder (before, each
+    exited 0): a marker whose run's rows are gone (deleted, or dropped when a decoder fixed after
+    it broke ran again, which kept its markers), a marker that counts no rows, and the baseline's
+    marker and rows removed under a stop row naming the baseline while its candidate ran."""
+    from harness.verdict.exit_code import exit_code
+    units = [[c, "lmeval:t", 0, 0.0] for c in ("base", "cand")]
+
+    def folder(name, marks, keep=("base", "cand"), stops=(), items="01"):
+        d = _folder(tmp_path / name, [], stops)
+        (d / PLAN).write_text(json.dumps({"rows": [], "lmeval": units, "baselines": ["base"]}))
+        rows = [{"candidate": c, "suite": "lmeval:t", "item_id": i, "seed": 0, "temperature": 0.0}
+                for c in keep for i in items]
+        (d / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "lmeval_done.jsonl").write_text("".join(
+            json.dumps({"candidate": c, "suite": "lmeval:t", "seed": 0, "temperature": 0.0, **m}) + "\n"
+            for c, m in marks))
+        return d
+    two = [("base", {"rows": 2}), ("cand", {"rows": 2})]
+    assert exit_code(folder("1", two)) == (0, "")
+    code, why = exit_code(folder("2", two, keep=("base",)))  # the candidate's rows gone, its marker kept
+    assert code == 1 and "cand lmeval:t seed 0 T=0: not finished (its marker counts 2 rows, the folder holds 0)" in why
+    code, why = exit_code(folder("3", two, items="0"))  # a row of each run gone
+    assert code == 1 and "marker counts 2 rows, the folder holds 1" in why
+    code, why = exit_code(folder("4", [("base", {"rows": 2}), ("cand", {})]))  # a marker without its count
+    assert code == 1 and "cand lmeval:t seed 0 T=0: not finished" in why
+    code, why = exit_code(folder("5", two[1:], keep=("cand",),
+                                 stops=[{"candidate": "base", "suite": "lmeval:t", "reason": "decided"}]))
+    assert code == 1 and "base lmeval:t seed 0 T=0: not finished" in why
+
+
+def test_a_candidate_broken_before_the_lmeval_suites_is_not_run_through_them(faulty, tmp_path):
+    """lm-eval runs its decoders in this process, after every other suite. A candidate that
+    already broke (here: its worker failed to load) was still built there for each task: its
+    fault then hit decodegate itself (before: exit 3, decodegate's own bug, after every other
+    suite had run, no summary; a segfault there would kill the run). Now a decoder that broke is left out of the lm-eval runs: the run finishes with its
+    verdict, FAIL, and exit 1 (its lm-eval run is not finished)."""
+    from harness.verdict.exit_code import exit_code
+    local = Path(__file__).parent / "data" / "lmeval"
+    cfg = _config(faulty, "greedy", {}, {"bad": {"fault": "raise-on-load", "at": 1}})
+    text = cfg.read_text().replace('suites = ["s"]', 'suites = ["s", "lmeval:decodegate_tiny_gen"]')
+    text = text.replace('decoder = "faulty:Faulty"\noptions = { fault = "raise-on-load", at = 1 }',
+                        'decoder = "faulty:CrashOnLoad"')   # no options: lm-eval could build it
+    cfg.write_text(text + f'[suites."lmeval:decodegate_tiny_gen"]\ninclude_path = "{local}"\nlimit = 2\n')
+    run_dir = tmp_path / "run"
+    assert _regress(cfg, run_dir) == 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["candidates"]["bad"]["verdict"] == "fail"
+    marks = [json.loads(x) for x in (run_dir / "lmeval_done.jsonl").read_text().splitlines()]
+    assert [m["candidate"] for m in marks] == ["baseline"]
+    code, why = exit_code(run_dir)
+    assert code == 1
+
+
+def test_a_decoder_lmeval_cannot_build_is_refused_before_anything_generates(faulty, tmp_path, capsys):
+    """A plugin decoder with its own options, on a profile with an lm-eval suite: lm-eval's model
+    takes only the options it knows, and refused this one only after every other suite had
+    generated (exit 2, no summary). Now the pre-flight refuses it, naming the decoder."""
+    local = Path(__file__).parent / "data" / "lmeval"
+    cfg = _config(faulty, "greedy", {}, {"plugin": {"fault": "none", "at": 0}})
+    text = cfg.read_text().replace('suites = ["s"]', 'suites = ["s", "lmeval:decodegate_tiny_gen"]')
+    cfg.write_text(text + f'[suites."lmeval:decodegate_tiny_gen"]\ninclude_path = "{local}"\nlimit = 2\n')
+    run_dir = tmp_path / "run"
+    capsys.readouterr()
+    assert _regress(cfg, run_dir) == 2
+    err = capsys.readouterr().err
+    assert "plugin runs lmeval:decodegate_tiny_gen, and lm-eval cannot build it: unknown model arg 'fault'" in err
+    assert not (run_dir / "records.jsonl").exists()   # refused before any generation

@@ -444,6 +444,25 @@ def test_lmeval_suite_under_three_looks_decides(tmp_path):
     assert code == 0
 
 
+def test_lmeval_rows_dropped_after_their_marker_run_again(tmp_path):
+    """A decoder run again after a fix loses its rows (runner.forget); before, its lm-eval
+    markers stayed, so the rerun skipped its tasks and the verdict judged it without them. Now
+    forget drops its markers, a marker holds only with the rows it counts, and the rerun fills them."""
+    from harness.run.runner import forget
+    from harness.verdict.exit_code import exit_code
+    code, _ = _regress_lmeval(tmp_path, {GEN: LOCAL})
+    assert code == 0
+    run = tmp_path / "run"
+    rows = lambda: [json.loads(x) for x in (run / "records.jsonl").read_text().splitlines()]  # noqa: E731
+    marks = [json.loads(x) for x in (run / "lmeval_done.jsonl").read_text().splitlines()]
+    assert sorted((m["candidate"], m["rows"]) for m in marks) == [("baseline", 5), ("lossy", 5)]
+    forget(run, {"lossy"})
+    assert not any(r["candidate"] == "lossy" for r in rows())
+    assert exit_code(run)[0] == 1
+    code, _ = _regress_lmeval(tmp_path, {GEN: LOCAL})
+    assert code == 0 and sum(r["candidate"] == "lossy" for r in rows()) == 5
+
+
 def test_lmeval_task_with_no_docs_fails_with_no_items(tmp_path):
     empty = tmp_path / "tasks"
     empty.mkdir()

@@ -11,6 +11,7 @@ What it does not do: speak a generation protocol. The flavours (`llamacpp`, `ope
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -168,6 +169,19 @@ class EngineServer:
                                refused_deadline=now + min(self.spec.health_timeout_s, 2.0))
         self.info = self.describe()
         self._check_model()
+
+    def terminate(self) -> None:
+        """SIGTERM to a launched engine's process group, without waiting (stop waits)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL to a launched engine's process group, at once: what is left when a second
+        interrupt cuts a stop short (an engine that ignores SIGTERM would live on)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
     def stop(self) -> None:
         if self._http is not None:

@@ -235,6 +235,23 @@ def started(config, run_dir: Path, on_failed_start=None):
             (Path(run_dir) / "engines.json").write_text(json.dumps({n: s.info for n, s in servers.items()}, indent=2))
         yield servers
     finally:
-        for server in servers.values():
+        try:
+            stop_all(list(servers.values()))
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def stop_all(servers: list[EngineServer]) -> None:
+    """SIGTERM to every launched engine first, then wait for each (SIGKILL after its grace). A
+    second Ctrl-C or SIGTERM during the waits (each up to 15 s) kills every engine still running
+    at once: stopped one after another, an engine not yet reached was never signalled, and one
+    that ignores SIGTERM outlived decodegate (its parent-death signal is a SIGTERM too)."""
+    for server in servers:
+        server.terminate()
+    try:
+        for server in servers:
             server.stop()
-        signal.signal(signal.SIGTERM, previous)
+    except BaseException:
+        for server in servers:
+            server.kill()
+        raise

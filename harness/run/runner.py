@@ -609,15 +609,25 @@ class LmEvalSuite:
 def check_lmeval(config: RegressConfig) -> None:
     """Pre-flight of the profile's `lmeval:<task>` suites, before any model loads or anything
     generates (they run after every other suite): each task resolves and builds, and one that
-    executes generated code runs only where its table says `allow_code = true`. An LmEvalError
-    (input error) naming the task otherwise."""
+    executes generated code runs only where its table says `allow_code = true`, and every decoder
+    that runs one takes only options lm-eval's model can. An LmEvalError (input error) naming the
+    task or the decoder otherwise."""
     names = [n for n in config.profile.suites if n.startswith("lmeval:")]
     if not names:
         return
-    from harness.run.lmeval import check_task
+    from harness.run.lmeval import LmEvalError, check_task, parse_model_args
     for name in names:
         spec_s = config.suites[name]
         check_task(name[len("lmeval:"):], spec_s.include_path, allow_code=spec_s.allow_code)
+    # lm-eval builds each decoder from model args: options it cannot take (a plugin decoder's own)
+    # were refused only after every other suite had generated.
+    for spec in (config.baseline, *config.candidates):
+        on = [n for n in names if runs_on(spec, n)]
+        try:
+            if on:
+                parse_model_args({"decoder": spec.decoder, **dict(spec.options)})
+        except LmEvalError as e:
+            raise LmEvalError(f"{spec.name} runs {on[0]}, and lm-eval cannot build it: {e}") from None
 
 
 def lmeval_units(config: RegressConfig, lineup: Lineup) -> list[tuple]:
@@ -636,25 +646,41 @@ def lmeval_units(config: RegressConfig, lineup: Lineup) -> list[tuple]:
 def run_lmeval(config: RegressConfig, run_dir: Path, lineup: Lineup, progress: bool = True) -> list:
     """`lmeval:<task>` suites: each decoder runs the task through lm-eval (generation through our
     decoder), and its per-sample records join records.jsonl like any other suite's."""
-    # A task counts as done for a decoder only once its completion marker is written: a run
-    # killed inside lm-eval reruns that task from the start (its rows are replaced).
-    done = {(r["candidate"], r["suite"], r["seed"], r["temperature"]) for r in read_records(run_dir, LMEVAL_DONE)}
-    marker = RecordWriter(run_dir, LMEVAL_DONE)
-    try:
-        for name, seed, t, spec in lmeval_units(config, lineup):
-            if (spec.name, name, seed, t) not in done:
-                _run_lmeval_unit(config, run_dir, lineup, (name, seed, t, spec), progress)
-                marker.write({"candidate": spec.name, "suite": name, "seed": seed, "temperature": t})
-    finally:
-        marker.close()
+    # A task counts as done for a decoder only once its completion marker is written and the
+    # folder holds the rows it counts: a run killed inside lm-eval, or rows dropped since (a
+    # decoder run again after a fix), reruns that task from the start (its rows are replaced).
+    done = lmeval_finished(run_dir)
+    # A decoder stopped on the task (a look, or it broke: raised, crashed, failed to load) is not
+    # built here: lm-eval runs in this process, where its fault would end the run (the exit code
+    # then says which: a stop by design is excused, a broken decoder's run is not finished).
+    stopped = {(r["candidate"], r["suite"]) for r in read_records(run_dir, STOPS)}
+    for name, seed, t, spec in lmeval_units(config, lineup):
+        if {(spec.name, "*"), (spec.name, name)} & stopped:
+            continue
+        if (spec.name, name, seed, t) not in done:
+            n = _run_lmeval_unit(config, run_dir, lineup, (name, seed, t, spec), progress)
+            marker = RecordWriter(run_dir, LMEVAL_DONE)  # opened after the unit's rewrite of records
+            marker.write({"candidate": spec.name, "suite": name, "seed": seed, "temperature": t, "rows": n})
+            marker.close()
     names = [n for n in config.profile.suites if n.startswith("lmeval:")]
     rows = read_records(run_dir)
     return [LmEvalSuite(name, [r for r in rows if r["suite"] == name]) for name in names]
 
 
-def _run_lmeval_unit(config: RegressConfig, run_dir: Path, lineup: Lineup, unit: tuple, progress: bool) -> None:
+def lmeval_finished(run_dir: Path) -> set[tuple]:
+    """The (decoder, suite, seed, temperature) lm-eval runs whose marker counts exactly the rows
+    the folder holds for them (what harness.verdict.exit_code accepts as finished)."""
+    unit = lambda r: (r.get("candidate"), r.get("suite"), r.get("seed"), r.get("temperature"))  # noqa: E731
+    held = {}
+    for r in read_records(run_dir):
+        held[unit(r)] = held.get(unit(r), 0) + 1
+    return {unit(m) for m in read_records(run_dir, LMEVAL_DONE)
+            if type(m.get("rows")) is int and m["rows"] == held.get(unit(m), 0)}
+
+
+def _run_lmeval_unit(config: RegressConfig, run_dir: Path, lineup: Lineup, unit: tuple, progress: bool) -> int:
     """One decoder through one lm-eval task at one seed and temperature; its rows replace any a
-    killed run left."""
+    killed run left, and any marker of it that no longer holds. The number of rows written."""
     from harness.run.lmeval import LmEvalEmpty, lmeval_records
     name, seed, t, spec = unit
     spec_s, task = config.suites[name], name[len("lmeval:"):]
@@ -669,13 +695,17 @@ def _run_lmeval_unit(config: RegressConfig, run_dir: Path, lineup: Lineup, unit:
     except LmEvalEmpty as e:  # no rows: the summary fails its gate with "no items"
         print(f"decodegate: warning: {e}", file=sys.stderr)
         rows = []
-    if any(record_key(r)[:2] == (spec.name, name) for r in read_records(run_dir)):
-        _drop_rows(run_dir, lambda r: (r["candidate"], r["suite"], r["seed"], r["temperature"]) == (spec.name, name, seed, t))
+    same = lambda r: (r.get("candidate"), r.get("suite"), r.get("seed"), r.get("temperature")) == (spec.name, name, seed, t)  # noqa: E731
+    if any(same(r) for r in read_records(run_dir)):
+        _drop_rows(run_dir, same)
+    if any(same(m) for m in read_records(run_dir, LMEVAL_DONE)):
+        _rewrite(Path(run_dir) / LMEVAL_DONE, [m for m in read_records(run_dir, LMEVAL_DONE) if not same(m)])
     writer = RecordWriter(run_dir)  # opened after any rewrite above
     for row in rows:
         row.setdefault("kind", spec.kind)
         writer.write(row)
     writer.close()
+    return len(rows)
 
 
 def broken(run_dir: Path) -> set[str]:
@@ -686,8 +716,12 @@ def broken(run_dir: Path) -> set[str]:
 
 
 def forget(run_dir: Path, names: set[str]) -> None:
-    """Drop the rows, the broken stops and the in-flight note of decoders run again after a fix."""
+    """Drop the rows, the lm-eval markers, the broken stops and the in-flight note of decoders run
+    again after a fix."""
     _drop_rows(run_dir, lambda r: r["candidate"] in names)
+    if (Path(run_dir) / LMEVAL_DONE).exists():
+        _rewrite(Path(run_dir) / LMEVAL_DONE, [m for m in read_records(run_dir, LMEVAL_DONE)
+                                                if m.get("candidate") not in names])
     path = Path(run_dir) / STOPS
     if path.exists():
         _rewrite(path, [r for r in read_records(run_dir, STOPS)

@@ -3,8 +3,8 @@
 0 only from a complete verdict: summary.json is there and says pass for the run and for every
 candidate on trial, every row the run's plan asked for (plan.json: decoder, suite, item,
 seed, temperature) is in records.jsonl and is not an error, and every lm-eval run it asked for
-(decoder, task, seed, temperature: lm-eval picks the items) has its completion marker and no
-error row. A row may be missing only where the
+(decoder, task, seed, temperature: lm-eval picks the items) has its completion marker, the
+rows that marker counts, and no error row. A row may be missing only where the
 design chose not to run it: a candidate stopped on that suite (a sequential look, --fail-fast;
 a broken candidate is stopped too, and its verdict already fails), or a baseline row no running
 candidate needed. Anything else that is not a pass is 1 (a gate failed, a decoder died, a row is
@@ -98,21 +98,40 @@ def incomplete(plan: dict, rows: list[dict], stops: list[dict]) -> str | None:
 
 
 def lmeval_incomplete(plan: dict, rows: list[dict], done: list[dict], stops: list[dict]) -> str | None:
-    """Why an lm-eval run the plan asked for is not finished (no completion marker, or an error
-    row among its records), or None. A decoder stopped by design on that suite is excused."""
+    """Why an lm-eval run the plan asked for is not finished, or None. Finished: its completion
+    marker is there and counts exactly the rows the folder holds for that run (lm-eval picks the
+    items, so the marker is the only record of how many there were: rows deleted or duplicated
+    after it was written, or a marker with no count, are not a finished run), and none is an
+    error. A candidate stopped by design on that suite is excused; the baseline only where every
+    candidate on that suite stopped (as for the runner's own suites)."""
     from harness.run.faults import BROKEN
     unit = lambda r: tuple(_hashable(r.get(f)) for f in ("candidate", "suite", "seed", "temperature"))  # noqa: E731
-    finished = {unit(m) for m in done if isinstance(m, dict)}
-    failed = {unit(r) for r in rows if r.get("error")}
+    counted = {}
+    for m in done:
+        if isinstance(m, dict) and type(m.get("rows")) is int:
+            counted.setdefault(unit(m), set()).add(m["rows"])
+    held, failed = {}, set()
+    for r in rows:
+        held[unit(r)] = held.get(unit(r), 0) + 1
+        if r.get("error"):
+            failed.add(unit(r))
     stopped = {(_hashable(s.get("candidate")), _hashable(s.get("suite"))) for s in stops
                if s.get("reason") not in BROKEN}
+    halted = lambda c, suite: (c, "*") in stopped or (c, suite) in stopped  # noqa: E731
+    planned = [tuple(_hashable(x) for x in u) for u in plan.get("lmeval") or ()]
+    base = {_hashable(b) for b in plan.get("baselines") or ()}
     bad = []
-    for c, suite, seed, t in (tuple(_hashable(x) for x in u) for u in plan.get("lmeval") or ()):
-        if (c, "*") in stopped or (c, suite) in stopped:
+    for c, suite, seed, t in planned:
+        cands = {u[0] for u in planned if u[1] == suite} - base
+        if halted(c, suite) if c not in base else (bool(cands) and all(halted(o, suite) for o in cands)):
             continue
-        if (c, suite, seed, t) not in finished or (c, suite, seed, t) in failed:
-            why = "an error row" if (c, suite, seed, t) in failed else "not finished"
-            bad.append(f"{c} {suite} seed {seed} T={t:g}: {why}")
+        key = (c, suite, seed, t)
+        if key in failed:
+            bad.append(f"{c} {suite} seed {seed} T={t:g}: an error row")
+        elif counted.get(key) != {held.get(key, 0)}:
+            bad.append(f"{c} {suite} seed {seed} T={t:g}: not finished" + (
+                f" (its marker counts {', '.join(map(str, sorted(counted[key])))} rows, the folder holds "
+                f"{held.get(key, 0)})" if key in counted else ""))
     if not bad:
         return None
     return f"{len(bad)} planned lm-eval run(s) not finished or failed (first: {bad[0]})"
