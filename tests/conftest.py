@@ -99,23 +99,27 @@ def smollm2():
 # --no-loadscope-reorder) start them at once and the short ones fill in around them: otherwise
 # xdist sends the files with the most tests first and a 2-test file of several minutes starts
 # last, alone on one core (a whole run ended with one worker idle for 20 minutes that way).
-# Seconds of test time per file on a 2-core AMD EPYC without AVX-512, `make test` of the commit
-# after f11f2a5, the default model already converted by `make install` (the first ones start
-# together, one per worker, so their order among them does not matter).
+# Seconds of test time per file on a 2-core AMD EPYC without AVX-512: quiet figures from `make test`
+# after f11f2a5, loaded ones (load average about 5) from a fresh clone of 2026-12-06 (the first ones
+# start together, one per worker, so their order among them does not matter).
 LONG_FIRST = (
+    "test_exactness_int8.py",            # ~200 s quiet, ~790 s at load 5 (2026-12-06): real smollm2 + int8 draft, two regress runs
     "test_vllm.py",                      # ~370-420 s quiet, ~600 s under load: three vLLM servers (~90 s to start), four regress runs
-    "test_watch_engine.py",              # ~400-660 s at load 9-15: a real llama.cpp regress, then watch runs
-    "test_exactness_int8.py",            # ~200 s: real smollm2 + int8 draft, two regress runs
-    "test_engine_sampled.py",            # ~195 s: five real llama.cpp candidates, three seeds
-    "test_engine_sampled_reference.py",  # ~185 s (~115 s once its engine requests shared a client)
-    "test_engines.py",                   # ~130 s
-    "test_load_engine.py",               # ~115 s
-    "test_regress.py",                   # ~105 s
-    "test_review_mlflow.py",             # ~80 s
-    "test_exactness_gates.py",           # ~65 s
-    "test_baseline_reuse.py",            # ~65 s
-    "test_compiled_step.py",             # ~60 s
-    "test_engine_reuse.py",              # ~55 s
+    "test_fault_matrix.py",              # ~415 s at load 5: every fault in every position, profile and role, each a regress
+    "test_fault_attacks.py",             # ~320 s at load 5: child regresses a decoder attacks (strict xfails among them)
+    "test_watch_engine.py",              # ~300-660 s: a real llama.cpp regress, then watch runs
+    "test_engine_sampled_reference.py",  # ~185-300 s
+    "test_engine_sampled.py",            # ~195-280 s: five real llama.cpp candidates, three seeds
+    "test_engines.py",                   # ~130-245 s
+    "test_sandbox_unprivileged.py",      # ~200 s at load 5: the sandbox tests again as uid 65534
+    "test_watch_vllm.py",                # ~160 s + its server's start: a real vLLM n-gram server and watch
+    "test_review_mlflow.py",             # ~80-155 s
+    "test_regress.py",                   # ~105-135 s
+    "test_baseline_reuse.py",            # ~65-120 s
+    "test_load_engine.py",               # ~100-115 s
+    "test_exactness_gates.py",           # ~65-100 s
+    "test_engine_reuse.py",              # ~55-95 s
+    "test_compiled_step.py",             # ~60-80 s
 )
 
 
