@@ -268,6 +268,14 @@ def level_metrics(rows: Sequence[Mapping[str, Any]], *, duration_s: float, slo: 
         # Counters differenced around the whole level: many requests were in flight, so this is
         # the level's, never one request's.
         d, a = float(prometheus["draft_tokens"]), float(prometheus.get("accepted") or 0)
+        resent = sum(int(r.get("resent") or 0) for r in rows)
+        if resent:   # a request sent twice may have been served twice: the counters hold it twice
+            out.setdefault("acceptance", {})["level"] = {
+                "value": None, "proposed": int(d), "accepted": int(a), "source": "prometheus counters around the level",
+                "error": f"{resent} request(s) were sent again after a kept-alive connection closed under them "
+                         f"(`resent`): a server that had read them served them twice, so the counters are "
+                         f"not measured"}
+            return out
         if not 0 <= a <= d:   # counters that went back (an engine restarted in the level) measure nothing
             out.setdefault("acceptance", {})["level"] = {
                 "value": None, "proposed": int(d), "accepted": int(a), "source": "prometheus counters around the level",

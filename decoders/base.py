@@ -196,6 +196,11 @@ def get_decoder_class(name: str) -> type[Decoder]:
     return _load(_REGISTRY[name], name)
 
 
+def is_builtin(name: str) -> bool:
+    """A decoder that ships with decodegate (its code is decodegate's, not a team's)."""
+    return _REGISTRY.get(name, "").startswith("decoders.")
+
+
 def make_decoder(name: str, target, **options) -> Decoder:
     return get_decoder_class(name)(target, **options)
 

@@ -188,7 +188,8 @@ class Gates(Table):
                     " behind the alias, a broken server): an exact candidate that needs the floor is inconclusive")
     aa_noise_max: Annotated[float, Must("a positive number of logits")] = Field(
         1.0, gt=0,
-        description="the same for the A/A run's noise: its top-2 margins moving by more than this many logits is not"
+        description="the same for the A/A run's noise: its top-2 margins moving by more than this many logits (an"
+                    " upper 95% bound on their 99th percentile; the largest move where there are under 299) is not"
                     " batch noise")
 
 

@@ -257,6 +257,31 @@ def _from_pretrained(source, device, dtype, name, prepare: bool = True, **kw) ->
     return LoadedModel(name, model, tok, device, dtype)
 
 
+def preload(spec: str) -> None:
+    """Import what loading `spec` imports (transformers' loading code, the architecture's model
+    and config classes, the tokenizer classes), without loading it. The regress runner calls it
+    before it forks the decoders' workers, so they share these modules instead of each importing
+    them again (~2 s of CPU per worker on a tiny model, most of such a worker's load). Best
+    effort: a spec it cannot place costs its workers their own imports, nothing else."""
+    import importlib
+    import json
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401
+    kind = spec[len("tiny-"):] if spec.startswith("tiny-") else "llama" if spec.startswith("smollm2-") else None
+    config = Path(spec).expanduser() / "config.json"
+    if kind is None and config.is_file():
+        try:
+            kind = json.loads(config.read_text()).get("model_type")
+        except (OSError, ValueError):
+            kind = None
+    if isinstance(kind, str) and kind.isidentifier():
+        for module in (f"configuration_{kind}", f"modeling_{kind}"):
+            try:
+                importlib.import_module(f"transformers.models.{kind}.{module}")
+            except ImportError:
+                pass
+
+
 def load_model(spec: str, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> LoadedModel:
     """Load a model by alias, local folder, .gguf file, or Hugging Face id."""
     if not spec:

@@ -143,10 +143,14 @@ def test_a_quantity_that_cannot_be_computed_with_enough_rounds_is_not_dropped():
     assert "candidate not computable" in failed["acceptance all tau"] and "target forwards" in failed["acceptance all tau"]
 
 
-def test_mlflow_last_reference_and_log_text_false(reference, tmp_path, capsys):
+# `full`: two runs logged to MLflow and read back (21 s of a quiet `make check`); the drift gate
+# stays in `make check` with a run folder as the reference, and `mlflow:last` read once before the
+# run in the next test.
+@pytest.mark.full
+def test_mlflow_last_reference_and_log_text_false(reference, tmp_path, capsys, mlflow_sqlite):
     from harness.run import tracking
     folder, suite, ref_run = reference
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite
     tracking.log_run(ref_run, uri)  # the passing reference, now in MLflow
     cfg = write_config(tmp_path, suite, "tiny-qwen2", "mlflow:last")
     cfg.write_text("log_text = false\n" + cfg.read_text())
@@ -169,14 +173,16 @@ def test_mlflow_last_reference_and_log_text_false(reference, tmp_path, capsys):
     assert tracking.last_passing_reference(uri, "spec", "tiny-llama", "0" * 16) is None
 
 
-def test_a_tracking_server_that_goes_down_during_the_run_costs_no_verdict(reference, tmp_path, monkeypatch):
+@pytest.mark.full  # a reference logged to MLflow, then a regress (14 s); the drift gate stays quick above
+def test_a_tracking_server_that_goes_down_during_the_run_costs_no_verdict(reference, tmp_path, monkeypatch,
+                                                                          mlflow_sqlite):
     """`mlflow:last` is read before the run; once generation is done the server may be gone. The
     reference read at the start is the one compared, and every output is written (before: the
     reference was fetched again at the end, and a server down then cost the summary, the report and
     the JUnit file, with exit 3)."""
     from harness.run import tracking
     folder, suite, ref_run = reference
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite
     tracking.log_run(ref_run, uri)
     found = tracking.last_passing_reference
     calls = []

@@ -244,6 +244,7 @@ def _hammer(root: str, n: int, seed: int) -> None:
         store.put(key_of(parts), parts, {"tokens": [seed] * 2000, "text": str(seed) * 4000}, {"writer": seed})
 
 
+@pytest.mark.full  # four writer processes racing (8 s); the store's atomic rename is used by every run in make check
 def test_concurrent_writers_never_tear_a_row(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_hammer, args=(str(tmp_path), 200, s)) for s in (1, 2)]
@@ -265,8 +266,11 @@ def test_concurrent_writers_never_tear_a_row(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
-def test_store_from_a_logged_mlflow_run(tmp_path, echo_suite):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+# `full`: two regress runs logged to MLflow (29 s of a quiet `make check`, most of it MLflow's
+# logging); the store's reuse, fingerprints and retiming stay in `make check` on the folder store.
+@pytest.mark.full
+def test_store_from_a_logged_mlflow_run(tmp_path, echo_suite, mlflow_sqlite):
+    uri = mlflow_sqlite
     cfg = config(tmp_path, echo_suite, SAME, speed_items=0)
     args = ["regress", "--config", str(cfg), "--profile", "full", "--no-progress", "--tracking-uri", uri,
             "--baseline-store", str(tmp_path / "store")]
@@ -351,6 +355,7 @@ def test_fail_fast_leaves_a_correct_exact_candidate_alone(tmp_path, echo_suite):
 # ---------------------------------------------------------------------------- the plan
 
 
+@pytest.mark.full  # a plan printed before a run (6 s): what it reads, not a verdict
 def test_plan_says_before_the_run_what_the_profile_can_decide(tmp_path, echo_suite, capsys):
     cfg = config(tmp_path, echo_suite, SAME + WORSE, margin=0.1)
     assert main(["regress", "--config", str(cfg), "--profile", "full", "--plan-only"]) == 0
@@ -434,6 +439,7 @@ def test_a_tampered_store_row_is_caught_by_retiming_and_nothing_is_reused(tmp_pa
     assert all(r["tokens"] == fresh[r["item_id"]] for r in rows(tmp_path / "r2", "baseline"))
 
 
+@pytest.mark.full  # 9 s; retiming a stored row stays in make check in the tampered-row test above
 def test_without_a_speed_sample_one_stored_row_is_still_rechecked(tmp_path, echo_suite):
     """`speed_items = 0`: the re-check had no sample row, so every tampered stored row was taken."""
     store = tmp_path / "store"
@@ -461,6 +467,7 @@ def two_suites(tmp_path: Path, echo_suite: Path) -> tuple[Path, Path]:
     return out[0], out[1]
 
 
+@pytest.mark.full  # 12 s of two suites' runs; the suite's speed bound from a subset is tested in test_speed_bound.py
 def test_the_speed_subset_of_a_multi_suite_profile_covers_every_suite(tmp_path, echo_suite):
     a, b = two_suites(tmp_path, echo_suite)
     cfg = tmp_path / "two.toml"

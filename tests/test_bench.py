@@ -10,6 +10,9 @@ import pytest
 from harness.cli import main
 
 
+# `full`: every decoder at two temperatures with a profiled round (20 s of a 2-core machine): bench
+# measures and decides nothing. Its comparison of old and new caches stays in `make check`.
+@pytest.mark.full
 def test_bench_reports_every_decoder(tmp_path, capsys):
     out = tmp_path / "bench.json"
     rc = main(["bench", "--target", "tiny-llama", "--draft", "tiny-qwen2,prompt-lookup,self:2", "--thresholds", "0.5",

@@ -120,11 +120,11 @@ def _child(cfg: Path, run_dir: Path, *extra: str, timeout: float = 240) -> subpr
                           capture_output=True, text=True, env=env, timeout=timeout)
 
 
-def test_a_candidate_that_raises_fails_and_the_others_are_judged(user_decoders, tmp_path):
+def test_a_candidate_that_raises_fails_and_the_others_are_judged(user_decoders, tmp_path, mlflow_sqlite):
     cfg = _config(tmp_path, {"mine": "userdec:Broken", "fine": "standard"})
     run_dir = tmp_path / "run"
     md, junit = tmp_path / "summary.md", tmp_path / "junit.xml"
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_sqlite
     code, summary = _regress(cfg, run_dir, "--summary-md", str(md), "--junit-xml", str(junit), "--tracking-uri", uri)
     line = f"mine: raised IndexError on s/c (T=0, seed 0) at userdec.py:{BROKEN_LINE}; 2 of 4 items ran"
     assert code == 1  # the gate's, not 3: the bug is the candidate's

@@ -262,6 +262,7 @@ def test_a_resume_draws_the_windows_still_missing(windows_config, tmp_path):
     assert len((run / exactness.FILE).read_text().splitlines()) == 2
 
 
+@pytest.mark.full  # a regress (8 s); missing window evidence failing closed stays in make check above
 def test_fewer_windows_than_configured_are_named_and_not_a_pass(windows_config, tmp_path):
     """Eight items give at most 16 windows: 20 configured cannot be had."""
     cfg = tmp_path / "short.toml"
@@ -302,3 +303,41 @@ def test_layer_wise_decoding_passes_the_cache_by_the_layers_own_keyword():
     for layer in loaded.model.model.layers:
         layer.__class__ = OldKeywordLayer
     assert make_decoder("early-exit", loaded, threshold=1.0).generate(request).tokens == want
+
+
+# ------------------------------------------ a death in the exactness windows (its worker)
+
+
+@pytest.mark.parametrize("how", ["os-exit-0", "sigkill", "garbage"])
+def test_a_death_drawing_a_window_is_the_candidates_fail_and_is_remembered(windows_config, tmp_path, monkeypatch, how):
+    """The candidate dies (or answers garbage) on a window's request, in its worker: FAIL in
+    this run naming the window, never exit 0 or 3; the rerun keeps the FAIL (a death is
+    remembered) and draws no window for it."""
+    import dataclasses
+    import os
+    import signal
+    real = spec.SpeculativeDecoder.generate
+
+    def generate(self, request):
+        if request.max_new_tokens == exactness.SEQ_LEN and request.seed == exactness.TEST_SEED + 3:
+            if how == "os-exit-0":
+                os._exit(0)
+            if how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return dataclasses.replace(real(self, request), tokens=(10 ** 6,))
+        return real(self, request)
+
+    monkeypatch.setattr(spec.SpeculativeDecoder, "generate", generate)  # the worker, forked, has it too
+    import helpers
+    run = tmp_path / "run"
+    for attempt in range(2):
+        code = helpers.regress(windows_config, run)
+        assert code == 1, (attempt, code)
+        summary = helpers.summary(run)
+        assert summary["candidates"]["lookup"]["verdict"] == "fail"
+        failed = {g["name"]: g["detail"] for g in summary["candidates"]["lookup"]["gates"] if g["status"] == "fail"}
+        if how == "garbage":
+            assert any("outside the vocabulary" in d for d in failed.values()), failed
+        else:
+            words = "exited with status 0" if how == "os-exit-0" else "killed by SIGKILL"
+            assert "crashed" in failed and "on exactness/window" in failed["crashed"] and words in failed["crashed"], failed

@@ -343,6 +343,7 @@ def test_onepass_and_decoder_estimates_agree_where_no_state_was_propagated(heads
     assert fired
 
 
+@pytest.mark.full  # a decoder run per threshold (9 s); the one-pass estimate and LTT's guarantee stay in make check
 def test_decoder_estimate_stops_after_the_first_uncertified_point(heads_dir, tmp_path):
     out = tmp_path / "cal"
     grid = "0.5,0.3,0.2,0.15,0.1,0.05,0.02,0.0"
@@ -390,14 +391,15 @@ max_new_tokens = 8
 
 # ------------------------------------------------------------------------------------ frontier
 
-def test_frontier_reports_every_point_and_draws_the_figure(heads_dir, calibrated, tmp_path):
+@pytest.mark.full  # every point of the frontier measured, a figure drawn and logged to MLflow (8 s)
+def test_frontier_reports_every_point_and_draws_the_figure(heads_dir, calibrated, tmp_path, mlflow_sqlite):
     run_dir = tmp_path / "fr"
     assert main(["exit-frontier", "--target", "tiny-llama", "--exit-heads", str(heads_dir), "--calibrated",
                  str(calibrated), "--thresholds", "0.2,0.1", "--suites", "factual,refusal", "--max-new-tokens", "8",
-                 "--run-dir", str(run_dir), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--no-progress"]) == 0
+                 "--run-dir", str(run_dir), "--tracking-uri", mlflow_sqlite, "--no-progress"]) == 0
     res = json.loads((run_dir / "frontier.json").read_text())
     from mlflow import MlflowClient
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    client = MlflowClient(tracking_uri=mlflow_sqlite)
     run = client.search_runs([client.get_experiment_by_name("decodegate-exit-frontier").experiment_id])[0]
     assert "ee-heads-0.1.measured_speedup" in run.data.metrics
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"frontier.json", "frontier.png"}

@@ -40,6 +40,25 @@ def pipe():
     return f.f_locals["conn"]
 
 
+def writable(attack, run_dir):
+    """The run folder where the decoder may write it, for each way round the read-only mount."""
+    import ctypes
+    if attack == "unmount-then-erase-stops":  # root in the mount namespace: drop the read-only bind
+        ctypes.CDLL(None).umount2(run_dir.encode(), 2)  # MNT_DETACH
+    if attack == "remount-then-erase-stops":  # or make it writable again
+        ctypes.CDLL(None).mount(None, run_dir.encode(), None, 4096 | 32, None)  # MS_BIND | MS_REMOUNT
+    if attack == "proc-root-erase-stops":  # the host's /proc: a process in the host's mount namespace
+        pid, mine = int(os.readlink("/proc/self")), os.readlink("/proc/self/ns/mnt")
+        while pid > 1:
+            pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            try:
+                if os.readlink(f"/proc/{pid}/ns/mnt") != mine:
+                    return f"/proc/{pid}/root{run_dir}"
+            except OSError:
+                pass
+    return run_dir
+
+
 class Evil:
     """Unpickled in the parent: any callable with any arguments runs there."""
     def __reduce__(self):
@@ -50,10 +69,10 @@ class Attack(StandardDecoder):
     def __init__(self, target, attack="none", at=0, **options):
         if attack == "hang-on-load":
             time.sleep(10 ** 6)
-        if attack == "raise-once-then-erase-stops":
+        if attack.endswith("-erase-stops"):
             # The decoder runs as the user who owns the run folder (a real one finds it in
             # /proc/<ppid>/cmdline): on the rerun its load empties the ledger of deaths.
-            stops = os.path.join(os.environ["ATTACK_RUN_DIR"], "stops.jsonl")
+            stops = os.path.join(writable(attack, os.environ["ATTACK_RUN_DIR"]), "stops.jsonl")
             if os.path.exists(stops):
                 open(stops, "w").close()
         super().__init__(target, **options)
@@ -66,7 +85,7 @@ class Attack(StandardDecoder):
             return
         a = self.attack
         result = self.generate(requests[0])
-        if a == "raise-once-then-erase-stops":
+        if a.endswith("-erase-stops"):
             mark = os.path.join(os.path.dirname(__file__), a + ".done")
             if not os.path.exists(mark):
                 open(mark, "w").close()
@@ -76,12 +95,17 @@ class Attack(StandardDecoder):
         if a == "hang":
             time.sleep(10 ** 6)
         if a == "orphan":  # a pool, a tokenizer's helper, a server the decoder started: outlives its worker
-            pid = os.fork()
-            if pid == 0:
+            # Its name, not its pid, says which it is: a pid in the worker's namespace names another
+            # process (or none) outside it.
+            name = f"dg-orphan-{os.urandom(2).hex()}"
+            with open(os.path.join(os.path.dirname(__file__), "orphan.name"), "w") as f:
+                f.write(name)
+            if os.fork() == 0:
+                import ctypes
+                ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
                 time.sleep(600)
                 os._exit(0)
-            with open(os.path.join(os.path.dirname(__file__), "orphan.pid"), "w") as f:
-                f.write(str(pid))
+            time.sleep(0.5)  # its name set
             raise RuntimeError("broken, with a child of its own")
         if a == "pickle":
             pipe().send(("result", 0, Evil()))
@@ -102,6 +126,20 @@ class Attack(StandardDecoder):
                 sig = {"kill-parent": signal.SIGKILL, "stop-parent": signal.SIGSTOP, "term-parent": signal.SIGTERM}[a]
                 os.kill(os.getppid(), sig)
                 time.sleep(60)
+        if a == "plant":  # decodegate's code and the packages it imports later, in the parent
+            import harness, torch
+            planted = {}
+            for d in (os.path.dirname(os.path.dirname(harness.__file__)), os.path.dirname(os.path.dirname(torch.__file__))):
+                path = os.path.join(d, f"_planted_{os.getpid()}_{os.urandom(4).hex()}.py")
+                try:
+                    with open(path, "w") as f:
+                        f.write("raise SystemExit(0)")
+                    planted[path] = "written"
+                except OSError as e:
+                    planted[path] = e.strerror
+            result = dataclasses.replace(result, stats={**result.stats, "planted": planted})
+        if a == "pids":  # what the decoder can see of the processes around it
+            result = dataclasses.replace(result, stats={**result.stats, "pid": os.getpid(), "ppid": os.getppid()})
         t = result.timing
         if a == "nan-wall":
             result = dataclasses.replace(result, timing=dataclasses.replace(t, wall_s=float("nan")))
@@ -182,12 +220,9 @@ def test_a_malformed_message_is_the_decoders_break_not_exit_3(attack, what):
 # --------------------------------------------------------------- the run folder is the decoder's too
 
 
-@pytest.mark.xfail(strict=True, reason="open: a decoder runs as the run folder's user and can rewrite it "
-                   "(a read-only view of the folder for workers is the fix; docs/own-decoder.md)")
-def test_a_decoder_cannot_erase_its_death_from_the_run_folder(attack, monkeypatch):
-    """Run 1: the candidate raises on its second item (FAIL, a stop row). Run 2: its load, which
-    runs before the parent reads the folder's ledger, empties stops.jsonl; the death is forgotten,
-    the candidate resumes, and the run exits 0."""
+def _erase_and_rerun(attack, monkeypatch) -> None:
+    """Run 1: the candidate raises on its second item (FAIL, a stop row). Run 2: its load empties
+    stops.jsonl; the candidate must still be FAIL, exit 1."""
     run_dir = attack / "run"
     monkeypatch.setenv("ATTACK_RUN_DIR", str(run_dir))
     cfg = _config(attack, {"fine": {}, "eraser": {"attack": "raise-once-then-erase-stops", "at": 2}})
@@ -196,19 +231,64 @@ def test_a_decoder_cannot_erase_its_death_from_the_run_folder(attack, monkeypatc
     assert (again, _verdicts(run_dir)["eraser"]) == (1, "fail")
 
 
+def test_a_decoder_cannot_erase_its_death_from_the_run_folder(attack, monkeypatch):
+    """Run 1: the candidate raises on its second item (FAIL, a stop row). Run 2: its load, which
+    runs before the parent reads the folder's ledger, empties stops.jsonl. Before, the death was
+    forgotten, the candidate resumed, and the run exited 0. Now the worker sees the run folder
+    read-only (its own mount namespace, where the kernel gives one): the write fails, and the
+    candidate stays FAIL."""
+    if not _pid_namespaces():
+        pytest.skip("no namespaces for this process here: the run folder stays writable to decoders")
+    _erase_and_rerun(attack, monkeypatch)
+
+
+@pytest.mark.xfail(strict=True, reason="without namespaces the run folder is writable to the decoder (same user): "
+                   "an unprivileged layer that forbids it (Landlock allows by path, so it cannot leave out one "
+                   "folder simply) is still to come")
+def test_without_namespaces_a_decoder_still_erases_its_death(attack, monkeypatch):
+    """As above, with unshare refused (an unprivileged worker, a container without
+    CAP_SYS_ADMIN): the load empties stops.jsonl, and the rerun passes the candidate, exit 0."""
+    import harness.run.namespaces as ns
+    monkeypatch.setattr(ns, "CLONE_NEWPID", 0x1)  # no CLONE_* flag: unshare(2) is refused
+    _erase_and_rerun(attack, monkeypatch)
+
+
+@pytest.mark.parametrize("how", ["unmount", "remount", "proc-root"])
+def test_a_decoder_cannot_get_round_the_read_only_run_folder(attack, monkeypatch, how):
+    """As above, but the decoder's load first undoes the read-only mount: it runs as root in a
+    mount namespace of its own (unmount the bind, or remount it writable), or it reaches the run
+    folder through the host's /proc (/proc/<pid>/root of a process outside its namespaces, which
+    the PID namespace leaves visible). Before, each of them erased the stop row, and the rerun
+    passed the candidate that had raised, exit 0. Now the decoder holds no capability (nor can
+    regain one by exec), and /proc is its namespace's own."""
+    if not _pid_namespaces():
+        pytest.skip("no namespaces for this process here: the run folder stays writable to decoders")
+    run_dir = attack / "run"
+    monkeypatch.setenv("ATTACK_RUN_DIR", str(run_dir))
+    cfg = _config(attack, {"fine": {}, "eraser": {"attack": f"{how}-then-erase-stops" if how != "proc-root"
+                                                  else "proc-root-erase-stops", "at": 2}})
+    assert _regress(cfg, run_dir) == 1 and _verdicts(run_dir)["eraser"] == "fail"
+    again = _regress(cfg, run_dir)
+    assert (again, _verdicts(run_dir)["eraser"]) == (1, "fail")
+    assert (run_dir / "stops.jsonl").read_text().strip()
+
+
 def test_a_decoders_own_child_does_not_outlive_the_run(attack):
     """The worker dies with the parent (PR_SET_PDEATHSIG), but a process the decoder forked does
     not inherit that: after the run it is still there (holding the GPU, the run folder, a port)."""
     cfg = _config(attack, {"fine": {}, "parent": {"attack": "orphan", "at": 2}})
     assert _regress(cfg, attack / "run") == 1
-    pid = int((attack / "orphan.pid").read_text())
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        state = "gone"
-    if state not in ("gone", "Z"):
-        os.kill(pid, signal.SIGKILL)
-    assert state in ("gone", "Z"), f"the decoder's child {pid} outlived the run"
+    name = (attack / "orphan.name").read_text()
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if f"({name})" in stat and stat.rsplit(")", 1)[1].split()[0] != "Z":
+            alive.append(int(pid))
+            os.kill(int(pid), signal.SIGKILL)
+    assert not alive, f"the decoder's child {name} (pids {alive}) outlived the run"
 
 
 def test_a_huge_result_is_refused_at_the_pipe(attack, monkeypatch):
@@ -278,28 +358,42 @@ def _child(cfg: Path, run_dir: Path, timeout: float = 600, extra=("--item-timeou
     return subprocess.CompletedProcess(child.args, child.returncode, out, err)
 
 
+def _pid_namespaces() -> bool:
+    """Whether this kernel gives this process a PID namespace (root, or a user namespace)."""
+    import ctypes
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if ctypes.CDLL(None, use_errno=True).unshare(0x20000000) == 0 else 1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def test_a_decoder_cannot_name_decodegate(attack):
+    """The decoder's parent is never decodegate (here: this test's process, which runs `regress`
+    in process): it is pid 1 of the worker's own PID namespace, the decoder pid 2 there, where
+    the kernel gives one; else a process of the worker. Before, os.getppid() was decodegate."""
+    cfg = _config(attack, {"seer": {"attack": "pids", "at": 2}})
+    assert _regress(cfg, attack / "run") == 0
+    rows = [json.loads(x) for x in (attack / "run" / "records.jsonl").read_text().splitlines()]
+    seen = next(r["stats"] for r in rows if r["candidate"] == "seer" and "pid" in r["stats"])
+    assert seen["ppid"] != os.getpid()
+    if _pid_namespaces():
+        assert (seen["pid"], seen["ppid"]) == (2, 1)
+
+
 @pytest.mark.full  # child regresses
-@pytest.mark.xfail(strict=True, reason="open: a worker can signal decodegate itself (a PID namespace or a "
-                   "seccomp rule on kill for workers is the fix; docs/own-decoder.md)")
-@pytest.mark.parametrize("how", ["kill-parent", "term-parent"])
-def test_a_decoder_that_kills_the_parent_is_not_passed_on_the_rerun(attack, how):
-    """The decoder SIGKILLs (SIGTERMs) decodegate itself (os.getppid()) once. The run dies (no
-    verdict, not 0), and the rerun must not read it as "killed from outside", resume, and PASS
-    the decoder that did it."""
-    cfg = _config(attack, {"fine": {}, "killer": {"attack": how, "at": 2}})
-    first = _child(cfg, attack / "run")
-    assert first.returncode not in (0, None), first.stderr[-3000:]
-    again = _child(cfg, attack / "run")
-    assert again.returncode == 1 and _verdicts(attack / "run")["killer"] == "fail", again.stderr[-3000:]
-
-
-@pytest.mark.full  # a child regress that hangs now
-@pytest.mark.xfail(strict=True, reason="open: a worker can signal decodegate itself (docs/own-decoder.md)")
-def test_a_decoder_that_stops_the_parent_does_not_hang_the_run(attack):
-    """SIGSTOP to os.getppid(): nothing in decodegate runs again; CI waits for its own timeout."""
-    cfg = _config(attack, {"fine": {}, "stopper": {"attack": "stop-parent", "at": 2}})
-    first = _child(cfg, attack / "run", timeout=45)  # a stopped parent stays stopped: a run of this config takes ~10 s
-    assert first.returncode is not None, "regress hung: the decoder stopped it"
+@pytest.mark.parametrize("how", ["kill-parent", "term-parent", "stop-parent"])
+def test_a_decoder_cannot_kill_or_stop_decodegate(attack, how):
+    """The decoder sends SIGKILL (SIGTERM, SIGSTOP) to os.getppid(), then waits. Before, that was
+    decodegate: the run died (or stopped for good), and the rerun read it as "killed from
+    outside", resumed, and passed the decoder that did it. Now the decoder's parent is its
+    worker's namespace (pid 1, which ignores it) or, without a PID namespace, a process of its
+    worker: the run goes on and finishes with its verdict (the decoder, stuck past the item
+    limit, FAIL as hung), and the rerun keeps it."""
+    cfg = _config(attack, {"fine": {}, "attacker": {"attack": how, "at": 2}})
+    for _ in range(2):
+        run = _child(cfg, attack / "run", timeout=300)
+        assert run.returncode == 1, (run.returncode, run.stderr[-3000:])
+        assert _verdicts(attack / "run") == {"fine": "pass", "attacker": "fail"}
 
 
 # --------------------------------------------------------------- the exit code from hand-made folders
@@ -374,3 +468,65 @@ def test_a_hung_user_baseline_is_bounded_without_item_timeout(attack):
     cfg = _config(attack, {"fine": {}}, baseline={"attack": "hang", "at": 2})
     first = _child(cfg, attack / "run", timeout=240, extra=())
     assert first.returncode == 2, "regress hung on a hung baseline" if first.returncode is None else first.stderr[-3000:]
+
+
+# --------------------------------------------------------------- decodegate's code is not the decoder's
+
+
+def test_a_decoder_cannot_plant_code_where_decodegate_imports_from(attack):
+    """The parent imports lazily after generation (lm-eval, the verdict's modules): a module the
+    decoder writes into decodegate's own folder or the site-packages it imports from runs in the
+    parent (exit 0 from there). Before, both were writable to the decoder; now they are read-only
+    in its mount namespace, as the run folder is."""
+    if not _pid_namespaces():
+        pytest.skip("no namespaces for this process here: decodegate's folders stay writable to decoders")
+    cfg = _config(attack, {"planter": {"attack": "plant", "at": 2}})
+    _regress(cfg, attack / "run")
+    rows = [json.loads(x) for x in (attack / "run" / "records.jsonl").read_text().splitlines()]
+    planted = next(r["stats"]["planted"] for r in rows if r["candidate"] == "planter" and "planted" in r["stats"])
+    for path in planted:
+        if os.path.exists(path):
+            os.unlink(path)
+    assert len(planted) == 2 and "written" not in planted.values(), planted
+
+
+# --------------------------------------------------------------- a hang names where it hung
+
+
+@pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "unprivileged"])
+def test_a_hung_decoders_python_stack_is_in_its_traceback(attack, monkeypatch, namespaces):
+    """Past the item limit the parent signals the worker's group (SIGUSR1) for the decoder's
+    Python stack, then kills it: the decoder runs two processes down (one without namespaces),
+    and its traceback file must show the line it hung on, not the worker's wait."""
+    if not namespaces:
+        import harness.run.namespaces as ns
+        monkeypatch.setattr(ns, "CLONE_NEWPID", 0x1)  # no CLONE_* flag: unshare(2) is refused
+    cfg = _config(attack, {"fine": {}, "stuck": {"attack": "hang", "at": 2}})
+    assert _regress(cfg, attack / "run") == 1
+    stops = [json.loads(x) for x in (attack / "run" / "stops.jsonl").read_text().splitlines()]
+    stop = next(s for s in stops if s["candidate"] == "stuck")
+    assert stop["reason"] == "hung", stop
+    trace = (attack / "run" / stop["traceback"]).read_text()
+    line = next(i for i, x in enumerate(ATTACK.splitlines(), 1) if 'if a == "hang":' in x) + 1
+    assert f"attack.py\", line {line} in generate_many" in trace, trace[-2000:]
+
+
+# --------------------------------------------------------------- a decoder's module, imported by decodegate
+
+
+@pytest.mark.parametrize("how", ["os._exit(0)", "sys.exit(0)"])
+def test_a_decoder_module_that_exits_on_import_gives_no_exit_0_or_3(attack, how):
+    """A plugin module that ends the process at import (a library that exits on import, a hostile
+    plugin). decodegate imports the module itself (the preflight, the code fingerprint): before,
+    os._exit(0) there was regress's exit 0 with no run folder at all, sys.exit(0) its exit 3
+    ("internal error"). Now the preflight imports it in a child first: an input error (2) naming
+    the decoder and how its import ended."""
+    (attack / "exiter.py").write_text(f"import os, sys\n{how}\nfrom decoders.standard import StandardDecoder\n\n\n"
+                                      "class Exiter(StandardDecoder):\n    pass\n")
+    cfg = _config(attack, {"fine": {}, "exiter": {"attack": "none", "at": 0}})
+    cfg.write_text(cfg.read_text().replace('decoder = "attack:Attack"\noptions = { attack = "none", at = 0 }',
+                                           'decoder = "exiter:Exiter"'))
+    run = _child(cfg, attack / "run", timeout=300)
+    assert run.returncode == 2, (run.returncode, run.stderr[-2000:])
+    ended = "ended the process (exited with status 0)" if how == "os._exit(0)" else "raised SystemExit"
+    assert f"'exiter' (decoder 'exiter:Exiter'): importing its module {ended}" in run.stderr, run.stderr[-2000:]

@@ -21,11 +21,12 @@ STUDIES = 200
 Z = 2.576
 
 
-def old_rule(aa_prompts, aa_margins, cand_prompts, cand_margins, n: int) -> str:
+def old_rule(block: cal.Block) -> str:
     """The floor's rate rule before issue 58: pass where Tango's test shows the excess rate below
     an absolute 0.10, fail where the exact test shows "more often", else inconclusive (a fail)."""
-    b, c = len(set(cand_prompts) - set(aa_prompts)), len(set(aa_prompts) - set(cand_prompts))
-    if not len(cand_prompts) or tango_ni_pvalue(c, b, n, margin=0.1) < 0.05:
+    cand, aa, n = set(block.cand_prompts.tolist()), set(block.aa_prompts.tolist()), block.n
+    b, c = len(cand - aa), len(aa - cand)
+    if not len(cand) or tango_ni_pvalue(c, b, n, margin=0.1) < 0.05:
         return "pass"
     return "fail" if floor.rate_test(b, c, n, 0.05)["exceeds"] else "inconclusive"
 
@@ -82,10 +83,30 @@ def test_the_plan_states_the_power_the_gate_has(rate, n, shared):
         assert abs(sim - exact) <= Z * np.sqrt(exact * (1 - exact) / STUDIES) + 1e-9, (sim, exact, p)
 
 
-def test_a_wider_noise_fails_beyond_the_floor():
-    """Flips beyond the A/A noise fail whatever the rate says."""
-    wide = cal.fail_rate(0.05, 100, "wider-noise", 100, np.random.default_rng(3))
+def test_a_wider_noise_is_caught():
+    """A bug whose own noise is twice as wide (and so flips twice as often) is caught, by a flip
+    beyond the noise scale or by its rate."""
+    wide = cal.fail_rate(0.05, 1000, "wider-noise", 100, np.random.default_rng(3))
     assert wide.simulated > 0.9, wide
+
+
+def test_more_prompts_never_let_a_bug_at_a_fixed_margin_pass_more_often():
+    """Issue 58, the review's finding: a bug diverging on 1% more prompts at margin 4 sigma (beyond
+    nearly every move, within the largest of many) was caught 0.475 at 300 prompts and 0.265 at
+    1,000 (rate 0.05, 200 studies): the noise scale was the largest move, and the largest of more
+    moves is larger. With 2.5 x a bound on their 99th percentile it is caught more often at 1,000."""
+    rng = np.random.default_rng(11)
+    at = {n: cal.fail_rate(0.05, n, "fixed-margin", 200, rng).simulated for n in (300, 1000)}
+    assert at[1000] >= at[300], at
+
+
+@pytest.mark.parametrize("n", [1000, 2000])
+def test_a_correct_engine_at_many_prompts_is_refused_at_most_alpha(n):
+    """A noise scale that does not grow with the prompts must still excuse a correct engine's
+    flips as their number grows (moves |N(0, sigma)|: its flips beyond 2.5 x the moves' p99
+    bound are rare): refused at most alpha, through the gate's code."""
+    ok = cal.fail_rate(0.05, n, "correct", 150, np.random.default_rng(12))
+    assert ok.simulated <= 0.05 + Z * np.sqrt(0.05 * 0.95 / 150), ok
 
 
 def test_a_correct_candidate_judged_in_several_blocks_is_refused_at_most_alpha():

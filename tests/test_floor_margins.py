@@ -130,11 +130,12 @@ def test_near_tie_flip_in_the_aa_run_does_not_excuse_divergences_at_margin_half(
     assert g["status"] == "fail" and not g["passed"], g
     assert "beyond the engine's own noise" in g["detail"] and "base~aa" in g["detail"]
     noise = summary["candidates"]["base~aa"]["floor"]
-    assert noise["valid"] and noise["scale"] == pytest.approx(2e-5, rel=0.01)
+    # 2.5 x the moves' p99 bound; here (316 moves) the largest, the flip's own gap move 1e-5 + 1e-5
+    assert noise["valid"] and noise["scale"] == pytest.approx(2.5 * 2e-5, rel=0.01) and noise["bounded"]
     assert noise["positions"] == 40 * N_TOKENS - 5 and noise["flips"] == 1
     ident = cand["suites"]["mini"]["identity"]["T=0"]
     assert ident["real_divergences"] == 4 and ident["floor"]["beyond_noise"] == 4
-    assert "A/A floor base~aa: noise 2e-05 logits" in statistics_lines(summary)
+    assert "A/A floor base~aa: noise 5e-05 logits (2.5 x the p99 bound 2e-05" in statistics_lines(summary)
 
 
 def test_aa_run_refusing_every_request_is_no_floor(tmp_path):
@@ -179,13 +180,42 @@ def test_divergences_within_the_measured_noise_go_to_the_rate_test(tmp_path):
         g = identity_gate(cand, config.gates)
         assert g["status"] == status, (margin, g)
         f = cand["suites"]["mini"]["identity"]["T=0"]["floor"]
-        assert f["noise"] == pytest.approx(0.12)  # the flip: 0.06 + 0.06 moved the two tokens' gap
+        assert f["noise"] == pytest.approx(0.25)  # 2.5 x the moves' p99 bound: their 10th largest of 1,597, 0.1
         if status == "pass":
             assert "within the floor: no excess over the A/A run's rate shown" in g["detail"], g
             assert f["candidate_only"] == 1 and f["floor_only"] == 1 and f["excess"] == 0
             assert "a correct engine passes with probability" in g["detail"]
         else:
-            assert "beyond the engine's own noise" in g["detail"] and "0.3 > A/A noise 0.12" in g["detail"]
+            assert "beyond the engine's own noise" in g["detail"] and "0.3 > A/A noise 0.25" in g["detail"]
+
+
+def test_one_outlying_move_of_the_aa_run_does_not_become_the_noise(tmp_path):
+    """The noise scale is 2.5 x an upper bound on the moves' 99th percentile, not their largest:
+    the largest of more moves is larger, so with the largest as the scale a bug diverging at a
+    fixed margin passed more often at 3,000 prompts than at 300 (issue 58). Here 1,600 moves of
+    up to 0.02 and one of 0.4: the scale stays 0.05, and a candidate divergence at margin 0.3 fails
+    beyond it (before: the scale was 0.4, and one divergence against none passed the rate test)."""
+    config, suites = setup(tmp_path, n=200)
+    records = build(suites[0], 200, cand_divs={7: 0.3}, aa_shift=0.02)
+    [aa] = [r for r in records if r["candidate"] == "base~aa" and r["item_id"] == "p50"]
+    aa["margins"] = [m + 0.4 if k == 5 else m for k, m in enumerate(aa["margins"])]
+    summary, cand = run(config, suites, records)
+    level = summary["candidates"]["base~aa"]["floor"]
+    assert level["max_shift"] == pytest.approx(0.4 - 0.015) and level["scale"] == pytest.approx(0.05) and level["bounded"]
+    g = identity_gate(cand, config.gates)
+    assert g["status"] == "fail" and "0.3 > A/A noise 0.05" in g["detail"], g
+
+
+def test_a_divergence_at_a_margin_the_aa_run_flipped_at_is_within_the_noise(tmp_path):
+    """The A/A run's own flips set a floor under the scale: its one flip at margin 0.2, among
+    moves of up to 0.02 (2.5 x their p99 bound: 0.05), excuses a candidate divergence at 0.2 (to
+    the rate test: one against one, no excess), not one at 0.21."""
+    config, suites = setup(tmp_path, n=200)
+    for margin, status in ((0.2, "pass"), (0.21, "fail")):
+        records = build(suites[0], 200, aa_flips={0: 0.2}, cand_divs={7: margin}, aa_shift=0.02)
+        summary, cand = run(config, suites, records)
+        assert summary["candidates"]["base~aa"]["floor"]["scale"] == pytest.approx(0.2)
+        assert identity_gate(cand, config.gates)["status"] == status, margin
 
 
 def test_many_divergences_within_the_noise_exceed_the_floor(tmp_path):

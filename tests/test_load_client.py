@@ -416,6 +416,9 @@ def test_a_client_worker_that_dies_leaves_an_error_row_for_each_of_its_requests(
     assert all("load client worker 1 of 2 failed" in r["error"] and "exit code 3" in r["error"] for r in rows[1::2])
 
 
+# `full`: two client worker processes and a hang waited out (14 s); a client worker that dies stays in
+# make check, and so does a decoder that hangs (test_fault_matrix.py).
+@pytest.mark.full
 def test_a_client_worker_that_hangs_is_killed_and_its_rows_are_lost_never_a_level_that_waits(
         fake_engine, smollm2_tokenizer_target, monkeypatch):
     """A worker whose loop blocks (here a sleep on it; SIGSTOP reads the same) held the level,
@@ -565,11 +568,13 @@ class _Server:
     `drop_reused`, a connection's second request is closed without an answer: what a server
     does when its idle timeout fires just as the client takes the kept-alive connection."""
 
-    def __init__(self, drop_reused: bool = False, tokens: int = 4, llama_slots: int | None = None):
+    def __init__(self, drop_reused: bool = False, tokens: int = 4, llama_slots: int | None = None,
+                 metrics: bool = False):
         import threading
 
         from fake_engine import _frame, completion_events
         self.drop_reused, self.frames = drop_reused, [_frame(e) for e in completion_events(tokens)]
+        self.metrics = metrics   # serve /metrics as vLLM's: every POST read counts as a request served
         self.props = (b'{"build_info": "b1", "total_slots": %d}' % llama_slots) if llama_slots else None  # as llama.cpp's
         self.connections = self.posts = self.dropped = 0   # connections: those that carried a stream
         self.open = 0                                      # connections open now, this side
@@ -591,6 +596,8 @@ class _Server:
                     status = b"200 OK" if line.startswith((b"GET /v1/models", b"GET /health")) else b"404 X"
                     if self.props and line.startswith(b"GET /props"):
                         body, status = self.props, b"200 OK"
+                    if self.metrics and line.startswith(b"GET /metrics"):
+                        body, status = self._metrics(), b"200 OK"
                     writer.write(b"HTTP/1.1 %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
                                  % (status, len(body), body))
                     await writer.drain()
@@ -613,6 +620,17 @@ class _Server:
             writer.close()
             await writer.wait_closed()
             self.open -= 1
+
+    def _metrics(self) -> bytes:
+        """vLLM's spec-decode counters and latency histograms, counting every POST read (a server or
+        proxy that read a request served it, whether or not its answer reached the client)."""
+        n = self.posts
+        lines = [f"vllm:spec_decode_num_drafts_total {n}", f"vllm:spec_decode_num_draft_tokens_total {4 * n}",
+                 f"vllm:spec_decode_num_accepted_tokens_total {3 * n}", "process_start_time_seconds 1.0"]
+        for hist in ("time_to_first_token_seconds", "request_time_per_output_token_seconds",
+                     "e2e_request_latency_seconds"):
+            lines += [f"vllm:{hist}_sum {0.01 * n}", f"vllm:{hist}_count {n}"]
+        return ("\n".join(lines) + "\n").encode()
 
     def quiet(self) -> bool:
         """Whether every connection the clients closed is closed on this side too (its sockets
@@ -693,6 +711,51 @@ def test_a_kept_alive_connection_the_server_closes_as_it_is_taken_is_no_error_ro
         dropped = server.dropped
         results = [r for _, r in _decoder(smollm2_tokenizer_target, server.url).generate_many(requests)]
         assert [len(r.tokens) for r in results] == [4] * 8 and server.dropped > dropped
+
+
+def test_a_request_sent_again_is_counted_in_its_row_and_the_servers_figures_around_it_are_refused(
+        smollm2_tokenizer_target):
+    """The pool sends a POST again when its kept-alive connection closed under it. A server (or a
+    proxy) that had read the request served it, then closed without a byte: it served it twice.
+    Here the server counts every POST it read in its own /metrics (vLLM's names): the level's
+    rows must account for each send (`resent`), and the server's figures differenced around the
+    level (latency histograms, spec-decode counters) must be refused, never read as the level's:
+    they counted 8 + resends requests for 8 rows. So must the closed loop's per-request and batch
+    differences."""
+    from types import SimpleNamespace
+
+    from analysis.load import level_metrics
+    from decoders.base import GenerationRequest
+    requests = [GenerationRequest((5, 6, 7 + i), max_new_tokens=4) for i in range(8)]
+    with _Server(drop_reused=True, metrics=True) as server:
+        decoder = _decoder(smollm2_tokenizer_target, server.url)
+        assert decoder.metrics_ok
+        arrivals = [load.Arrival(i, 0.01 * i, _Work()) for i in range(8)]
+        run = SimpleNamespace(plan=SimpleNamespace(max_in_flight=1, client_workers=1),
+                              client_cost=lambda name, decoder: None)
+
+        async def level():
+            async with httpx.AsyncClient(timeout=30) as http:
+                return await load.LoadRun.play_level(run, http, "b", decoder, 8.0, arrivals, requests)
+        rows, info, delta = asyncio.run(asyncio.wait_for(level(), 60))
+        assert [r["error"] for r in rows] == [None] * 8 and server.dropped > 0
+        assert "unmeasured" in info["server_latency"], (server.posts, info["server_latency"])
+        assert sum(r["resent"] for r in rows) == server.dropped == info["resent"]
+        assert len(rows) + info["resent"] == server.posts          # every send the server read is in a row
+        assert delta["draft_tokens"] == 4 * server.posts            # what the server's counters hold
+        level_acc = level_metrics(rows, duration_s=1.0, prometheus=delta)["acceptance"]["level"]
+        assert level_acc["value"] is None and "sent again" in level_acc["error"], level_acc
+
+        dropped = server.dropped
+        results = [r for _, r in _decoder(smollm2_tokenizer_target, server.url).generate_many(requests)]
+        resent = [r.stats.get("resent", 0) for r in results]
+        assert sum(resent) == server.dropped - dropped > 0
+        # One in flight: a request's own counter difference, but not where it was sent twice.
+        assert all(("proposed" in r.stats) == (not n) for r, n in zip(results, resent)), [r.stats for r in results]
+        batch = _decoder(smollm2_tokenizer_target, server.url)
+        list(batch.generate_many(requests))
+        assert batch.last_batch["resent"] > 0 and "proposed" not in batch.last_batch, batch.last_batch
+        assert "unmeasured" in batch.last_batch
 
 
 def test_a_server_that_closes_idle_connections_costs_no_request(smollm2_tokenizer_target):
@@ -797,3 +860,15 @@ def test_a_llama_cpp_server_keeps_connections_only_for_a_batch_within_its_slots(
         assert server.posts - posts == 6 and server.connections - connections == 6
         rows, _ = asyncio.run(asyncio.wait_for(level(3), 60))       # 3 in flight, 2 slots: the same
         assert server.connections - connections == 12
+
+
+def test_the_client_benchmark_gives_decodegates_ratio_per_round_and_their_median():
+    """scripts/bench_client.py --rounds: on a shared machine one round's ratio is the load's, so each
+    round's clients run back to back and the ratio is taken per round, then the median."""
+    from bench_client import ratios
+    rows = [{"client": c, "in_flight": 64, "round": i, "tok_s": t, "cpu_per_token_us": u}
+            for i, (dg, ref, sdk) in enumerate([(10, 20, 5), (30, 20, 6), (20, 20, 4)])
+            for c, t, u in (("decodegate", dg, 20.0), ("vllm-bench", ref, None), ("openai-sdk", sdk, 200.0))]
+    lines = ratios(rows + [{"client": "vllm-bench", "in_flight": 64, "round": 3, "error": "no vllm"}])
+    assert "vllm bench serve's, per round 0.50 1.50 1.00, median 1.00" in " ".join(lines), lines
+    assert "openai SDK path's, per round 0.10 0.10 0.10, median 0.10" in " ".join(lines), lines

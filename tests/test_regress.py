@@ -120,6 +120,11 @@ def _stable(s: dict) -> dict:
             for n, c in s["candidates"].items()}
 
 
+# `full`: a child regress killed halfway, then two more runs (23 s of a quiet `make check`).
+# `make check` keeps resuming a folder: the fault matrix's slice (a killed worker, every row kept on
+# the rerun), tests/test_decoder_faults.py (the windows still missing) and test_baseline_reuse.py
+# (a run stopped by its looks).
+@pytest.mark.full
 def test_resume_after_kill_runs_nothing_twice(tmp_path, tiny_suite):
     cfg = write_config(tmp_path, tiny_suite, SPEC, samples=100)
     run_dir = tmp_path / "run"
@@ -196,6 +201,9 @@ def test_lmeval_task_as_a_regress_suite(tmp_path):
     assert s["suites"]["lmeval:decodegate_tiny_gen"]["hash"] not in ("?", None)
 
 
+# `full`: tests/test_exactness_gates.py catches broken rejection verifiers end to end in `make
+# check`, on a target where drafts are likely (on this random tiny model they rarely are).
+@pytest.mark.full
 def test_broken_rejection_verifier_fails_the_exactness_gate(tmp_path, tiny_suite, monkeypatch):
     import decoders.speculative as spec
     from decoders.verify import Verdict

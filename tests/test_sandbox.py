@@ -201,6 +201,40 @@ def test_layers_applied_as_root(layers):
         assert any(layer.startswith("seccomp (") for layer in layers), layers
 
 
+CAPABILITIES = """
+def status():
+    lines = open("/proc/self/status").read().splitlines()
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in lines) if k.startswith("Cap") or k == "NoNewPrivs"}
+"""
+NO_CAPABILITIES = """
+for s in (status(), {k: v.strip() for k, v in (line.split(":", 1) for line in open("/proc/self/status").read().splitlines())}):
+    assert [s[k] for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")] == ["0000000000000000"] * 5, s
+    assert s["NoNewPrivs"] == "1", s
+"""
+
+
+def test_no_capabilities_are_held_where_the_layer_is_reported(layers):
+    """Both processes, as the kernel sees them: every capability set empty (root inside a user
+    namespace otherwise holds a full set there) and no_new_privs, not only the layer's name."""
+    _need(layers, "no-capabilities")
+    if os.geteuid() != 0 and any(x.startswith("no-namespaces") for x in layers):
+        # As an ordinary user with no namespace there is no capability to hold, and the sandbox's
+        # not-dumpable process cannot read its own /proc/self/status (root owns it) to show it.
+        pytest.skip("an unprivileged user without namespaces: no capability to drop, none to read")
+    r = run_code(CAPABILITIES, NO_CAPABILITIES, limits=FAST, audit_hook=False)
+    assert r.passed, r
+
+
+def test_nothing_of_the_host_is_left_under_the_view(layers):
+    """pivot_root leaves the host's tree at /.old until it is detached: the view is only what the
+    allow-list names (Landlock would still refuse reads there; this is the view's own check)."""
+    _need(layers, "minimal-root")
+    host = [os.path.dirname(os.path.abspath(__file__)), "/.old"]
+    r = run_code("import os\ndef seen(paths):\n    return [p for p in paths if os.path.lexists(p)]\n",
+                 f"assert seen({host!r}) == []\n", limits=FAST, audit_hook=False)
+    assert r.passed, r
+
+
 def test_backstop_without_audit_hook(layers):
     _need(layers, "seccomp")
     for code in ("import os\nwhile True:\n    os.fork()\n", "import socket\nsocket.socket()\n"):

@@ -373,8 +373,11 @@ def test_rejection_generations_follow_exact_target_probabilities(tiny_pair):
     assert 0.2 < alpha < 0.8  # the draft really differs: accepts, rejections and bonuses all occur
 
 
-@pytest.mark.parametrize("name, draws", [("accept_all", 200), ("bonus_wrong_position", 1000),
-                                         ("residual_not_normalised", 1000)])
+# The 1,000-generation cases (5-8 s each) are `full`: tests/test_verify.py's block test catches
+# both bugs in milliseconds, and accept-all here shows the whole-generation test failing.
+@pytest.mark.parametrize("name, draws", [("accept_all", 200),
+                                         pytest.param("bonus_wrong_position", 1000, marks=pytest.mark.full),
+                                         pytest.param("residual_not_normalised", 1000, marks=pytest.mark.full)])
 def test_broken_verifiers_fail_on_whole_generations(tiny_pair, monkeypatch, name, draws):
     # The same test, with fewer generations to save time, already rejects each bug. On the test
     # models with non-default configs (α 0.6 here) the p-values at 200 / 500 / 1000 generations

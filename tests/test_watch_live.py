@@ -224,6 +224,7 @@ def test_an_alarm_stays_raised_on_metrics_until_watch_is_stopped(engine, tmp_pat
     assert out.count("ALARM") == 1 and "still raised" in out
 
 
+@pytest.mark.full  # two watch processes (12 s); an alarm that stays until watch is stopped is in make check above
 def test_acknowledge_clears_the_alarm_and_exit_on_alarm_keeps_the_old_behaviour(engine, tmp_path):
     import signal
     ref = write_reference(tmp_path / "ref", steady_requests())
@@ -265,6 +266,7 @@ def test_a_relaunch_without_speculation_is_an_alarm_of_its_own(engine, tmp_path)
     assert len(line) == 1 and "speculation stopped" in line[0] and "series are gone" in line[0]
 
 
+@pytest.mark.full  # a watch process (4 s); speculation stopped stays in make check with the relaunch above
 def test_drafting_that_stands_still_while_generating_is_speculation_stopped(engine, tmp_path):
     ref = write_reference(tmp_path / "ref", steady_requests())
     engine.serve(100, 60)
@@ -280,7 +282,9 @@ def test_drafting_that_stands_still_while_generating_is_speculation_stopped(engi
 
 # --------------------------------------------------------------------------- failed scrapes
 
-@pytest.mark.parametrize("mode", ["html", "empty"])
+# Each case is a watch process fed until it counts three failed scrapes (3.5-5 s): `make check` keeps
+# one of each kind (a page that is not metrics; a counter that is not a count), `make test` the rest.
+@pytest.mark.parametrize("mode", ["html", pytest.param("empty", marks=pytest.mark.full)])
 def test_an_odd_scrape_is_counted_not_fatal(mode, engine, tmp_path):
     ref = write_reference(tmp_path / "ref", steady_requests())
     engine.serve(100, 60)
@@ -299,7 +303,8 @@ def test_an_odd_scrape_is_counted_not_fatal(mode, engine, tmp_path):
     assert code == 0 and "ALARM" not in out, (out, err)
 
 
-@pytest.mark.parametrize("bad", ["nan", "inf", "-5.0"])
+@pytest.mark.parametrize("bad", ["nan", pytest.param("inf", marks=pytest.mark.full),
+                                 pytest.param("-5.0", marks=pytest.mark.full)])
 def test_a_spec_counter_that_is_not_a_count_is_a_failed_scrape_not_a_crash(bad, engine, tmp_path):
     """A proxy or exporter bug serving NaN, +Inf or a negative drafted counter: counted as a failed
     scrape (decodegate_scrape_failures_total), not an internal error, and watch goes on."""
@@ -425,6 +430,7 @@ def test_an_alarm_that_stands_when_the_engine_stops_answering_still_exits_4(engi
     assert "4 scrapes of" in err
 
 
+@pytest.mark.full  # a watch process (7 s); the standing alarm's exit 4 stays in make check with the engine gone
 def test_an_alarm_that_stands_when_counters_turn_unreadable_still_exits_4(engine, tmp_path):
     """Counters that go backwards with no sign of a restart end watch (an input error), but an
     alarm already raised must not be lost to exit 2: a script reading the exit code would see

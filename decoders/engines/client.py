@@ -14,6 +14,9 @@ way for all of them:
 - concurrency: `generate_many` keeps up to `concurrency` requests in flight (asyncio) and yields
   each result as it finishes, so the runner writes every record the moment it exists; the
   batch's streams share one pool of kept-alive connections (`stream_pool`), closed with it;
+- resends: a request sent to the server again (a kept-alive connection closed under it, a retry
+  after an attempt that reached the server) may have been served twice; each is counted
+  (`resends`), and the server's counters differenced around it are not taken as its own;
 - warm-up: before its first timed request to a server, a decoder sends a few untimed requests
   shaped like the timed ones (`warm`), so a cold server does not read as a slow one;
 - telemetry: per-request acceptance from the final chunk when the flavour has it, else the
@@ -52,6 +55,10 @@ class Piece:
 
 def top2_gap(logprobs: list[float]) -> float | None:
     """Top-1 minus top-2 logprob: the logit gap (softmax shifts every logit by one constant)."""
+    if len(logprobs) == 2:   # what `logprobs: 2` sends for every token: no sort
+        a, b = logprobs
+        if a is not None and b is not None and math.isfinite(a) and math.isfinite(b):
+            return a - b if a >= b else b - a
     finite = sorted((x for x in logprobs if x is not None and math.isfinite(x)), reverse=True)
     return finite[0] - finite[1] if len(finite) >= 2 else None
 
@@ -252,6 +259,7 @@ class EngineDecoder(Decoder):
             if not getattr(self.server, "warmed", False):   # once per server and process, before any timing
                 self.warmup = await warm(self, http, requests, self.concurrency)
             before = await self._spec_counters(http) if self.metrics_ok else None
+            batch_resent = _RESENT.set([0])   # this task's and its request tasks' (resends)
 
             async def one(i, request):
                 async with gate:
@@ -280,8 +288,14 @@ class EngineDecoder(Decoder):
                 done.put(e)
                 return
             after = await self._spec_counters(http) if self.metrics_ok else None
-            self.last_batch = {"requests": len(requests), "concurrency": self.concurrency,
-                               **stats_from_delta(spec_delta(before, after), self.drafts_expected())}
+            resent = _RESENT.get()[0]
+            _RESENT.reset(batch_resent)
+            self.last_batch = {"requests": len(requests), "concurrency": self.concurrency, "resent": resent,
+                               **stats_from_delta(spec_delta(before, after) if not resent else None,
+                                                  self.drafts_expected())}
+            if resent:   # a request sent twice may have been served twice: the counters are not the batch's
+                self.last_batch["unmeasured"] = (f"{resent} request(s) sent again after the server may have "
+                                                 f"read them (client.resends)")
 
     async def _spec_counters(self, http: httpx.AsyncClient) -> dict | None:
         """The speculative counters now, or None where /metrics did not answer with Prometheus text
@@ -301,12 +315,24 @@ class EngineDecoder(Decoder):
 
     async def _one(self, http: httpx.AsyncClient, request: GenerationRequest) -> GenerationResult:
         last: Exception | None = None
+        resent = 0
         for attempt in range(self.retries + 1):
             if not self.server.alive():
                 break
+            if last is not None and not isinstance(last, (httpx.ConnectError, httpx.ConnectTimeout)):
+                _count_resend()   # the last attempt reached the server: a retry may be served twice
+                resent += 1
             try:
                 before = await self._spec_counters(http) if self.metrics_ok and self.concurrency == 1 else None
-                result = await self._stream_once(http, request)
+                with resends() as sent:
+                    try:
+                        result = await self._stream_once(http, request)
+                    finally:
+                        resent += sent[0]
+                if resent:
+                    result.stats["resent"] = resent   # see resends: the server may have served it twice
+                if sent[0]:
+                    before = None   # the counters' difference may hold this request twice: not its own
                 if before is not None:
                     # One request in flight: the counters' difference is this request's alone.
                     # Per-request fields from the engine's own payload take precedence.
@@ -350,17 +376,22 @@ class EngineDecoder(Decoder):
     async def _stream_once(self, http: httpx.AsyncClient, request: GenerationRequest) -> GenerationResult:
         out = Emitter(request, self.tokenizer, request.max_new_tokens)
         text, chunk_times, finish, final = [], [], None, {}
+        clock, emit = time.perf_counter, out.emit   # looked up once, not once per streamed token
         async for piece in self.stream(http, request):
-            now = time.perf_counter()
+            now = clock()
+            tokens, margins = piece.tokens, piece.margins
             text.append(piece.text)
-            if piece.text or piece.tokens:
+            if piece.text or tokens:
                 chunk_times.append(now)
             finish = piece.finish_reason or finish
-            final.update(piece.final)
-            for token, margin in zip(piece.tokens, piece.margins + [None] * (len(piece.tokens) - len(piece.margins))):
+            if piece.final:
+                final.update(piece.final)
+            if len(margins) < len(tokens):
+                margins = margins + [None] * (len(tokens) - len(margins))
+            for token, margin in zip(tokens, margins):
                 if out.done:
                     break
-                out.emit(token, margin, at=now)
+                emit(token, margin, at=now)
         stats = {"engine": self.server.spec.name, "flavour": self.flavour, **self.telemetry(final)}
         answered = final.get("model")
         if answered:
@@ -457,13 +488,44 @@ async def _mark_reused(session, context, params) -> None:
         context.trace_request_ctx["reused"] = True
 
 
+# Requests sent to the server more than once, counted for whoever opened a counter around them
+# (`resends`): the load phase's rows and the closed loop's batches. A server that had read a
+# request (or a proxy that had passed it on) before it closed the connection without a byte
+# served it twice: its counters and histograms, differenced around a request, batch or level,
+# then count one request twice, which nothing else in the row would show.
+_RESENT: contextvars.ContextVar = contextvars.ContextVar("decodegate_resent", default=None)
+
+
+@contextlib.contextmanager
+def resends() -> Iterator[list[int]]:
+    """Count the requests sent again inside this block (this task and the tasks it starts):
+    yields a one-element list, [times sent again], read when the block ends."""
+    outer, count = _RESENT.get(), [0]
+    token = _RESENT.set(count)
+    try:
+        yield count
+    finally:
+        _RESENT.reset(token)
+        if outer is not None:   # a request's count is its batch's too
+            outer[0] += count[0]
+
+
+def _count_resend() -> None:
+    count = _RESENT.get()
+    if count is not None:
+        count[0] += 1
+
+
 async def _answer(stack: contextlib.AsyncExitStack, url: str, **options):
     """The response to a POST: through the pool of this batch where there is one (stream_pool),
     else on a connection of its own. A kept-alive connection that the server closed as the
     request took it (an idle timeout that fired just then; llama.cpp's server does it: "Server
     disconnected") fails before any byte of an answer, and aiohttp retries only idempotent
     methods: that request goes again once, on a new connection, as it would have gone with no
-    pool. A new connection that fails, or an answer cut after it began, is raised as before."""
+    pool. Nothing on the client can tell that close from a server (or proxy) that read the
+    request, served it and closed without a byte, so each such resend is counted (`resends`):
+    the row says `resent`, and the server-side differences around it are refused as unmeasured.
+    A new connection that fails, or an answer cut after it began, is raised as before."""
     import aiohttp
     pool = _POOL.get()
     if pool is not None and pool[0] is asyncio.get_running_loop():
@@ -473,9 +535,11 @@ async def _answer(stack: contextlib.AsyncExitStack, url: str, **options):
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError) as e:
             if isinstance(e, aiohttp.ClientConnectorError) or not mark.get("reused"):
                 raise
+        _count_resend()
     return await stack.enter_async_context(aiohttp.request("POST", url, **options))
 
 
+_json = json.JSONDecoder().decode   # json.loads(str) without its checks: the parse, once per chunk
 DRAIN_S = 0.1   # after [DONE]: how long the body's end may take (it follows at once) before the connection is dropped
 
 
@@ -507,8 +571,11 @@ async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterat
     t = http.timeout
     # `request_timeout_s` is the whole request's, streaming included (EngineSpec): a bound on each
     # read alone let a server that trickles keep-alive comments (or tokens past the budget) hold
-    # a request, and the level or batch waiting on it, for ever.
-    timeout = aiohttp.ClientTimeout(total=t.read, sock_connect=t.connect, sock_read=t.read)
+    # a request, and the level or batch waiting on it, for ever. No `sock_read`: a silence is cut
+    # by `total` as soon as it would be (the same bound), and aiohttp re-arms a `sock_read` timer
+    # on every read (a cancel and a `call_later` per streamed token, the heaviest line of the
+    # client's profile at 512 streams in flight).
+    timeout = aiohttp.ClientTimeout(total=t.read, sock_connect=t.connect)
     headers = {**{k: v for k, v in http.headers.items() if k.lower() in ("authorization",)}, **JSON}
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -518,8 +585,13 @@ async def sse_json(http: httpx.AsyncClient, url: str, body: dict) -> AsyncIterat
                 request = httpx.Request("POST", url)
                 raise httpx.HTTPStatusError(f"HTTP {response.status} from {url}", request=request,
                                             response=httpx.Response(response.status, text=text, request=request))
-            async for payload, error in _events(response.content):
-                yield {"error": _error_value(payload)} if error else json.loads(payload)
+            events = _Events()
+            async for block in response.content.iter_any():
+                for payload, error in events.feed(block):
+                    # str, not bytes: json.loads would first guess the bytes' encoding (UTF-8 in SSE)
+                    yield {"error": _error_value(payload)} if error else _json(payload.decode())
+                if events.done:
+                    break
             await _drain(response.content)
     except aiohttp.ClientConnectorError as e:
         raise httpx.ConnectError(str(e)) from e
@@ -554,36 +626,51 @@ def _error_value(payload: bytes):
     return value["error"] if isinstance(value, dict) and value.get("error") else value
 
 
-async def _events(content) -> AsyncIterator[tuple[bytes, bool]]:
-    """(data, is an error event) of each complete event in a byte stream (see sse_json), up to `[DONE]`."""
-    data: list[bytes] = []
-    error = False
-    rest = b""
-    async for block in content.iter_any():
-        buf = rest + block
+class _Events:
+    """The complete events in a byte stream (see sse_json), block by block: `feed(block)` gives
+    (data, is an error event) for each event the block completes, up to `[DONE]` (then `done`).
+    A plain object called once per read, not an async generator between the socket and the
+    parser: one generator hop less per token (the reader's cost is per read, and a GPU server
+    sends a read per token)."""
+
+    __slots__ = ("data", "error", "rest", "done")
+
+    def __init__(self):
+        self.data: list[bytes] = []
+        self.error = False
+        self.rest = b""
+        self.done = False
+
+    def feed(self, block: bytes) -> list[tuple[bytes, bool]]:
+        buf = self.rest + block if self.rest else block
         if b"\r" in buf:   # rare: normalise, keeping a final \r back (its \n may be in the next block)
             held = b"\r" if buf.endswith(b"\r") else b""
             buf = buf[:len(buf) - len(held)].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
             lines = buf.split(b"\n")
-            rest = lines.pop() + held
+            self.rest = lines.pop() + held
         else:
             lines = buf.split(b"\n")
-            rest = lines.pop()
+            self.rest = lines.pop()
+        out = []
+        data = self.data
         for line in lines:
             if not line:
-                if data or error:
+                if data or self.error:
                     payload = data[0] if len(data) == 1 else b"\n".join(data)
-                    if not error and payload.strip() == b"[DONE]":
-                        return
-                    yield payload, error
-                data, error = [], False
+                    if not self.error and payload.strip() == b"[DONE]":
+                        self.done = True
+                        return out
+                    out.append((payload, self.error))
+                    data = self.data = []
+                    self.error = False
             elif line.startswith(b"data:"):
                 data.append(line[6:] if line[5:6] == b" " else line[5:])
             elif line.startswith(b"event:"):
-                error = line[6:].strip() == b"error"
+                self.error = line[6:].strip() == b"error"
             elif line.startswith(b"error:"):   # llama.cpp's server: `error: {json}`, no data line
                 data.append(line[7:] if line[6:7] == b" " else line[6:])
-                error = True
+                self.error = True
+        return out
 
 
 async def raise_for_status(response: httpx.Response) -> None:

@@ -39,24 +39,28 @@ def _token_id(key) -> int | None:
 
 
 def parse_completion_chunk(chunk: dict) -> Piece:
-    """One streamed `/v1/completions` chunk (a plain dict) -> Piece."""
-    choices = chunk.get("choices") or []
+    """One streamed `/v1/completions` chunk (a plain dict) -> Piece. Called once per streamed
+    token: each lookup here is the client's cost per token (the shapes are pinned by tests/data)."""
+    choices = chunk.get("choices")
     if not choices:
         return Piece(final=_usage_and_metrics(chunk))
     c = choices[0]
-    lp = c.get("logprobs") or {}
-    tops = lp.get("top_logprobs") or []
+    lp = c.get("logprobs") or _EMPTY
+    tops = lp.get("top_logprobs") or ()
     margins = [top2_gap(list(t.values())) if t else None for t in tops]
     ids = c.get("token_ids")
     if ids is None:
         named = [_token_id(t) for t in lp.get("tokens") or []]
         ids = named if named and all(i is not None for i in named) else []
-    piece = Piece(tokens=[int(i) for i in ids], margins=margins if ids else [], text=c.get("text") or "")
-    if c.get("finish_reason"):
-        piece.finish_reason = FINISH.get(c["finish_reason"], c["finish_reason"])
-        piece.final = {"finish_reason": c["finish_reason"], "stop_reason": c.get("stop_reason")}
-    piece.final.update(_usage_and_metrics(chunk))
+    finish = c.get("finish_reason")
+    piece = Piece([int(i) for i in ids], margins if ids else [], c.get("text") or "", final=_usage_and_metrics(chunk))
+    if finish:
+        piece.finish_reason = FINISH.get(finish, finish)
+        piece.final = {"finish_reason": finish, "stop_reason": c.get("stop_reason"), **piece.final}
     return piece
+
+
+_EMPTY: dict = {}
 
 
 def parse_chat_chunk(chunk: dict) -> Piece:

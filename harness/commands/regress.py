@@ -178,8 +178,14 @@ def check_input(args):
     # lm-eval tasks run after every other suite: a misspelt task, a wrong include_path or a code
     # task not allowed by the config is refused now, not after hours of generation.
     runner.check_lmeval(config)
-    from decoders import get_decoder_class
+    from decoders.base import DecoderError, get_decoder_class, is_builtin
+    from harness.run.worker import probe_import
     for spec in (config.baseline, *config.candidates):
+        # A team's module is tried in a child first: decodegate imports it itself from here on.
+        why = None if is_builtin(spec.decoder) else probe_import(spec.decoder)
+        if why:
+            raise DecoderError(f"{spec.name!r} (decoder {spec.decoder!r}): {why}; decodegate imports a decoder's "
+                               f"module itself (its options, its code fingerprint), so it must import cleanly")
         get_decoder_class(spec.decoder)
     from harness.verdict import acceptance_ref
     # A reference on other prompts or target is refused now; the one loaded here is the one compared
@@ -202,7 +208,8 @@ def generate(args, config, suites, run_dir: Path, meta: dict, store, servers) ->
     from decoders.engines.server import EngineDown
     from harness.run import runner
     try:
-        lineup = runner.Lineup(config, servers, worker_memory=getattr(args, "worker_memory", None))
+        lineup = runner.Lineup(config, servers, worker_memory=getattr(args, "worker_memory", None),
+                               protect=(Path(run_dir).resolve(),))
     except ValueError:
         forget_if_nothing_ran(run_dir)
         raise
@@ -214,13 +221,13 @@ def generate(args, config, suites, run_dir: Path, meta: dict, store, servers) ->
         looks = LookPlan(config, lineup.specs, lineup.baseline_names, suites)
         records = runner.run(config, run_dir, lineup, suites, progress=not args.no_progress, reuse=reuse,
                              fail_fast=getattr(args, "fail_fast", False), looks=looks, policy=policy(args))
+        suites, records, checks = after_generation(args, config, run_dir, lineup, suites, records, servers)
     except EngineDown as e:
         kept = len(read_records(run_dir))
         raise EngineDown(f"{e}\n{kept} finished records are kept in {run_dir}; once the engine is back, "
                          f"rerun with --run-dir {run_dir} to resume") from None
     finally:
-        lineup.close()  # the workers (runner.run stops them too)
-    suites, records, checks = after_generation(args, config, run_dir, lineup, suites, records, servers)
+        lineup.close()  # the workers: the stages after generation ask them too
     meta = {**meta, "engines": {name: server.info for name, server in servers.items()},
             "baseline_store": store_summary(reuse, records, lineup)}
     return meta, records, suites, checks

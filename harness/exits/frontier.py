@@ -235,7 +235,10 @@ def run(args) -> int:
     suite_objs = runner.load_suites(config)
     print(f"decodegate: run folder {run_dir}", file=sys.stderr)
     lineup = runner.Lineup(config)
-    records = runner.run(config, run_dir, lineup, suite_objs, progress=not args.no_progress)
+    try:
+        records = runner.run(config, run_dir, lineup, suite_objs, progress=not args.no_progress)
+    finally:
+        lineup.close()  # the workers
     graded = [s.name for s in suite_objs if any(it.grader != "none" for it in s.select(args.subset))]
     head_cost = lm_head_cost_in_layers(lineup.baseline_target.model)
     result = {"target": args.target, "subset": args.subset, "suites": suites, "graded_suites": graded,

@@ -44,7 +44,8 @@ from decoders.base import DecoderError
 from analysis.exactness import detectable_tv as gof_detectable_tv, samples_needed as gof_samples_needed
 from harness.run import reference
 from harness.run.reference import output_size, shaped_probs, teacher_forced_logits, to_vocab
-from harness.run.runner import WorkItem, make_request
+from harness.run.remote import Broke
+from harness.run.runner import WorkItem, broken, make_request, stage_broke
 
 FILE = "exactness.jsonl"
 # Three-token sequences: the first new token always comes from the prompt's prefill, so it takes
@@ -424,7 +425,8 @@ def _shortfall(windows: list[dict], prof, chosen: list) -> dict:
 def run_checks(config, run_dir: Path, lineup, suites, progress: bool = True) -> dict:
     from harness.run.records import read_records
     prof = config.profile
-    specs = [s for s in lineup.specs if needs_check(s)]
+    gone = broken(run_dir)  # a candidate that broke is FAIL already; its worker may be gone
+    specs = [s for s in lineup.specs if needs_check(s) and s.name not in gone]
     if not specs or not any(t > 0 for t in prof.temperatures):
         return {}
     records = read_records(run_dir)
@@ -434,9 +436,15 @@ def run_checks(config, run_dir: Path, lineup, suites, progress: bool = True) -> 
             if hasattr(it, "id"):
                 items[(s.name, it.id)] = (s, it)
     stored = [r for r in read_records(run_dir, FILE) if r.get("kind") == "window"]
-    return {spec.name: _check_candidate(config, run_dir, lineup, spec, records, items,
-                                        [r for r in stored if r["candidate"] == spec.name], progress)
-            for spec in specs}
+    out = {}
+    for spec in specs:
+        try:
+            out[spec.name] = _check_candidate(config, run_dir, lineup, spec, records, items,
+                                              [r for r in stored if r["candidate"] == spec.name], progress)
+        except Broke as e:  # it broke in its worker drawing a window: its stop row is its verdict
+            stage_broke(run_dir, lineup, spec.name, e, ("exactness", f"window {lineup.decoders[spec.name].requests}",
+                                                        TRIAL_SEED, 0.0))
+    return out
 
 
 def _check_candidate(config, run_dir: Path, lineup, spec, records, items: dict, stored, progress: bool) -> dict:

@@ -212,10 +212,13 @@ def gen_kwargs_key(gen_kwargs: dict) -> str:
 class DecodegateLM(HFLM):
     """lm-eval model `decodegate`: HFLM on our target, generation through our decoder."""
 
-    def __init__(self, **model_args):
+    def __init__(self, generator=None, **model_args):
+        """`generator`: a decoder already built to generate with (the regress runner passes the
+        decoder in its worker, harness.run.remote.RemoteDecoder), instead of one built here."""
         own, options, hf_args = parse_model_args(model_args)
         decoder = own.get("decoder", "standard")
-        get_decoder_class(decoder)  # an unknown decoder fails before any model loads
+        if generator is None:
+            get_decoder_class(decoder)  # an unknown decoder fails before any model loads
         target = own.get("target", "smollm2-135m")
         if isinstance(target, str):
             from harness.build import get_model
@@ -228,7 +231,7 @@ class DecodegateLM(HFLM):
         self.target = target
         self.decoder_name = decoder
         self.decoder_options = dict(options)
-        self.decoder = build_decoder(decoder, target, options)
+        self.decoder = generator if generator is not None else build_decoder(decoder, target, options)
         self.seed = own.get("seed", 0)
         self.temperature_override = own.get("temperature")
         if self.temperature_override is not None and self.temperature_override < 0:
@@ -495,7 +498,7 @@ def lmeval_records(task: str, target, decoder_name: str, decoder_options: dict, 
                    candidate: str, seed: int = 0, temperature: float = 0.0,
                    limit: int | None = None, include_path: str | None = None,
                    num_fewshot: int | None = None, gen_kwargs: dict | None = None,
-                   confirm_run_unsafe_code: bool = False) -> list[dict]:
+                   confirm_run_unsafe_code: bool = False, generator=None) -> list[dict]:
     """Run lm-eval task (or group) `task` through `decoder_name` on `target` (a LoadedModel or a
     model spec) and return one record per evaluated sample, in the analysis contract.
 
@@ -503,7 +506,8 @@ def lmeval_records(task: str, target, decoder_name: str, decoder_options: dict, 
     decoder's sampling noise. `include_path` is a folder of local task YAMLs, searched first.
     `num_fewshot` and `gen_kwargs` (e.g. {"max_gen_toks": 64}) override the task's, as lm-eval's
     own options of those names do. Tasks that execute generated code (lm-eval's `unsafe_code`)
-    run only with `confirm_run_unsafe_code=True`.
+    run only with `confirm_run_unsafe_code=True`. `generator`: the decoder to generate with, already
+    built (the runner's, in its worker), else one is built here from `decoder_name` and its options.
     `score` is the task's primary per-sample metric under its first filter; `passed` is
     `score == 1` for 0/1 metrics (acc, exact_match, ...) and None for graded ones.
     """
@@ -512,9 +516,11 @@ def lmeval_records(task: str, target, decoder_name: str, decoder_options: dict, 
     if limit is not None and (isinstance(limit, bool) or int(limit) != limit or limit < 1):
         raise LmEvalError(f"limit must be a positive integer or None, got {limit!r}")
     tm, loaded, objs = load_task(task, include_path, confirm_run_unsafe_code=confirm_run_unsafe_code)
+    # Built elsewhere (in its worker), the decoder's options are its own, not model args to parse.
     args = {"target": target, "decoder": decoder_name, "seed": seed, "temperature": temperature,
-            **(decoder_options or {})}
-    lm = DecodegateLM(**args)
+            **(decoder_options or {} if generator is None else {})}
+    lm = DecodegateLM(generator=generator, **args)
+    lm.decoder_options = dict(decoder_options or {})
     results = simple_evaluate(model=lm, tasks=objs, task_manager=tm, limit=limit,
                               num_fewshot=num_fewshot, gen_kwargs=gen_kwargs or None,
                               log_samples=True, bootstrap_iters=0,

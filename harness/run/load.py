@@ -28,6 +28,9 @@ the baseline and each engine candidate, one decoder after the other (each on its
   Prometheus counters are read before and after each level and their difference is the level's
   (many requests were in flight), never a request's. So are vLLM's own latency histograms
   (`server_latency`: the server's mean TTFT / TPOT / E2E over the level, on its own clock).
+  A request the client sent again (`resent` in its row: a kept-alive connection closed under
+  it, decoders.engines.client.resends) may have been served twice, so a level with one has
+  neither: `server_latency` says why, and analysis.load refuses the counters.
 - **Crossover bracketing**: after the configured rates, up to `refine_levels` extra levels are
   run at the geometric midpoint between a candidate's last paying level and its first
   non-paying one (analysis.load.judge_level decides "pays", the same function the verdict uses).
@@ -48,7 +51,7 @@ import httpx
 import numpy as np
 
 from decoders.base import DecoderError
-from decoders.engines.client import WARMUP_BURST, malformed, stream_pool, warm
+from decoders.engines.client import WARMUP_BURST, malformed, resends, stream_pool, warm
 from decoders.engines.telemetry import latency_delta, latency_sums, spec_counters, spec_delta
 from harness.run.records import LOAD, LOAD_LEVELS as LEVELS, RecordWriter, read_records
 from harness.run.runner import WorkItem, make_request, work_items
@@ -151,11 +154,13 @@ async def _play(decoder, arrivals: list[Arrival], requests: list, http: httpx.As
                "seed": a.work.seed, "temperature": a.work.temperature, "lag_s": due - (t0 + a.offset_s),
                "cap_wait_s": sent - due, "sent_s": sent - t0}
         try:
-            row.update(await _answer(decoder, http, request, refused, t0))
+            with resends() as sent:
+                row.update(await _answer(decoder, http, request, refused, t0))
         finally:
             state["in_flight"] -= 1
             if gate is not None:
                 gate.release()
+        row["resent"] = sent[0]   # times the server may have been sent this request again (client.resends)
         rows.append(row)
 
     try:
@@ -339,9 +344,15 @@ class LoadRun:
             rows, info = await asyncio.get_running_loop().run_in_executor(None, lambda: play_workers(
                 decoder, arrivals, requests, n, self.plan.max_in_flight, decoder.timeout,
                 play=play, level_info=level_info))
-        delta = spec_delta(before, _prometheus(decoder))
-        info.update(client_workers=n, client_workers_why=why, warmup=warmed_now,
-                    server_latency=latency_delta(clock, _server_latency(decoder)))
+        delta, clock = spec_delta(before, _prometheus(decoder)), latency_delta(clock, _server_latency(decoder))
+        resent = sum(int(r.get("resent") or 0) for r in rows)
+        if resent:
+            # A request sent twice may have been served twice (client.resends): the server's own
+            # histograms then count it twice. Its counters are refused by analysis.load too.
+            clock = {"unmeasured": f"{resent} request(s) sent again after a kept-alive connection closed under "
+                                   f"them: a server that had read them served them twice"}
+        info.update(client_workers=n, client_workers_why=why, warmup=warmed_now, server_latency=clock,
+                    resent=resent)
         return rows, info, delta
 
     async def all_levels(self) -> None:

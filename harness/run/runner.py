@@ -30,6 +30,7 @@ from harness.config import DecoderSpec, RegressConfig
 from harness.run.faults import (BROKEN, BaselineBroken, Policy, garbage, item_limit, raised, results,
                                 vocabulary)
 from harness.run.inflight import INFLIGHT, InFlight, in_flight, previous_death
+from harness.run.remote import Broke, RemoteDecoder, answer
 from harness.run.records import LMEVAL_DONE, PLAN, RECORDS, RecordWriter, read_records, record_key  # noqa: F401 - re-exported
 from harness.run.store_take import StoreTake
 from harness.run.work import (WorkItem, expand, make_request, make_row, runs_on,  # noqa: F401 - re-exported
@@ -54,19 +55,24 @@ def load_suites(config: RegressConfig) -> list:
 class Lineup:
     """The baseline and candidates with their targets. Each decoder that runs code in process
     generates in a worker process of its own (harness.run.worker), forked first, before this
-    process loads any model; engine decoders (`engines`: started servers by name,
-    harness.run.engines.started) are built here. `decoders[name]` builds an in-process copy on
-    first use, for the stages after generation (exactness windows, load, lm-eval)."""
+    process loads any model, with the folders in `protect` (the run folder) read-only to it;
+    engine decoders (`engines`: started servers by name,
+    harness.run.engines.started) are built here. `decoders[name]` gives, on first use, what the
+    stages after generation ask (exactness windows, load, lm-eval): the decoder in its worker,
+    which stays up until `close`, or an engine decoder."""
 
-    def __init__(self, config: RegressConfig, engines: dict | None = None, worker_memory: float | None = None):
+    def __init__(self, config: RegressConfig, engines: dict | None = None, worker_memory: float | None = None,
+                 protect: tuple = ()):
         from harness.run.sweep import all_specs, is_engine
         self.config = config
+        self.policy = Policy()  # the runner's (its item limit bounds a request after generation too)
         # The baseline and candidates, at each concurrency level, plus the A/A run of an engine
         # baseline (harness.run.sweep); without a sweep and an engine: [baseline, *candidates].
         self.specs: list[DecoderSpec] = all_specs(config)
         from harness.run.worker import Worker
+        preload_for(config, [s for s in self.specs if not is_engine(s)])
         self.workers = {s.name: Worker(s.name, (s.target or config.target, config.device, s.decoder, dict(s.options)),
-                                       worker_memory) for s in self.specs if not is_engine(s)}
+                                       worker_memory, protect) for s in self.specs if not is_engine(s)}
         try:
             self._build(config, engines)
             self.load_failures = self._loaded()
@@ -113,7 +119,7 @@ class Lineup:
 
     def decoder_type(self, name: str) -> type:
         """The class a decoder runs, without building one (its code fingerprint)."""
-        if name in self.decoders:
+        if name in self.decoders and name not in self.workers:
             return type(self.decoders[name])
         from decoders import get_decoder_class
         return get_decoder_class(next(s for s in self.specs if s.name == name).decoder)
@@ -132,16 +138,35 @@ class Lineup:
         return max([int(getattr(d, "concurrency", 1)) for d in dict.values(self.decoders)] + [1])
 
 
+def preload_for(config: RegressConfig, specs: list) -> None:
+    """The modules every worker would import for itself, imported once here before they are
+    forked: their targets' and drafts' model code, and the built-in decoders (a team's decoder
+    module is its own worker's to import)."""
+    from decoders.base import get_decoder_class, is_builtin
+    from harness.models import preload
+    for model in {m for s in specs for m in (s.target or config.target, s.options.get("draft")) if isinstance(m, str)}:
+        preload(model)
+    for s in specs:
+        if is_builtin(s.decoder):
+            get_decoder_class(s.decoder)
+
+
 class _OnFirstUse(dict):
-    """Decoders by name, an in-process one built when a stage after generation first asks."""
+    """Decoders by name for the stages after generation, made when one first asks: the decoder in
+    its worker (harness.run.remote.RemoteDecoder), or an engine decoder built here."""
 
     def __init__(self, lineup: Lineup, engines: dict | None):
         super().__init__()
         self.lineup, self.engines = lineup, engines
 
     def __missing__(self, name: str):
-        spec = next(s for s in self.lineup.specs if s.name == name)
-        self[name] = build_decoder(spec.decoder, self.lineup.targets[name], spec.options, self.engines)
+        lineup = self.lineup
+        if name in lineup.workers:  # its code runs in its worker, never here
+            self[name] = RemoteDecoder(lineup.workers[name], vocabulary(lineup.targets[name]),
+                                       item_limit(lineup.policy, None))
+            return self[name]
+        spec = next(s for s in lineup.specs if s.name == name)
+        self[name] = build_decoder(spec.decoder, lineup.targets[name], spec.options, self.engines)
         return self[name]
 
 
@@ -262,7 +287,8 @@ class Ledger:
 
 def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, progress: bool = True,
         reuse=None, fail_fast: bool = False, looks=None, policy: Policy | None = None) -> list[dict]:
-    """Generate everything not yet in the run folder; return all rows.
+    """Generate everything not yet in the run folder; return all rows. The workers stay up for the
+    stages after generation (the caller closes the lineup); an error or interrupt closes them here.
 
     Work goes in stages (one, or one per sequential look) and within a stage in blocks of
     `lineup.block_size()` items (1 for in-process decoders): within a block the baseline runs
@@ -283,7 +309,7 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
     raises stops there (a stop row, its verdict a failure), a result that is garbage is a failed
     item, a decoder that crashed or hung in an earlier run on the folder is left out.
     """
-    policy = policy or Policy()
+    policy = lineup.policy = policy or Policy()
     stages = staged_work(config, suites, looks)                                  # plan
     ledger = Ledger(run_dir, lineup, stages)                                     # what the folder holds
     inflight = None
@@ -303,8 +329,10 @@ def run(config: RegressConfig, run_dir: Path, lineup: Lineup, suites: list, prog
                 ctx.block_no += 1
             look(looks, run_dir, ledger.stops)                                   # stop now?
         ctx.bar.close()
+    except BaseException:
+        lineup.close()  # the workers' end; after a finished generation the caller's (its stages use them)
+        raise
     finally:
-        lineup.close()                                                           # the workers' end
         ledger.close()
         if inflight is not None:
             inflight.close()
@@ -466,28 +494,6 @@ def worker_rows(ctx: Context, batch: Batch, worker, limit: float | None) -> None
         left = [i for i in left if i not in answered]
 
 
-def answer(kind: str, payload, request, vocab) -> object:
-    """A worker's answer as the runner records it: a result, or a DecoderError naming why not."""
-    from harness.run.faults import garbage
-    if kind == "item-error":
-        return DecoderError(payload)
-    if kind == "garbage":
-        return DecoderError(f"a result that cannot be judged: {payload}")
-    result = returned(json.loads(payload))
-    why = garbage(result, request, vocab)
-    return DecoderError(f"a result that cannot be judged: {why}") if why else result
-
-
-def returned(plain: dict):
-    """A result from a worker's JSON, with the attributes a record is made of."""
-    from types import SimpleNamespace
-    timing = plain.get("timing")
-    ok = isinstance(timing, dict) and isinstance(timing.get("wall_s"), (int, float))
-    return SimpleNamespace(**{k: plain.get(k) for k in ("tokens", "text", "decoder", "finish_reason", "margins",
-                                                        "stats")},
-                           timing=SimpleNamespace(as_dict=lambda: timing) if ok else None)
-
-
 def generate_rows(ctx: Context, batch: Batch, decoder) -> None:
     """In process (an engine decoder): generate and write each item's row: a result, a per-item
     error, or a result that cannot be judged (named as such). A candidate's own engine that stops
@@ -609,25 +615,16 @@ class LmEvalSuite:
 def check_lmeval(config: RegressConfig) -> None:
     """Pre-flight of the profile's `lmeval:<task>` suites, before any model loads or anything
     generates (they run after every other suite): each task resolves and builds, and one that
-    executes generated code runs only where its table says `allow_code = true`, and every decoder
-    that runs one takes only options lm-eval's model can. An LmEvalError (input error) naming the
-    task or the decoder otherwise."""
+    executes generated code runs only where its table says `allow_code = true`; an LmEvalError
+    (input error) naming the task otherwise. A decoder's options are its worker's, as for every
+    suite: lm-eval generates through the decoder the run built."""
     names = [n for n in config.profile.suites if n.startswith("lmeval:")]
     if not names:
         return
-    from harness.run.lmeval import LmEvalError, check_task, parse_model_args
+    from harness.run.lmeval import check_task
     for name in names:
         spec_s = config.suites[name]
         check_task(name[len("lmeval:"):], spec_s.include_path, allow_code=spec_s.allow_code)
-    # lm-eval builds each decoder from model args: options it cannot take (a plugin decoder's own)
-    # were refused only after every other suite had generated.
-    for spec in (config.baseline, *config.candidates):
-        on = [n for n in names if runs_on(spec, n)]
-        try:
-            if on:
-                parse_model_args({"decoder": spec.decoder, **dict(spec.options)})
-        except LmEvalError as e:
-            raise LmEvalError(f"{spec.name} runs {on[0]}, and lm-eval cannot build it: {e}") from None
 
 
 def lmeval_units(config: RegressConfig, lineup: Lineup) -> list[tuple]:
@@ -650,21 +647,48 @@ def run_lmeval(config: RegressConfig, run_dir: Path, lineup: Lineup, progress: b
     # folder holds the rows it counts: a run killed inside lm-eval, or rows dropped since (a
     # decoder run again after a fix), reruns that task from the start (its rows are replaced).
     done = lmeval_finished(run_dir)
-    # A decoder stopped on the task (a look, or it broke: raised, crashed, failed to load) is not
-    # built here: lm-eval runs in this process, where its fault would end the run (the exit code
-    # then says which: a stop by design is excused, a broken decoder's run is not finished).
-    stopped = {(r["candidate"], r["suite"]) for r in read_records(run_dir, STOPS)}
     for name, seed, t, spec in lmeval_units(config, lineup):
+        # A decoder stopped on the task (a look, or it broke: raised, crashed, failed to load,
+        # here or before) runs no more of it; the exit code says whether that stop is excused.
+        stopped = {(r["candidate"], r["suite"]) for r in read_records(run_dir, STOPS)}
         if {(spec.name, "*"), (spec.name, name)} & stopped:
             continue
         if (spec.name, name, seed, t) not in done:
             n = _run_lmeval_unit(config, run_dir, lineup, (name, seed, t, spec), progress)
+            if n is None:
+                continue  # it broke: its stop row is written, and no marker
             marker = RecordWriter(run_dir, LMEVAL_DONE)  # opened after the unit's rewrite of records
             marker.write({"candidate": spec.name, "suite": name, "seed": seed, "temperature": t, "rows": n})
             marker.close()
     names = [n for n in config.profile.suites if n.startswith("lmeval:")]
     rows = read_records(run_dir)
     return [LmEvalSuite(name, [r for r in rows if r["suite"] == name]) for name in names]
+
+
+def stage_broke(run_dir: Path, lineup: Lineup, name: str, broke: Broke, at: tuple) -> None:
+    """A decoder broke in its worker in a stage after generation (`at`: suite, item, seed, T):
+    its stop row, as in generation (a candidate's verdict FAIL, remembered by the next run); the
+    baseline's stops the run."""
+    from types import SimpleNamespace
+    from harness.run.faults import crashed
+    suite, item, seed, t = at
+    w = WorkItem(SimpleNamespace(name=suite), SimpleNamespace(id=item), t, seed)
+    plan = json.loads((Path(run_dir) / PLAN).read_text()) if (Path(run_dir) / PLAN).exists() else {}
+    args = (run_dir, sum(r["candidate"] == name for r in read_records(run_dir)),
+            sum(key[0] == name for key in plan.get("rows", [])), lineup.fingerprints[name])
+    payload = broke.payload
+    if broke.kind == "contract":
+        payload = {"exception": "ContractError", "message": payload, "at": "generate_many", "ours": False,
+                   "contract": True, "traceback": payload + "\n"}
+    stop = crashed(name, w, payload, *args) if broke.kind == "died" else raised(name, w, payload, *args)
+    stops = Stops(run_dir)
+    stops.add(**stop)
+    stops.close()
+    where = f"traceback in {Path(run_dir) / stop['traceback']}"
+    if name in lineup.baseline_names:
+        raise BaselineBroken(f"{stop['detail']}; the baseline broke, so no candidate can be judged ({where}; "
+                             f"every finished row is kept in {run_dir})")
+    print(f"decodegate: {stop['detail']} ({where})", file=sys.stderr)
 
 
 def lmeval_finished(run_dir: Path) -> set[tuple]:
@@ -678,9 +702,10 @@ def lmeval_finished(run_dir: Path) -> set[tuple]:
             if type(m.get("rows")) is int and m["rows"] == held.get(unit(m), 0)}
 
 
-def _run_lmeval_unit(config: RegressConfig, run_dir: Path, lineup: Lineup, unit: tuple, progress: bool) -> int:
-    """One decoder through one lm-eval task at one seed and temperature; its rows replace any a
-    killed run left, and any marker of it that no longer holds. The number of rows written."""
+def _run_lmeval_unit(config: RegressConfig, run_dir: Path, lineup: Lineup, unit: tuple, progress: bool) -> int | None:
+    """One decoder through one lm-eval task at one seed and temperature, generating in its worker;
+    its rows replace any a killed run left, and any marker of it that no longer holds. The number
+    of rows written, or None where the decoder broke (its stop row written instead)."""
     from harness.run.lmeval import LmEvalEmpty, lmeval_records
     name, seed, t, spec = unit
     spec_s, task = config.suites[name], name[len("lmeval:"):]
@@ -691,10 +716,13 @@ def _run_lmeval_unit(config: RegressConfig, run_dir: Path, lineup: Lineup, unit:
                               candidate=spec.name, seed=seed, temperature=t, limit=spec_s.limit,
                               include_path=spec_s.include_path,
                               gen_kwargs={"max_gen_toks": spec_s.max_gen_toks} if spec_s.max_gen_toks else None,
-                              confirm_run_unsafe_code=spec_s.allow_code)
+                              confirm_run_unsafe_code=spec_s.allow_code, generator=lineup.decoders[spec.name])
     except LmEvalEmpty as e:  # no rows: the summary fails its gate with "no items"
         print(f"decodegate: warning: {e}", file=sys.stderr)
         rows = []
+    except Broke as e:
+        stage_broke(run_dir, lineup, spec.name, e, (name, f"request {lineup.decoders[spec.name].requests}", seed, t))
+        return None
     same = lambda r: (r.get("candidate"), r.get("suite"), r.get("seed"), r.get("temperature")) == (spec.name, name, seed, t)  # noqa: E731
     if any(same(r) for r in read_records(run_dir)):
         _drop_rows(run_dir, same)

@@ -19,6 +19,10 @@ process of their own, and the parent (harness.run.runner) alone writes records, 
   tail names a death, the worker dies with the parent (PR_SET_PDEATHSIG), `memory` caps its
   address space (RLIMIT_AS, beyond what it inherited), and it ends by `os._exit`, so a leaked
   thread cannot hold it open. Speed is measured inside the worker, as in process.
+- The decoder itself runs two processes down (harness.run.namespaces), in a PID namespace of its own where the
+  kernel gives one, with the run folder read-only in a mount namespace: it cannot name, so cannot
+  signal, decodegate, nor erase its own death from the folder. The process the parent started
+  ends as the decoder's ended (exit status or signal), so a death reads the same either way.
 Engine decoders (HTTP clients of a server decodegate started) stay in process: they run no code
 of the user's, and their failures are already exceptions naming the engine.
 """
@@ -35,6 +39,7 @@ import traceback
 from dataclasses import dataclass
 
 from harness.run.faults import OUR_PACKAGES, raised_at
+from harness.run.namespaces import behind
 
 _PARENT_ENDS: list = []        # the parent's ends of every live worker's pipe (closed in each new worker)
 LOAD_LIMIT_S = 1800.0          # a decoder's load (target and draft weights, its __init__): past this it hung
@@ -114,9 +119,10 @@ def _isolate(stderr_path: str, memory: float | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
 
-def _serve(conn, build: tuple, memory: float | None, stderr_path: str) -> None:
+def _serve(conn, build: tuple, memory: float | None, stderr_path: str, protect: tuple = ()) -> None:
     """The worker's whole life: isolate, load, answer blocks of requests until told to stop."""
     _isolate(stderr_path, memory)
+    behind(conn, protect)
     try:
         from harness.build import build_decoder, get_model
         target_spec, device, name, options = build
@@ -260,6 +266,50 @@ def _not_a_result(payload: str) -> str | None:
     return None
 
 
+PROBE_LIMIT_S = 300.0  # a decoder module's import (it may import torch, a kernel library, ...)
+
+
+def probe_import(name: str) -> str | None:
+    """Import a team's decoder ("module:Class" or an entry point's name) in a forked child first:
+    decodegate imports the module itself (the preflight, the option check, the code fingerprint),
+    so one that ends the process at import (os._exit, sys.exit, a signal) would end decodegate with
+    no verdict, exit 0 included. None when the child imported it, or raised (decodegate's own import
+    raises the same, as an input error); else why not, in one line."""
+    import select
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the import, then what came of it
+        os.close(r)
+        said = b"returned"
+        try:
+            from decoders.base import get_decoder_class
+            get_decoder_class(name)
+        except Exception:  # noqa: BLE001 - an exception is the parent's import to report
+            pass
+        except BaseException as e:  # noqa: BLE001 - SystemExit, KeyboardInterrupt: it would end decodegate
+            said = type(e).__name__.encode()[:60]
+        os.write(w, said)
+        os._exit(0)
+    os.close(w)
+    try:
+        ready = select.select([r], [], [], PROBE_LIMIT_S)[0]
+        said = os.read(r, 64) if ready else b""
+    finally:
+        os.close(r)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    status = os.waitpid(pid, 0)[1]
+    if said == b"returned":
+        return None
+    if said:
+        return f"importing its module raised {said.decode(errors='replace')}"
+    if not ready:
+        return f"importing its module did not finish in {PROBE_LIMIT_S:g} s"
+    how = (f"killed by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
+           else f"exited with status {os.waitstatus_to_exitcode(status)}")
+    return f"importing its module ended the process ({how})"
+
+
 def _context():
     torch = sys.modules.get("torch")
     cuda_up = torch is not None and torch.cuda.is_initialized()
@@ -269,13 +319,14 @@ def _context():
 class Worker:
     """The parent's handle on one decoder's worker process."""
 
-    def __init__(self, name: str, build: tuple, memory: float | None = None):
+    def __init__(self, name: str, build: tuple, memory: float | None = None, protect: tuple = ()):
+        """`protect`: folders the decoder may read but not write (the run folder)."""
         self.name = name
         ctx = _context()
         fd, self.stderr_path = tempfile.mkstemp(prefix=f"decodegate-worker-{os.getpid()}-", suffix=".log")
         os.close(fd)
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, build, memory, self.stderr_path),
+        self.proc = ctx.Process(target=_serve, args=(child, build, memory, self.stderr_path, tuple(map(str, protect))),
                                 name=f"decodegate-worker:{name}", daemon=True)
         self.proc.start()
         child.close()
@@ -368,8 +419,8 @@ class Worker:
     def _hung(self, limit: float, what: str) -> Death:
         """Past the item limit: its stack first (faulthandler answers SIGUSR1 even under a held
         GIL), then SIGKILL."""
-        try:
-            os.kill(self.proc.pid, signal.SIGUSR1)
+        try:  # to the group: the decoder's process is below the one the parent started
+            os.killpg(self.proc.pid, signal.SIGUSR1)
             self.proc.join(STACK_WAIT_S)
         except ProcessLookupError:
             pass

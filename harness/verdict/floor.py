@@ -4,8 +4,15 @@ Under concurrency an engine need not be batch-invariant: its baseline run twice 
 The floor is measured in the units a divergence is judged in, logit margins, not only as a rate:
 - Noise. Where the two runs agree on a token, the A/A run shows how far the engine's own top-2
   margin moves (|m_base - m_aa|); where they flip, the gap between the two tokens moved by at
-  least m_base + m_aa. The largest such move is the engine's noise scale at that level
-  (`noise` per suite, pooled per level in `apply`).
+  least m_base + m_aa. The engine's noise scale at that level (`noise` per suite, pooled per
+  level in `level_floor`) is NOISE_FACTOR x an upper NOISE_CONFIDENCE bound on the moves'
+  NOISE_QUANTILE quantile (an order statistic of the moves that moved at all, `noise_bound`),
+  or the largest margin the A/A run flipped at itself if higher. Not the largest move: the
+  largest of more moves is larger, so a bug diverging at a fixed margin passed more often with
+  more prompts (caught 0.475 at 300, 0.265 at 1,000); the bound settles on the quantile instead.
+  The factor keeps a correct engine's flips inside it as their number grows: a flip's margin
+  lies below its move, and beyond 2.5 x the 99th percentile of an exponential (or lighter) tail
+  with probability <= 1e-5 per flip (CALIBRATION.md, "A/A floor"; a polynomial tail is not covered).
 - Beyond the noise is real. A candidate divergence whose baseline margin is above the noise scale
   (or that has no margin) fails the identity gate, whatever any rate test says: batch
   nondeterminism flips tokens at its own noise level, not at margin 0.5.
@@ -54,6 +61,10 @@ PLAN_PASS = 0.95  # "the size is enough": a correct candidate passes with at lea
 PLAN_POWER = 0.8  # ... and a candidate that doubles the noise rate fails with at least this one
 PLAN_MAX_N = 5000  # prompts the plan searches up to
 PLAN_RATE = 0.05  # the engine's noise rate per prompt assumed before any A/A run measured one
+NOISE_QUANTILE = 0.99  # the noise scale starts from this quantile of the A/A run's margin moves ...
+NOISE_CONFIDENCE = 0.95  # ... bounded above with this confidence (an order statistic of the moves) ...
+NOISE_FACTOR = 2.5  # ... times this: where the moves' tail is exponential or lighter, a correct engine flips
+# beyond 2.5 x its 99th percentile with probability <= 0.01 ** 2.5 = 1e-5 per flip (CALIBRATION.md)
 
 
 # ------------------------------------------------------------------ measuring the A/A run
@@ -92,11 +103,45 @@ def noise(pairs) -> dict:
                 missing_at.append(f"{p.key.item_id}@{pos} (a flip)")
             flips.append({"item_id": p.key.item_id, "seed": p.key.seed, "position": pos, "margin": x,
                           "aa_margin": y, "shift": x + y if x is not None and y is not None else None})
-    s = np.asarray(shifts, dtype=float)
-    return {"pairs": len(greedy), "errors": errors, "positions": int(s.size), "missing_margins": missing,
+    return {"pairs": len(greedy), "errors": errors, "missing_margins": missing,
             "missing_at": missing_at[:MAX_LISTED], "flips": flips,
-            "max_shift": float(s.max()) if s.size else 0.0,
-            "p99_shift": float(np.quantile(s, 0.99)) if s.size else 0.0}
+            **move_summary(shifts, [f["shift"] for f in flips if f["shift"] is not None])}
+
+
+def move_summary(shifts, flip_shifts) -> dict:
+    """What the floor keeps of one suite's moves: the agreeing positions' margin moves (`shifts`)
+    and the flips' gap moves, their largest, and of the ones that moved at all (an engine whose
+    logits repeat exactly at most positions still has its noise where they do not) the largest
+    ceil(NOISE_QUANTILE's tail x count) + 1, enough for `noise_bound` on a level's pooled moves."""
+    s = np.asarray(shifts, dtype=float)
+    moved = np.concatenate([s, np.asarray(flip_shifts, dtype=float)])
+    moved = moved[moved > 0]
+    keep = min(moved.size, math.ceil((1 - NOISE_QUANTILE) * moved.size) + 1)
+    top = -np.partition(-moved, keep - 1)[:keep] if keep else moved
+    return {"positions": int(s.size), "max_shift": float(s.max()) if s.size else 0.0,
+            "p99_shift": float(np.quantile(s, 0.99)) if s.size else 0.0,
+            "moved": int(moved.size), "top_moves": sorted((float(x) for x in top), reverse=True)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _bound_rank(count: int) -> int | None:
+    """r such that the r-th largest of `count` moves is an upper NOISE_CONFIDENCE bound on their
+    NOISE_QUANTILE quantile (the k-th smallest is at or above it unless fewer than k fall below it:
+    P(Binomial(count, q) <= k - 1)); None where even the largest is not (too few moves)."""
+    k = int(stats.binom.ppf(NOISE_CONFIDENCE, count, NOISE_QUANTILE)) + 1
+    return count - k + 1 if k <= count else None
+
+
+def noise_bound(parts) -> tuple[float, bool]:
+    """(upper NOISE_CONFIDENCE bound on the NOISE_QUANTILE quantile of the pooled moves, whether
+    there were enough moves for it): an order statistic, so it settles on the quantile as moves
+    accrue instead of growing with them as the largest move does. With too few moves, the largest."""
+    count = sum(p.get("moved", 0) for p in parts)
+    top = sorted((x for p in parts for x in p.get("top_moves", ())), reverse=True)
+    rank = _bound_rank(count) if count else None
+    if rank is None:
+        return (top[0] if top else 0.0), False
+    return top[rank - 1], True
 
 
 def level_floor(aa_name: str, aa: dict, eps: float, gates) -> dict:
@@ -108,7 +153,13 @@ def level_floor(aa_name: str, aa: dict, eps: float, gates) -> dict:
     positions = sum(p["positions"] for p in parts)
     missing = sum(p["missing_margins"] for p in parts)
     shifts = [p["max_shift"] for p in parts] + [f["shift"] for f in flips if f["shift"] is not None]
-    scale = max(shifts, default=0.0)
+    largest = max(shifts, default=0.0)
+    bound, bounded = noise_bound(parts)
+    # The scale does not grow with the prompts (the largest move did: a bug at a fixed margin
+    # passed more often at 3,000 prompts than at 300). It reaches the A/A run's own flips: a
+    # divergence at a margin the engine flipped at itself is noise by example.
+    flipped = max((f["margin"] for f in flips if f["margin"] is not None), default=0.0)
+    scale = max(NOISE_FACTOR * bound, flipped)
     # The rate on the pairs the noise is measured on (greedy): sampled pairs that reproduce at the
     # same seed would dilute a greedy rate above aa_floor_max, and they are not prompts of this floor.
     idents = [s["identity"]["T=0"] for s in aa["suites"].values() if "T=0" in (s.get("identity") or {})]
@@ -125,10 +176,13 @@ def level_floor(aa_name: str, aa: dict, eps: float, gates) -> dict:
     rate = diverged / n if n else 0.0
     if not errors and rate > gates.aa_floor_max:
         problems.append(f"it diverged on {diverged} of {n} prompts ({rate:.3g} > aa_floor_max {gates.aa_floor_max:g})")
-    if scale > gates.aa_noise_max:
-        problems.append(f"its margins moved by up to {scale:.3g} logits ({scale:.3g} > aa_noise_max "
+    if bound > gates.aa_noise_max:
+        what = "at their 99th percentile" if bounded else "at most"
+        problems.append(f"its margins moved by {bound:.3g} logits {what} ({bound:.3g} > aa_noise_max "
                         f"{gates.aa_noise_max:g}): not batch noise (another model or quantization?)")
     return {"aa": aa_name, "valid": not problems, "problems": problems, "scale": float(scale), "eps": float(eps),
+            "bound": float(bound), "bounded": bounded, "max_shift": float(largest), "flip_margin": float(flipped),
+            "moved": sum(p.get("moved", 0) for p in parts),
             "positions": positions, "flips": len(flips), "flips_listed": flips[:MAX_LISTED],
             "p99_shift": max((p["p99_shift"] for p in parts), default=0.0), "rate": rate, "n": n,
             "diverged": diverged, "errors": len(errors), "missing_margins": missing,
@@ -361,8 +415,9 @@ def _first(divs: list[dict]) -> str:
 
 
 def _noise_s(f: dict) -> str:
-    return (f"the largest margin move the A/A run {f['aa']} showed over {f['positions']} agreeing positions "
-            f"and {f['aa_flips']} flip(s)")
+    return (f"{NOISE_FACTOR:g} x the 99th percentile (upper {NOISE_CONFIDENCE:.0%} bound) of the margin moves the A/A "
+            f"run {f['aa']} showed over {f['positions']} agreeing positions and {f['aa_flips']} flip(s), or its own "
+            f"flips' margins")
 
 
 def gate_detail(ident: dict) -> tuple[str, str] | None:
@@ -426,7 +481,10 @@ def _rate_verdict(f: dict, head: str) -> tuple[str, str]:
 
 def describe(level: dict) -> str:
     """One line for the report: the A/A run's noise and whether it is a floor."""
-    head = (f"A/A floor {level['aa']}: noise {level['scale']:.3g} logits (max margin move over "
-            f"{level['positions']} agreeing positions and {level['flips']} flip(s); p99 {level['p99_shift']:.3g}), "
-            f"diverged on {level['diverged']} of {level['n']} prompts")
+    bound = (f"{NOISE_FACTOR:g} x the p99 bound {level['bound']:.3g}" if level["bounded"] else
+             f"{NOISE_FACTOR:g} x the largest of {level['moved']} moves, too few for a p99 bound, {level['bound']:.3g}"
+             if level["moved"] else "no margin moved")
+    head = (f"A/A floor {level['aa']}: noise {level['scale']:.3g} logits ({bound}, over {level['positions']} agreeing "
+            f"positions and {level['flips']} flip(s); largest move {level['max_shift']:.3g}, largest flip margin "
+            f"{level['flip_margin']:.3g}), diverged on {level['diverged']} of {level['n']} prompts")
     return head + ("" if level["valid"] else f"; NOT A VALID FLOOR: {'; '.join(level['problems'])}")
