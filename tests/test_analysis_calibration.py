@@ -147,6 +147,7 @@ def test_public_non_inferiority_matches_vectorised_path():
         assert res.pvalue == pytest.approx(p) and res.passed == (p < 0.05)
 
 
+@pytest.mark.full
 def test_calibrate_script_writes_report(tmp_path):
     """Every section of CALIBRATION.md on its small grid (seconds); `make calibrate` runs the full one."""
     out = tmp_path / "CALIBRATION.md"

@@ -96,6 +96,7 @@ def verdicts(s: dict) -> dict:
 # ------------------------------------------------------------------------------ reuse
 
 
+@pytest.mark.full
 def test_second_run_reuses_the_baseline_and_reaches_the_same_verdicts(tmp_path, echo_suite, monkeypatch):
     store = tmp_path / "store"
     cfg = config(tmp_path, echo_suite, EXACT + SAME)
@@ -141,6 +142,7 @@ def test_second_run_reuses_the_baseline_and_reaches_the_same_verdicts(tmp_path, 
     assert summary(tmp_path / "r3")["baseline_store"]["reused_rows"] == 0
 
 
+@pytest.mark.full
 def test_a_changed_model_under_the_same_name_reuses_nothing_and_cannot_resume(tmp_path, echo_suite, model_folder,
                                                                                capsys):
     import shutil
@@ -215,6 +217,7 @@ def test_corrupt_and_unreadable_store_rows_are_skipped_with_a_warning(tmp_path, 
     assert all(json.loads(f.read_text())["key"] == f.stem for f in files[:2])
 
 
+@pytest.mark.full
 def test_a_store_that_cannot_be_read_generates_everything_and_loses_nothing(tmp_path, echo_suite, capsys):
     store = tmp_path / "store"
     cfg = config(tmp_path, echo_suite, SAME, speed_items=0)
@@ -313,6 +316,7 @@ def test_an_unchanged_lossy_candidate_stops_once_non_inferior(tmp_path, echo_sui
     assert len(rows(tmp_path / "run", "baseline")) == n
 
 
+@pytest.mark.full
 def test_a_run_stopped_by_looks_resumes_to_the_same_verdict(tmp_path, echo_suite):
     cfg = config(tmp_path, echo_suite, WORSE, looks=3)
     assert regress(cfg, tmp_path / "run") == 1
@@ -325,6 +329,7 @@ def test_a_run_stopped_by_looks_resumes_to_the_same_verdict(tmp_path, echo_suite
 # ------------------------------------------------------------------------------ fail-fast
 
 
+@pytest.mark.full
 def test_fail_fast_stops_a_broken_exact_candidate_at_its_first_real_divergence(tmp_path, echo_suite,
                                                                                 broken_greedy_verifier):
     cfg = config(tmp_path, echo_suite, """

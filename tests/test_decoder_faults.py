@@ -248,6 +248,7 @@ def test_a_failed_window_sample_is_inconclusive_not_the_end_of_the_run(windows_c
     assert all(sum(bool(s.get("error")) for s in w["samples"]) == 1 for w in stored)
 
 
+@pytest.mark.full
 def test_a_resume_draws_the_windows_still_missing(windows_config, tmp_path):
     run = tmp_path / "run"
     first = regress(windows_config, run)
@@ -308,7 +309,9 @@ def test_layer_wise_decoding_passes_the_cache_by_the_layers_own_keyword():
 # ------------------------------------------ a death in the exactness windows (its worker)
 
 
-@pytest.mark.parametrize("how", ["os-exit-0", "sigkill", "garbage"])
+# `make check` keeps the kill; an exit and garbage are the same path (`make test`).
+@pytest.mark.parametrize("how", [pytest.param("os-exit-0", marks=pytest.mark.full), "sigkill",
+                                 pytest.param("garbage", marks=pytest.mark.full)])
 def test_a_death_drawing_a_window_is_the_candidates_fail_and_is_remembered(windows_config, tmp_path, monkeypatch, how):
     """The candidate dies (or answers garbage) on a window's request, in its worker: FAIL in
     this run naming the window, never exit 0 or 3; the rerun keeps the FAIL (a death is

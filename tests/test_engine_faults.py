@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -24,6 +25,8 @@ class Faulty(BaseHTTPRequestHandler):
     """`mode` (a class attribute, set per test) picks the fault; "good" streams TOKENS and stops."""
     mode = "good"
     scrapes = 0
+    held = 0
+    release = threading.Event()
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *args):
@@ -57,6 +60,11 @@ class Faulty(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         if self.path != "/completion":
             return self._send(404, b'{"error": "not found"}')
+        if self.mode == "hang" and body["prompt"][-1] % 2:   # a wedged server: never answers, never closes
+            type(self).held += 1
+            self.release.wait(120)
+            self.close_connection = True
+            return
         if self.mode == "503_one" and body["prompt"][-1] % 2:
             return self._send(503, b'{"error": {"code": 503, "message": "busy"}}')
         self.send_response(200)
@@ -118,6 +126,7 @@ def test_a_broken_answer_is_that_items_error(engine, mode, needle):
     assert all(needle in str(r) for r in out), [str(r) for r in out]
 
 
+@pytest.mark.full
 def test_one_prompt_refused_every_time_is_an_item_error_not_an_engine_down(engine):
     """The engine answers its health check and every other prompt: 'stopped answering' (which
     ends the run) was wrong; the refused prompt is an error row and the run goes on."""
@@ -157,3 +166,33 @@ def test_an_answer_from_another_model_than_the_config_pins_is_refused(engine):
     Answers.model_said = "tiny"
     [(_, out)] = list(dec.generate_many([GenerationRequest((1, 2, 3), max_new_tokens=2)]))
     assert list(out.tokens) == TOKENS[:2] and out.stats["answered_model"] == "tiny"
+
+
+def test_a_wedged_request_ends_at_the_deadline_cancelled_and_the_answered_ones_are_kept(engine):
+    """An engine decoder runs in decodegate's process: a request the server never answers must end
+    at the runner's limit (`deadline`) with its client cancelled, not hold the run until the
+    watchdog ends it. The prompt ending in 3 is held; the one ending in 4 answers first."""
+    from decoders.engines.client import Overdue
+    Faulty.mode, Faulty.held = "hang", 0
+    Faulty.release.clear()
+    dec = LlamaCppDecoder(load_model("tiny-llama"), base_url=engine, retries=0, concurrency=2)
+    dec.server.warmed = True   # the timed batch alone (its warm-up would be held the same way)
+    dec.deadline = time.monotonic() + 1.5
+    got: list = []
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Overdue, match="1 of 2 requests unanswered at the time limit"):
+            for i, r in dec.generate_many([GenerationRequest(p, max_new_tokens=len(TOKENS)) for p in ((1, 2, 3), (1, 2, 4))]):
+                got.append((i, r))
+        took = time.monotonic() - t0
+        assert Faulty.held >= 1 and 1.2 < took < 20, (Faulty.held, took)
+        assert [(i, list(r.tokens)) for i, r in got] == [(1, TOKENS)]     # the answered one was yielded
+        # Nothing of the batch is left running: its event-loop thread ended with the cancel.
+        left = [t for t in threading.enumerate()
+                if getattr(getattr(t, "_target", None), "__qualname__", "").endswith("generate_many.<locals>.work")]
+        assert not left, left
+    finally:
+        Faulty.release.set()
+    # The control: no deadline, nothing held, both answered.
+    dec.deadline = None
+    assert len(_run(engine, "good")) == 2

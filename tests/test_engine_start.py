@@ -39,6 +39,7 @@ def test_engines_that_do_not_depend_on_each_other_start_at_once(tmp_path):
     assert all(p.poll() is not None for p in procs)  # both stopped on the way out
 
 
+@pytest.mark.full
 def test_an_engine_that_never_becomes_healthy_is_named_and_every_started_one_stopped(tmp_path):
     """`b` exits at once without writing `a`'s marker, so `a` never becomes healthy: the error names
     `a`, the caller's clean-up runs, and no launched process is left behind."""
@@ -81,6 +82,7 @@ with started(config, tmp) as servers:
 """
 
 
+@pytest.mark.full
 def test_a_second_sigterm_while_engines_stop_leaves_none_running(tmp_path):
     """SIGTERM stops the run; a second one (a user's second Ctrl-C) comes while the first engine,
     which ignores SIGTERM, is waited for. Before, the stop loop ended there: the second engine was

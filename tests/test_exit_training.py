@@ -88,6 +88,7 @@ def test_kl_training_alone_lowers_the_loss_from_the_logit_lens(cache, tmp_path):
     assert v["kl_head"] < 0.95 * v["kl_lens"]
 
 
+@pytest.mark.full
 def test_a_time_budget_shortens_the_schedule(cache, tmp_path):
     from harness.exits.train import Settings, planned_steps
     s = Settings((1,), 1, 1, (0.0,), 1, 300, 100, 1e-3, "zero", 0)
@@ -212,6 +213,7 @@ def test_exit_heads_need_a_self_draft_with_a_head(heads_dir, tiny_llama):
         SpeculativeDecoder(tiny_llama, draft="self:2", exit_heads=str(heads_dir.parent / "only1"))
 
 
+@pytest.mark.full
 def test_bench_runs_self_draft_with_and_without_heads(heads_dir, calibrated, tmp_path):
     out = tmp_path / "bench.json"
     assert main(["bench", "--target", "tiny-llama", "--draft", "self:2", "--exit-heads", str(heads_dir),

@@ -494,6 +494,7 @@ def test_a_decoder_cannot_plant_code_where_decodegate_imports_from(attack):
 
 
 @pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "unprivileged"])
+@pytest.mark.full
 def test_a_hung_decoders_python_stack_is_in_its_traceback(attack, monkeypatch, namespaces):
     """Past the item limit the parent signals the worker's group (SIGUSR1) for the decoder's
     Python stack, then kills it: the decoder runs two processes down (one without namespaces),
@@ -514,7 +515,7 @@ def test_a_hung_decoders_python_stack_is_in_its_traceback(attack, monkeypatch, n
 # --------------------------------------------------------------- a decoder's module, imported by decodegate
 
 
-@pytest.mark.parametrize("how", ["os._exit(0)", "sys.exit(0)"])
+@pytest.mark.parametrize("how", ["os._exit(0)", pytest.param("sys.exit(0)", marks=pytest.mark.full)])
 def test_a_decoder_module_that_exits_on_import_gives_no_exit_0_or_3(attack, how):
     """A plugin module that ends the process at import (a library that exits on import, a hostile
     plugin). decodegate imports the module itself (the preflight, the code fingerprint): before,

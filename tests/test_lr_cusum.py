@@ -207,6 +207,7 @@ def test_replay_feeds_the_detector_itself():
 
 
 @pytest.mark.parametrize("p0,n,phi,target", [(0.001, 64, 1.0, 1000), (1e-6, 64, 1.0, 1000), (0.01, 16, 5.0, DEFAULT_STEPS)])
+@pytest.mark.full
 def test_a_boundary_too_low_to_monitor_is_refused_in_bounded_memory(p0, n, phi, target):
     """At acceptance ~0 the lattice's increments round to almost nothing and no threshold reaches
     the target: design() must say so (a ValueError: exit 2 with one line), not grow the chain

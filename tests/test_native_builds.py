@@ -65,6 +65,7 @@ def test_a_broken_server_build_fails_the_setup_check_in_seconds_with_one_line(tm
     assert "rebuild it" in line
 
 
+@pytest.mark.full
 def test_regress_with_an_engine_that_cannot_start_exits_2_and_leaves_no_run_record(tmp_path):
     prog = trapping_program(tmp_path)
     suite = tmp_path / "mini.jsonl"

@@ -57,3 +57,11 @@ def test_a_floor_plan_says_what_would_decide(tmp_path):
     text = floor.plan_table(*setup(tmp_path))
     assert "P(pass | correct) 0.99" in text, text
     assert "about 373 would catch it with 0.8" in text, text
+
+
+def test_the_aa_run_reads_as_the_floor_it_is_not_a_verdict():
+    """`make regress-vllm`'s A/A row said "FLOOR" in the verdict column, a word a reader cannot
+    tell from a failure."""
+    s = _summary([], "floor")
+    s["candidates"]["spec"]["role"] = "aa-floor"
+    assert report.verdict_rows(s)[-1][-1] == "A/A floor, not judged"

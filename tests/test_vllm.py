@@ -399,6 +399,10 @@ def test_a_wrong_model_and_a_tokenizer_that_disagrees_are_refused(servers, tiny_
 # on a machine whose speed moves between runs: each tool is compared with the same window.
 CLOCK_TOLERANCE_S = 0.1
 TPOT_TOLERANCE = 0.10
+# A client that kept up sees each token's own gap (~50-65 ms on this server); one that was starved
+# reads several at once. Over this share of ITLs under BURST_ITL_S, its latencies are its own stalls.
+BURST_ITL_S = 0.005
+BURST_SHARE = 0.05
 
 
 def _means(ttfts: list[float], e2es: list[float], tokens: list[int]) -> dict:
@@ -452,9 +456,17 @@ def test_load_latency_agrees_with_the_servers_own_clock(servers, tmp_path):
     bench = json.loads((tmp_path / "bench.json").read_text())
     ok = [i for i, e in enumerate(bench.get("errors") or [""] * len(bench["ttfts"])) if not e]
     assert len(ok) == 20 and server["requests"] == 20, server
-    wrong += _against_the_server("vllm bench serve", _means([bench["ttfts"][i] for i in ok],
-                                                            [bench["latencies"][i] for i in ok],
-                                                            [len(bench["itls"][i]) + 1 for i in ok]), server)
+    # The peer is the method's control, not what is tested: where its own process was starved (a
+    # busy neighbour on 2 cores; it has no lag check of its own) it reads tokens in bursts, ITLs of
+    # ~0 (seen in a fresh clone: 1.65 s TTFTs, 40% of ITLs under 5 ms), and its means are its stalls.
+    itls = [x for i in ok for x in bench["itls"][i]]
+    burst = sum(x < BURST_ITL_S for x in itls) / len(itls)
+    if burst <= BURST_SHARE:
+        wrong += _against_the_server("vllm bench serve", _means([bench["ttfts"][i] for i in ok],
+                                                                [bench["latencies"][i] for i in ok],
+                                                                [len(bench["itls"][i]) + 1 for i in ok]), server)
+    else:
+        print(f"vllm bench serve was starved: {burst:.0%} of its ITLs under {1e3 * BURST_ITL_S:.0f} ms; not compared")
     assert not wrong, wrong
 
 

@@ -249,6 +249,7 @@ def test_acknowledge_clears_the_alarm_and_exit_on_alarm_keeps_the_old_behaviour(
 
 # --------------------------------------------------------------------------- speculation stopped
 
+@pytest.mark.full
 def test_a_relaunch_without_speculation_is_an_alarm_of_its_own(engine, tmp_path):
     ref = write_reference(tmp_path / "ref", steady_requests())
     engine.serve(100, 60)
@@ -328,6 +329,7 @@ def test_a_spec_counter_that_is_not_a_count_is_a_failed_scrape_not_a_crash(bad, 
     assert code == 0 and "ALARM" not in out and "internal error" not in err, (out, err)
 
 
+@pytest.mark.full
 def test_a_run_of_failed_scrapes_past_the_limit_ends_watch_with_the_last_answer(engine, tmp_path):
     ref = write_reference(tmp_path / "ref", steady_requests())
     engine.serve(100, 60)
@@ -416,6 +418,7 @@ def test_every_number_watch_and_the_rules_derive_is_the_one_computed_independent
     assert f"φ {phi_up:.2f}: the upper bound of {phi:.2f} measured over 60 requests" in out
 
 
+@pytest.mark.full
 def test_an_alarm_that_stands_when_the_engine_stops_answering_still_exits_4(engine, tmp_path):
     ref = write_reference(tmp_path / "ref", steady_requests())
     engine.serve(100, 60)

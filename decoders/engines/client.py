@@ -103,6 +103,11 @@ async def warm(decoder: "EngineDecoder", http: httpx.AsyncClient, requests: list
             "wall_s": time.perf_counter() - t0, "cpu_s": time.thread_time() - cpu0}
 
 
+class Overdue(Exception):
+    """A batch ran past the runner's time limit (`EngineDecoder.deadline`): the engine hung. Not a
+    DecoderError: it is the decoder's stop, like a worker that hung, not one item's error."""
+
+
 class EngineRequestError(DecoderError):
     """One request the engine refused (HTTP 4xx/5xx): recorded for that item, the run goes on."""
 
@@ -175,6 +180,7 @@ class EngineDecoder(Decoder):
         self.metrics_ok = spec_counters(engine.metrics()) is not None
         self.last_batch: dict = {}
         self.warmup: dict | None = None   # what `warm` sent before this decoder's first timed batch
+        self.deadline: float | None = None  # time.monotonic() by which a batch must be answered (the runner's)
 
     # ------------------------------------------------------------------------- for flavours
 
@@ -230,26 +236,37 @@ class EngineDecoder(Decoder):
 
     def generate_many(self, requests) -> Iterator[tuple[int, GenerationResult | DecoderError]]:
         """Up to `concurrency` in flight; yields (index, result or per-item error) as each finishes.
-        An `EngineDown` is raised after every result that finished before it has been yielded."""
+        An `EngineDown` is raised after every result that finished before it has been yielded;
+        `Overdue`, with the requests left in flight cancelled, once `deadline` has passed."""
         requests = list(requests)
         done: queue.Queue = queue.Queue()
+        running: dict = {}   # the event loop and its task, for a cancel from this thread
+
         def work():
             try:
-                asyncio.run(self._many(requests, done))
+                asyncio.run(self._many(requests, done, running))
             except BaseException as e:  # noqa: BLE001 - whatever ends the worker reaches the runner, never a hang
                 done.put(e)
 
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
-        for _ in range(len(requests)):
-            item = done.get()
+        for n in range(len(requests)):
+            try:
+                item = done.get(timeout=None if self.deadline is None else max(0.0, self.deadline - time.monotonic()))
+            except queue.Empty:
+                if "loop" in running:
+                    running["loop"].call_soon_threadsafe(running["task"].cancel)
+                worker.join(timeout=10)
+                raise Overdue(f"{len(requests) - n} of {len(requests)} requests unanswered at the time limit "
+                              f"(--item-timeout, --hang-factor); they were cancelled") from None
             if isinstance(item, BaseException):
                 worker.join(timeout=30)
                 raise item
             yield item
         worker.join()
 
-    async def _many(self, requests, done: queue.Queue) -> None:
+    async def _many(self, requests, done: queue.Queue, running: dict) -> None:
+        running.update(loop=asyncio.get_running_loop(), task=asyncio.current_task())
         gate = asyncio.Semaphore(self.concurrency)
         limits = httpx.Limits(max_connections=self.concurrency + 2)
         timeout = httpx.Timeout(self.timeout, connect=10.0)

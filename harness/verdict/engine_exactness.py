@@ -142,7 +142,7 @@ ROUTE_WORDS = {"fisher": "Fisher's combination over prompts", "min-p": "the most
                "product": "every pair's repeat together", "control": "against the baseline engine's own pairs"}
 
 
-def _unchecked(seeds: dict, undecided: str, name: str, whose: str) -> GateResult | None:
+def _inconclusive_identical(seeds: dict, undecided: str, name: str, whose: str) -> GateResult | None:
     """Identical samples at every pair of seeds that no route calls ignored, where the chance an
     honoured seed gives them could not be bounded below the level: positions the reference left
     out and tokens it calls impossible count as probability 1 (the bound is loose, not the engine
@@ -204,7 +204,7 @@ def seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResult]:
                               f"not independent, so no sampled test can be read"))
     elif not seeds.get("pairs"):
         out.append(GateResult("seed", "warn", "the seed was not checked: the profile has one seed (give two)"))
-    elif (loose := _unchecked(seeds, undecided, "seed", "the baseline's")) is not None:
+    elif (loose := _inconclusive_identical(seeds, undecided, "seed", "the baseline's")) is not None:
         out.append(loose)
     elif (flat := _predictable(seeds, "seed", "the baseline's")) is not None:
         out.append(flat)
@@ -220,7 +220,7 @@ def candidate_seed_gates(seeds: dict, undecided: str = "fail") -> list[GateResul
     reproduce them: it repeats one draw per prompt, which the PIT (each token on its own) cannot see."""
     if not seeds.get("pairs"):
         return []
-    if (loose := _unchecked(seeds, undecided, "candidate seed", "the candidate's")) is not None:
+    if (loose := _inconclusive_identical(seeds, undecided, "candidate seed", "the candidate's")) is not None:
         return [loose]
     if (flat := _predictable(seeds, "candidate seed", "the candidate's")) is not None:
         return [flat]

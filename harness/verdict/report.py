@@ -48,6 +48,8 @@ def _all_cell(cand: dict) -> str:
     """The candidate's verdict, naming the gates that no suite row shows (speed, the A/A floor,
     coverage, ...) when one of them is what failed or warned: a row of "pass" and an ALL of "FAIL"
     then say why, rather than contradict each other."""
+    if cand.get("verdict") == "floor":   # the A/A run: the noise the others are judged against
+        return "A/A floor, not judged"
     shown = {id(g) for suite in cand["suites"] for g in _suite_gates(cand, suite)}
     run_level = [g for g in cand["gates"] if id(g) not in shown and g["status"] != "pass"]
     parts = [f"{label}: {', '.join(dict.fromkeys(g['name'] for g in run_level if (g['status'] == 'fail') == failed))}"
@@ -84,6 +86,9 @@ def table(summary: dict) -> str:
     fails = [(n, g) for n, c in summary["candidates"].items() for g in c["gates"] if g["status"] != "pass"]
     if fails:
         out += "\n\n" + "\n".join(f"{g['status'].upper():5} {_named(n, g['name'], g['detail'])}" for n, g in fails)
+    # Said beside the verdicts even where no speed gate turned on it: every speedup above is suspect.
+    if (why := (summary.get("timing") or {}).get("why")):
+        out += f"\n\n{why}"
     out += statistics_lines(summary)
     out += store_lines(summary)
     out += engine_lines(summary)
@@ -385,6 +390,8 @@ def markdown(summary: dict, report_text: str | None = None) -> str:
         lines += ["", "### Gates", "", "| candidate | gate | status | detail |", "|---|---|---|---|"]
         lines += [f"| {md_cell(n)} | {md_cell(g['name'])} | **{md_cell(g['status'].upper())}** | {md_cell(g['detail'])} |"
                   for n, g in gates]
+    if (why := (summary.get("timing") or {}).get("why")):
+        lines += ["", f"**{md_cell(why)}**"]
     if report_text:
         lines += ["", "### Report", "", *md_fence(report_text.rstrip())]
     return "\n".join(lines) + "\n"
