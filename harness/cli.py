@@ -27,14 +27,10 @@ COMMANDS = {
     "config-schema": ("harness.commands.config_schema", "print the regress config's JSON Schema (editors validate with it)"),
 }
 
-# Our input errors are ValueError subclasses defined in these packages.
-OUR_PACKAGES = {"harness", "decoders", "suites", "analysis"}
-
-
 def is_input_error(exc: BaseException) -> bool:
-    if isinstance(exc, (FileNotFoundError, IsADirectoryError)):
-        return True
-    return isinstance(exc, ValueError) and type(exc).__module__.split(".")[0] in OUR_PACKAGES
+    """A missing file, or one of our input errors (ValueError subclasses defined in our packages)."""
+    from harness.run.worker import is_input_error as ours
+    return isinstance(exc, (FileNotFoundError, IsADirectoryError)) or ours(exc)
 
 
 # Said under every subcommand's --help (a CI script is written from there, not from the top-level help).
