@@ -36,7 +36,7 @@ def test_the_baseline_is_first_and_the_others_take_every_place_equally_often():
     assert abs(before_base["base~aa"] / (blocks - 1) - 1 / 3) < 0.06, before_base
 
 
-def test_a_resume_repeats_a_blocks_order_and_the_order_changes_between_blocks():
+def test_a_blocks_order_is_reproducible_and_changes_between_blocks():
     specs = _specs("base", "a", "b", "c", "d")
     assert [_names(block_order(specs, {"base"}, k)) for k in range(20)] == \
            [_names(block_order(specs, {"base"}, k)) for k in range(20)]

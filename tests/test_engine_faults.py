@@ -26,6 +26,8 @@ class Faulty(BaseHTTPRequestHandler):
     mode = "good"
     scrapes = 0
     held = 0
+    posts = 0
+    hang_after = 0
     release = threading.Event()
     protocol_version = "HTTP/1.1"
 
@@ -44,6 +46,10 @@ class Faulty(BaseHTTPRequestHandler):
             return self._send(200, b'{"status": "ok"}')
         if self.path == "/metrics":
             type(self).scrapes += 1
+            if self.mode == "metrics_hang" and self.scrapes > self.hang_after:   # a batch's closing scrape
+                self.release.wait(120)
+                self.close_connection = True
+                return
             if self.mode == "metrics_html" and self.scrapes > 1:   # a gateway's page, with 200
                 return self._send(200, b"<html><h1>502 Bad Gateway</h1></html>", "text/html")
             return self._send(200, b"# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
@@ -58,6 +64,7 @@ class Faulty(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        type(self).posts += 1
         if self.path != "/completion":
             return self._send(404, b'{"error": "not found"}')
         if self.mode == "hang" and body["prompt"][-1] % 2:   # a wedged server: never answers, never closes
@@ -188,11 +195,52 @@ def test_a_wedged_request_ends_at_the_deadline_cancelled_and_the_answered_ones_a
         assert Faulty.held >= 1 and 1.2 < took < 20, (Faulty.held, took)
         assert [(i, list(r.tokens)) for i, r in got] == [(1, TOKENS)]     # the answered one was yielded
         # Nothing of the batch is left running: its event-loop thread ended with the cancel.
-        left = [t for t in threading.enumerate()
-                if getattr(getattr(t, "_target", None), "__qualname__", "").endswith("generate_many.<locals>.work")]
-        assert not left, left
+        assert not _batch_threads()
     finally:
         Faulty.release.set()
     # The control: no deadline, nothing held, both answered.
     dec.deadline = None
     assert len(_run(engine, "good")) == 2
+
+
+def _batch_threads() -> list:
+    return [t for t in threading.enumerate()
+            if getattr(getattr(t, "_target", None), "__qualname__", "").endswith("generate_many.<locals>.work")]
+
+
+def test_a_deadline_already_past_sends_nothing_and_leaves_no_thread(engine):
+    """A batch whose deadline passed before its event loop ran: the cancel found no loop to cancel,
+    and the batch went on sending requests after Overdue said they were cancelled."""
+    from decoders.engines.client import Overdue
+    Faulty.mode = "good"
+    dec = LlamaCppDecoder(load_model("tiny-llama"), base_url=engine, retries=0, concurrency=2)
+    dec.server.warmed = True
+    before = Faulty.posts
+    dec.deadline = time.monotonic() - 1.0
+    with pytest.raises(Overdue, match="2 of 2 requests unanswered at the time limit .*they were cancelled"):
+        list(dec.generate_many([GenerationRequest(p, max_new_tokens=len(TOKENS)) for p in ((1, 2, 3), (1, 2, 4))]))
+    time.sleep(0.5)
+    assert Faulty.posts == before and not _batch_threads(), (Faulty.posts - before, _batch_threads())
+
+
+def test_a_batch_whose_end_hangs_keeps_its_results_and_loses_only_its_telemetry(engine):
+    """Every request answered, then the engine's /metrics (read to difference its counters)
+    stopped answering: the batch waited out the request timeout past its deadline."""
+    Faulty.mode, Faulty.scrapes = "metrics_hang", 0
+    Faulty.release.clear()
+    dec = LlamaCppDecoder(load_model("tiny-llama"), base_url=engine, retries=0, concurrency=2,
+                          request_timeout_s=60)
+    dec.server.warmed = True
+    dec.metrics_ok = True   # scrape around the batch (this page's counter names are vLLM's, not llama.cpp's)
+    Faulty.hang_after = Faulty.scrapes + 1   # the batch's first scrape answers, its closing one hangs
+    try:
+        t0 = time.monotonic()
+        dec.deadline = t0 + 1.5
+        out = [r for _, r in dec.generate_many([GenerationRequest(p, max_new_tokens=len(TOKENS))
+                                                for p in ((1, 2, 3), (1, 2, 4))])]
+        took = time.monotonic() - t0
+        assert [list(r.tokens) for r in out] == [TOKENS, TOKENS]
+        assert took < 20 and "ran past the time limit" in dec.last_batch.get("unmeasured", ""), (took, dec.last_batch)
+        assert not _batch_threads()
+    finally:
+        Faulty.release.set()

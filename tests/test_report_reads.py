@@ -65,3 +65,20 @@ def test_the_aa_run_reads_as_the_floor_it_is_not_a_verdict():
     s = _summary([], "floor")
     s["candidates"]["spec"]["role"] = "aa-floor"
     assert report.verdict_rows(s)[-1][-1] == "A/A floor, not judged"
+
+
+def test_an_aa_run_that_broke_fails_the_run_and_says_so():
+    """A hung A/A run left the report at "verdict: PASS" beside an exit code of 1 (its rows
+    missing): the floor was never measured, and nothing may pass on a broken measurement."""
+    from types import SimpleNamespace
+    from harness.commands.regress import judge
+    from harness.config import Gates
+    hung = {"candidate": "base~aa", "suite": "*", "reason": "hung", "detail": "base~aa: hung on s/a (T=0, seed 0)"}
+    summary = {"candidates": {"base~aa": {"role": "aa-floor", "suites": {}, "stopped": [hung]}}}
+    judge(summary, SimpleNamespace(gates=Gates(), profile=SimpleNamespace(load=None)), None)
+    assert summary["verdict"] == "fail"
+    assert report.verdict_rows(summary)[-1][-1] == "A/A floor: BROKE"
+    assert "FAIL  base~aa: hung on s/a" in report.table(summary)
+    fine = {"candidates": {"base~aa": {"role": "aa-floor", "suites": {}, "stopped": []}}}
+    judge(fine, SimpleNamespace(gates=Gates(), profile=SimpleNamespace(load=None)), None)
+    assert fine["verdict"] == "pass" and report.verdict_rows(fine)[-1][-1] == "A/A floor, not judged"

@@ -108,6 +108,17 @@ class Overdue(Exception):
     DecoderError: it is the decoder's stop, like a worker that hung, not one item's error."""
 
 
+def _cancel(running: dict, worker: threading.Thread) -> bool:
+    """Stop a batch from another thread; True once its thread has ended. The flag stops a loop that
+    has not started (it returns at once), the cancel one that is running (its requests abandoned)."""
+    running["stop"].set()
+    if "loop" in running and worker.is_alive():
+        with contextlib.suppress(RuntimeError):   # the loop closed in between: nothing left to cancel
+            running["loop"].call_soon_threadsafe(running["task"].cancel)
+    worker.join(timeout=10)
+    return not worker.is_alive()
+
+
 class EngineRequestError(DecoderError):
     """One request the engine refused (HTTP 4xx/5xx): recorded for that item, the run goes on."""
 
@@ -240,7 +251,7 @@ class EngineDecoder(Decoder):
         `Overdue`, with the requests left in flight cancelled, once `deadline` has passed."""
         requests = list(requests)
         done: queue.Queue = queue.Queue()
-        running: dict = {}   # the event loop and its task, for a cancel from this thread
+        running: dict = {"stop": threading.Event()}   # the batch's event loop and task, for a cancel from here
 
         def work():
             try:
@@ -252,21 +263,31 @@ class EngineDecoder(Decoder):
         worker.start()
         for n in range(len(requests)):
             try:
-                item = done.get(timeout=None if self.deadline is None else max(0.0, self.deadline - time.monotonic()))
+                item = done.get(timeout=self._left())
             except queue.Empty:
-                if "loop" in running:
-                    running["loop"].call_soon_threadsafe(running["task"].cancel)
-                worker.join(timeout=10)
+                how = "they were cancelled" if _cancel(running, worker) else "the batch's thread did not stop"
                 raise Overdue(f"{len(requests) - n} of {len(requests)} requests unanswered at the time limit "
-                              f"(--item-timeout, --hang-factor); they were cancelled") from None
+                              f"(--item-timeout, --hang-factor); {how}") from None
             if isinstance(item, BaseException):
                 worker.join(timeout=30)
                 raise item
             yield item
-        worker.join()
+        # Every request answered: what is left (the engine's counters, closing) is bounded too, and
+        # past the limit it costs the batch's telemetry, not its results.
+        worker.join(timeout=self._left())
+        if worker.is_alive():
+            _cancel(running, worker)
+            self.last_batch = {"requests": len(requests), "unmeasured": "the batch's end (the engine's counters) "
+                                                                        "ran past the time limit"}
+
+    def _left(self) -> float | None:
+        """Seconds until `deadline` (None: no limit)."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
     async def _many(self, requests, done: queue.Queue, running: dict) -> None:
         running.update(loop=asyncio.get_running_loop(), task=asyncio.current_task())
+        if running["stop"].is_set():   # the deadline passed before this loop ran: send nothing
+            return
         gate = asyncio.Semaphore(self.concurrency)
         limits = httpx.Limits(max_connections=self.concurrency + 2)
         timeout = httpx.Timeout(self.timeout, connect=10.0)

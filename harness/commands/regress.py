@@ -373,11 +373,16 @@ def build_summary(config, run_dir: Path, meta: dict, records, suites, exactness,
 
 def judge(summary: dict, config, run_dir: Path) -> None:
     """Each candidate's gates and verdict, the load verdict, and the run's verdict."""
+    from harness.run.faults import BROKEN
     from harness.verdict.gate import decide
     all_pass = True
     for cand in summary["candidates"].values():
         if cand.get("role") == "aa-floor":
             cand["verdict"], cand["gates"] = "floor", []  # it measures the floor; it is not on trial
+            broke = [st for st in cand.get("stopped", []) if st.get("reason") in BROKEN]
+            if broke:  # the floor was not measured: no run passes on a broken measurement
+                cand["gates"] = [{"name": "aa floor", "status": "fail", "detail": broke[0].get("detail") or "broke"}]
+                all_pass = False
             continue
         decision = decide(cand, config.gates)
         cand["verdict"] = "pass" if decision.passed else "fail"

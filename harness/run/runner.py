@@ -433,7 +433,7 @@ def blocks(pending: list, size: int) -> list:
 def block_order(specs: list, baseline_names: set, block_no: int) -> list:
     """The decoders' order in block `block_no`: each baseline first (a candidate's hang limit and
     divergence check read the baseline's row on the item), then the decoders of its level in an
-    order shuffled anew each block (seeded by the block, so a resume repeats it). A fixed order
+    order shuffled anew each block (seeded by the block's number in this run). A fixed order
     is a bias: what runs just before a decoder (a server just woken, a neighbour's server still
     busy) lands on it every time. On vLLM the A/A run, always right after the baseline on the
     same server, read 1.06x the baseline (95% interval [1.04, 1.08]) over 74 items, TTFT and
@@ -531,6 +531,7 @@ def generate_rows(ctx: Context, batch: Batch, decoder, limit: float | None) -> N
     from harness.run.worker import Death, exc_info
     spec, items, answered = batch.spec, batch.items, set()
     decoder.deadline = None if limit is None else time.monotonic() + limit
+    decoder.last_batch = {}   # a batch cut short leaves none: not the block before's again
     try:
         if getattr(decoder, "engine_down", None):
             raise decoder.engine_down

@@ -49,7 +49,7 @@ def _all_cell(cand: dict) -> str:
     coverage, ...) when one of them is what failed or warned: a row of "pass" and an ALL of "FAIL"
     then say why, rather than contradict each other."""
     if cand.get("verdict") == "floor":   # the A/A run: the noise the others are judged against
-        return "A/A floor, not judged"
+        return "A/A floor: BROKE" if any(g["status"] == "fail" for g in cand["gates"]) else "A/A floor, not judged"
     shown = {id(g) for suite in cand["suites"] for g in _suite_gates(cand, suite)}
     run_level = [g for g in cand["gates"] if id(g) not in shown and g["status"] != "pass"]
     parts = [f"{label}: {', '.join(dict.fromkeys(g['name'] for g in run_level if (g['status'] == 'fail') == failed))}"
