@@ -45,6 +45,7 @@ def reference(tmp_path_factory):
     return folder, suite, run
 
 
+@pytest.mark.full  # a reference run and two regresses (7 s); the drift gate's statistics stay quick below
 def test_worse_draft_fails_and_rerun_passes(reference, capsys):
     folder, suite, ref_run = reference
     alpha_ref = summary(ref_run)["candidates"]["spec"]["acceptance"]["alpha"]
