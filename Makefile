@@ -24,7 +24,7 @@ LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_B
                     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
                     -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-server-only.cmake
 
-.PHONY: install llama-server tools vllm vllm-own setup check test docs calibrate regress decide regress-engine regress-vllm bench ui clean
+.PHONY: install llama-server tools vllm vllm-own setup check test docs calibrate regress decide regress-engine regress-floor regress-vllm bench ui clean
 
 install: $(STAMP)
 
@@ -134,6 +134,9 @@ decide: $(STAMP)
 
 regress-engine: setup
 	HF_HUB_OFFLINE=1 $(BIN)/decodegate regress --config regress-engine.toml --profile smoke
+
+regress-floor: setup   # the A/A floor at the size its plan asks for: every suite at 2, 3 and 4 in flight
+	HF_HUB_OFFLINE=1 $(BIN)/decodegate regress --config regress-engine.toml --profile floor
 
 vllm-own: | $(STAMP)
 	MODEL_PY=$(BIN)/python HF_HUB_OFFLINE=1 scripts/setup-vllm.sh

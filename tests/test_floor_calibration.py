@@ -32,7 +32,7 @@ def old_rule(block: cal.Block) -> str:
 
 
 def refused(rate: float, studies: int, rng, judge) -> float:
-    return float(np.mean([any(cal.study(rng, rate, n, "correct", judge=judge) != "pass" for n in cal.SHIPPED_BLOCKS)
+    return float(np.mean([any(cal.study(rng, rate, n, "correct", judge=judge) != "pass" for n in cal.SWEEP_BLOCKS)
                           for _ in range(studies)]))
 
 
@@ -43,6 +43,21 @@ def test_a_correct_engine_passes_the_shipped_sweep(rate):
     now = cal.profile_fail_rate(rate, "correct", STUDIES, np.random.default_rng(1))
     assert now.simulated <= 0.05, now
     assert refused(rate, STUDIES, np.random.default_rng(1), old_rule) > 0.25  # 0.30 / 0.84 exactly
+
+
+@pytest.mark.parametrize("rate", [0.02, 0.05, 0.1])
+def test_the_floor_profile_catches_a_doubled_rate_and_passes_a_correct_engine(rate):
+    """Issue 58's done-when at regress-engine.toml's floor profile (12 blocks, 1,254 prompts pooled):
+    a candidate diverging twice as often as the engine's noise is caught with probability >= 0.8 at
+    noise 0.02-0.10, exactly (0.887 at 0.02) and through the gate's code; a correct engine passes
+    >= 0.95 (split at alpha / 12 per block the doubling at 0.02 was caught 0.14)."""
+    ok, caught = cal.profile_plan(rate, cal.FLOOR_BLOCKS)
+    assert caught >= 0.8 and ok >= 0.95, (ok, caught)
+    studies = 60
+    bug = cal.profile_fail_rate(rate, "small-margins", studies, np.random.default_rng(7), cal.FLOOR_BLOCKS)
+    assert bug.simulated >= 0.8 - Z * np.sqrt(0.8 * 0.2 / studies), (bug, caught)
+    split = 1 - np.prod([1 - floor.plan(rate, n, 0.05 / 12)["fail_doubled"] for n in cal.FLOOR_BLOCKS])
+    assert rate > 0.02 or split < 0.5, split
 
 
 def test_more_prompts_never_let_a_doubled_rate_pass_more_often():
@@ -112,12 +127,12 @@ def test_a_correct_engine_at_many_prompts_is_refused_at_most_alpha(n):
 def test_a_correct_candidate_judged_in_several_blocks_is_refused_at_most_alpha():
     """The family: a correct candidate judged in 4 greedy blocks (2 suites x 2 levels) of 200
     prompts, at noise rate 0.25 (aa_floor_max), through apply_levels -> level_floor -> compare ->
-    gate_detail. Each block at alpha refused it 0.147 exactly (0.039 per block); alpha split over
-    the blocks: 0.037."""
+    gate_detail. Each block at alpha refused it 0.147 exactly (0.039 per block); pooled into one
+    test at alpha: 0.044."""
     blocks = (200,) * 4
     ok, _ = cal.profile_plan(0.25, blocks)
     assert 1 - ok <= 0.05
     per_block_at_alpha = 1 - floor.pass_probability(0.25, 0.25, 200, 0.05) ** 4
-    assert per_block_at_alpha > 0.1  # what the gate did before the split
+    assert per_block_at_alpha > 0.1  # what the gate did before the blocks were judged together
     sim = cal.profile_fail_rate(0.25, "correct", 400, np.random.default_rng(5), blocks)
     assert sim.simulated <= 0.05 + Z * np.sqrt(0.05 * 0.95 / 400), sim  # 0.147 before: far above 0.078

@@ -207,23 +207,56 @@ def _level_summary(aa: dict, cands: dict, noise: float) -> dict:
     return out
 
 
-def test_alpha_is_split_over_a_candidates_blocks_across_levels():
-    """Two suites at concurrency 2 and 4 (each with a floor) are four blocks of the same candidate:
-    each is tested at alpha / 4; a concurrency-1 level whose A/A noise is 0 cannot excuse anything
-    and takes no share; another candidate is its own family."""
+def test_a_candidates_blocks_are_pooled_across_levels_into_one_test():
+    """Two suites at concurrency 2 and 4 (each with a floor) are four blocks of the same candidate,
+    judged by one exact test over their pooled prompts at alpha: 5 candidate-only against 2 A/A-only
+    in each block is p = 0.227 alone, but 20 against 8 over 160 prompts is p = 0.018, an excess
+    (split at alpha / 4 per block it passed everywhere). A concurrency-1 level whose A/A noise is 0
+    cannot excuse anything and is no part of the pool; another candidate is its own family."""
     from harness.config import Gates
     gates = Gates()
-    aa, cand = block(40, [1, 2]), block(40, [5, 6, 7, 8, 9])   # 5 candidate-only, 0 A/A-only shared
+    aa, cand = block(40, [1, 2]), block(40, [5, 6, 7, 8, 9])
     parts = [(_level_summary(aa if c > 1 else block(40, []), {f"ngram@c{c}": cand, f"draft@c{c}": cand},
                              0.1 if c > 1 else 0.0),
               "base~aa", [f"ngram@c{c}", f"draft@c{c}"]) for c in (1, 2, 4)]
+    for summary, _, names in parts[1:]:  # sampled blocks too: never pooled (a sampled flip bounds no margin)
+        summary["candidates"]["base~aa"]["suites"]["a"]["identity"]["T=0.7"] = block(40, list(range(10)))
+        for name in names:
+            summary["candidates"][name]["suites"]["a"]["identity"]["T=0.7"] = block(40, [])
     floor.apply_levels(parts, gates)
     f = parts[1][0]["candidates"]["ngram@c2"]["suites"]["a"]["identity"]["T=0"]["floor"]
-    assert f["blocks"] == 4 and f["alpha"] == pytest.approx(gates.alpha / 4) and f["family_alpha"] == gates.alpha
-    # b=5, c=2: p = 0.227 either way; b=7 c=0: p = 0.0078 < 0.0125 fails, b=5 c=0 (p 0.031) passes at alpha / 4
-    assert floor.rate_test(5, 0, 40, f["alpha"])["exceeds"] is False
-    status = floor.gate_detail(parts[2][0]["candidates"]["draft@c4"]["suites"]["b"]["identity"]["T=0"])
-    assert status[0] == "pass" and "split over the candidate's 4 greedy blocks" in status[1]
+    assert (f["blocks"], f["pooled_n"], f["block_counts"]) == (4, 160, (5, 2, 40)), f
+    assert (f["candidate_only"], f["floor_only"], f["alpha"]) == (20, 8, gates.alpha)
+    assert f["pvalue"] == pytest.approx(0.0178, abs=1e-4) and f["exceeds"]
+    assert not floor.rate_test(5, 2, 40, gates.alpha)["exceeds"]  # each block alone passes
+    draft = parts[2][0]["candidates"]["draft@c4"]["suites"]["b"]["identity"]["T=0"]
+    assert draft["floor"]["pooled_n"] == 160  # not 320: ngram's blocks are not draft's
+    status = floor.gate_detail(draft)
+    assert status[0] == "fail" and "pooled over the candidate's 4 greedy blocks, 160 prompts" in status[1], status
+    assert "this block: 5 candidate-only, 2 A/A-only of 40" in status[1], status
+    # the plan beside it is the pooled test's: 28 divergences over 2 x 160 prompts, none shared
+    assert (f["plan"]["n"], f["plan"]["noise_rate"], f["plan"]["shared"]) == (160, 0.0875, 0.0), f["plan"]
+    assert "over 160 prompts: a correct engine passes" in status[1], status
+    c1 = parts[0][0]["candidates"]["ngram@c1"]["suites"]["a"]["identity"]["T=0"]
+    assert c1["floor"]["blocks"] == 1 and floor.gate_detail(c1)[0] == "fail"  # noise 0: strict identity
+
+
+def test_an_invalid_floors_block_is_no_part_of_the_pool():
+    """A block whose A/A run is not a valid floor excuses nothing (its divergences are judged
+    inconclusive there); its A/A-only prompts must not dilute the pooled test of the others."""
+    from harness.config import Gates
+    gates = Gates()
+    good = _level_summary(block(40, [1]), {"x@c2": block(40, [5, 6, 7, 8, 9])}, 0.1)
+    bad = _level_summary(block(40, list(range(20))), {"x@c4": block(40, [])}, 0.1)  # diverged on half: > aa_floor_max
+    # and a suite on which the A/A run has fewer pairs than the candidate: that block alone is no floor
+    good["candidates"]["base~aa"]["suites"]["c"] = {**good["candidates"]["base~aa"]["suites"]["a"],
+                                                    "identity": {"T=0": block(30, list(range(10)))}}
+    good["candidates"]["x@c2"]["suites"]["c"] = {"identity": {"T=0": block(40, [])}}
+    floor.apply_levels([(good, "base~aa", ["x@c2"]), (bad, "base~aa", ["x@c4"])], gates)
+    f = good["candidates"]["x@c2"]["suites"]["a"]["identity"]["T=0"]["floor"]
+    assert not bad["candidates"]["base~aa"]["floor"]["valid"]
+    assert not good["candidates"]["x@c2"]["suites"]["c"]["identity"]["T=0"]["floor"]["valid"]
+    assert (f["blocks"], f["candidate_only"], f["floor_only"]) == (2, 10, 2) and f["exceeds"], f  # p = 0.019
 
 
 # ---- from the issue-58 review's mutation pass (mutmut on harness/verdict/floor.py): each test
@@ -289,3 +322,18 @@ def test_a_level_without_its_aa_run_does_not_stop_the_others_being_judged():
     floor.apply_levels(parts, Gates())
     assert "floor" in parts[1][0]["candidates"]["x@c2"]["suites"]["a"]["identity"]["T=0"]
     assert "floor" not in parts[0][0]["candidates"]["x@c1"]["suites"]["a"]["identity"]["T=0"]
+
+
+@pytest.mark.parametrize("profile,pooled,levels", [("sweep", 36, 2), ("floor", 1254, 3)])
+def test_the_shipped_profiles_plan_counts_the_levels_with_a_floor(profile, pooled, levels):
+    """regress-engine.toml's plan before the run: the sweep's concurrency 1 is strict identity, no
+    part of the pool (36 greedy prompts at 2 and 4 in flight); the floor profile pools 1,254 and
+    says they are enough at the assumed noise 0.05 (the sweep names what would be)."""
+    from pathlib import Path
+
+    from harness.config import load_config
+    from harness.run import runner
+    config = load_config(Path(__file__).parent.parent / "regress-engine.toml", profile)
+    text = floor.plan_table(config, runner.load_suites(config))
+    assert f"{pooled:,} greedy prompts pooled" in text and f"{levels} level(s)" in text, text
+    assert text.endswith("enough") == (profile == "floor"), text

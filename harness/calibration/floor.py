@@ -20,9 +20,10 @@ rest are each run's own, independent between runs. Candidates, by shape:
 - ``fixed-margin``: the engine's noise plus a bug of its own on FIXED_SHARE x rate more prompts,
   at one margin FIXED (4 SIGMA: beyond nearly every move, within the largest of many): with the
   largest move as the noise scale, more prompts let it pass more often (the issue-58 review).
-The shipped sweep (regress-engine.toml: factual 10 and longform 8 greedy prompts at the two
-levels with a floor, concurrency 2 and 4) is four such blocks; the candidate passes when all four do,
-each tested at alpha / 4 (``floor.apply_levels``, the gate's split over a candidate's blocks).
+A candidate's blocks are judged together (``floor.apply_levels``: their discordant prompts pooled
+into one test at alpha). regress-engine.toml's sweep (factual 10 and longform 8 greedy prompts at
+the two levels with a floor, concurrency 2 and 4) is four such blocks; its floor profile (the four
+suites' 217, 72, 84 and 45 prompts at concurrency 2, 3 and 4) twelve.
 The A/A run's validity cap is lifted (``aa_floor_max = 1``): at the default 0.25 an A/A run at
 noise rate 0.25 is no floor half the time, a separate check with its own words.
 """
@@ -67,7 +68,9 @@ def _divs(prompts, margins) -> list[dict]:
              "kind": "divergence"} for i, m in zip(prompts, margins)]
 
 
-SHIPPED_BLOCKS = (10, 8, 10, 8)  # regress-engine.toml's sweep: (factual, longform) x (c2, c4)
+SWEEP_BLOCKS = (10, 8) * 2  # regress-engine.toml's sweep: (factual, longform) x (c2, c4)
+FLOOR_BLOCKS = (217, 72, 84, 45) * 3  # its floor profile: (factual, code, refusal, longform) x (c2, c3, c4)
+PROFILES = {"sweep": SWEEP_BLOCKS, "floor": FLOOR_BLOCKS}
 
 
 def _aa_summary(b: Block) -> dict:
@@ -90,7 +93,7 @@ def _cand_ident(cand_prompts, cand_margins, n: int) -> dict:
 
 def family_statuses(blocks, gates=GATES) -> list[str]:
     """The gate's verdicts on one candidate's blocks (`Block`s, one per suite at one level):
-    through apply_levels (alpha split over the candidate's blocks) -> level_floor -> compare ->
+    through apply_levels (the candidate's blocks pooled into one test) -> level_floor -> compare ->
     gate_detail."""
     summary = {"near_tie_epsilon": {"value": EPS},
                "candidates": {"base~aa": {"suites": {}}, "cand": {"kind": "exact", "suites": {}}}}
@@ -158,19 +161,19 @@ def fail_rate(rate: float, n: int, shape: str, studies: int, rng, judge=gate_sta
     return Rate(fails / studies, studies, None)
 
 
-def profile_fail_rate(rate: float, shape: str, studies: int, rng, blocks=SHIPPED_BLOCKS, shared: float = 0.0) -> Rate:
+def profile_fail_rate(rate: float, shape: str, studies: int, rng, blocks=SWEEP_BLOCKS, shared: float = 0.0) -> Rate:
     """P(some block of the profile is not "pass"): the candidate is refused. The blocks are one
-    candidate's family, judged together (alpha split over them, as the gate does)."""
+    candidate's family, judged together (pooled into one test, as the gate does)."""
     fails = sum(any(s != "pass" for s in family_statuses([draw(rng, rate, n, shape, shared) for n in blocks]))
                 for _ in range(studies))
     return Rate(fails / studies, studies, None)
 
 
-def profile_plan(rate: float, blocks=SHIPPED_BLOCKS, shared: float = 0.0) -> tuple[float, float]:
-    """Exact (P(pass | correct), P(fail | doubled)) over the profile's blocks, independent, each
-    at alpha split over the blocks."""
-    plans = [floor.plan(rate, n, ALPHA / len(blocks), shared) for n in blocks]
-    return float(np.prod([p["pass_correct"] for p in plans])), 1 - float(np.prod([1 - p["fail_doubled"] for p in plans]))
+def profile_plan(rate: float, blocks=SWEEP_BLOCKS, shared: float = 0.0) -> tuple[float, float]:
+    """Exact (P(pass | correct), P(fail | doubled)) of the test over the profile's blocks pooled, at
+    alpha (the plan at their prompts summed: the discordant counts of blocks at one rate add up)."""
+    p = floor.plan(rate, sum(blocks), ALPHA, shared)
+    return p["pass_correct"], p["fail_doubled"]
 
 
 def _ci(x: Rate) -> str:
@@ -205,7 +208,7 @@ def report_lines(*, rng, grid: str = "full") -> list[str]:
             out.append(f"| {r:g} | {n} | {p['pass_correct']:.4f} | {_ci(ok)} | {p['fail_doubled']:.4f} | {_ci(bug)} "
                        f"| {_ci(wide)} | {_ci(fixed)} |")
     needed = ", ".join(f"{r:g}: {floor.plan(r, 10, ALPHA)['needed']}" for r in rates)
-    out += ["", f"Prompts per block the plan asks for to catch a doubled rate with probability >= "
+    out += ["", f"Prompts (a candidate's blocks pooled) the plan asks for to catch a doubled rate with probability >= "
             f"{floor.PLAN_POWER}, by noise rate: {needed}.", ""]
     return (out + monotone_lines(rates) + growing_lines(rng, grid) + tail_lines()
             + shipped_lines(rates, studies, rng))
@@ -282,16 +285,20 @@ def monotone_lines(rates) -> list[str]:
 
 
 def shipped_lines(rates, studies: int, rng) -> list[str]:
-    """The shipped sweep's four blocks, and the same with half the divergences shared."""
-    rows = []
-    for shared in (0.0, 0.5):
-        for r in rates:
-            ok_p, bug_p = profile_plan(r, shared=shared)
-            ok = profile_fail_rate(r, "correct", studies, rng, shared=shared)
-            bug = profile_fail_rate(r, "small-margins", studies, rng, shared=shared)
-            rows.append(f"| {shared:g} | {r:g} | {ok_p:.4f} | {_ci(ok)} | {bug_p:.4f} | {_ci(bug)} |")
-    return [f"### The shipped sweep: blocks of {', '.join(map(str, SHIPPED_BLOCKS))} greedy prompts, "
-            f"refused when any block is", "",
-            "| shared share | noise rate | plan P(pass) correct | simulated refused: correct "
-            "| plan P(fail) doubled | simulated refused: small-margin bug |",
-            "|---|---|---|---|---|---|", *rows, ""]
+    """regress-engine.toml's sweep and floor profiles (their blocks pooled), and the same with half
+    the divergences shared: a correct engine refused, and a bug that doubles the rate caught."""
+    out = []
+    for name, blocks in PROFILES.items():
+        rows = []
+        for shared in (0.0, 0.5):
+            for r in rates:
+                ok_p, bug_p = profile_plan(r, blocks, shared)
+                ok = profile_fail_rate(r, "correct", studies, rng, blocks, shared)
+                bug = profile_fail_rate(r, "small-margins", studies, rng, blocks, shared)
+                rows.append(f"| {shared:g} | {r:g} | {ok_p:.4f} | {_ci(ok)} | {bug_p:.4f} | {_ci(bug)} |")
+        out += [f"### regress-engine.toml's {name} profile: blocks of {', '.join(map(str, blocks))} greedy prompts "
+                f"({sum(blocks):,} pooled), refused when any block is", "",
+                "| shared share | noise rate | plan P(pass) correct | simulated refused: correct "
+                "| plan P(fail) doubled | simulated refused: small-margin bug |",
+                "|---|---|---|---|---|---|", *rows, ""]
+    return out

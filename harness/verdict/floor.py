@@ -19,21 +19,24 @@ The floor is measured in the units a divergence is judged in, logit margins, not
 - Within the noise, a test of the ratio of rates. Divergences at margins between the near-tie
   epsilon and the noise scale are set against the A/A run's own, prompt by prompt: each prompt is
   a pair (A/A diverged?, candidate diverged?). A correct candidate and the A/A run are two draws
-  of the same noise, so each discordant prompt is either's with probability 1/2; the exact
-  one-sided binomial test on them (`rate_test`) fails a candidate shown to diverge more often.
-  A candidate is judged in several greedy blocks (each suite at each concurrency level with a
-  floor): `gates.alpha` is split evenly over them (`apply_levels`, Bonferroni), so a correct
-  candidate is refused by some block with probability at most alpha, not about blocks x alpha
-  (4 blocks of 200 prompts at each at alpha: 0.147). Not shown: pass. On this scale more prompts only add power against a
-  candidate that diverges twice as often (an absolute tolerance on the excess, as before, let a
-  doubled rate pass at large n), and a correct candidate fails at most alpha at every size, the
-  shipped 8-10 prompts included (it was refused ~(1 - rate)^n there).
+  of the same noise, so each discordant prompt is either's with probability 1/2, in every block
+  whatever its rate. A candidate is judged in several greedy blocks (each suite at each
+  concurrency level with a floor), and their discordant prompts are pooled (`apply_levels`):
+  one exact one-sided binomial test (`rate_test`) at `gates.alpha` over all of them, exact
+  because each block's are fair coins given their count. It fails a candidate shown to diverge
+  within the noise on more prompts than the A/A run; not shown: pass. Pooling, not a test per
+  block at alpha split over the blocks: a candidate that doubles the rate everywhere is caught
+  from every block's prompts at once (factual and longform, 217 and 45 prompts, at two levels, noise
+  0.05: 0.91 pooled, 0.59 split; regress-engine.toml's floor profile, 12 blocks: 0.999 against 0.61),
+  and a correct candidate is still refused at most alpha. On this scale more prompts
+  only add power (an absolute tolerance on the excess, as before, let a doubled rate pass at
+  large n), and a correct candidate fails at most alpha at every size.
 - The plan (`plan`): at the noise rate measured (both runs pooled) and the share of divergences
   the two runs share (the baseline's own odd tokens: concordant prompts, no evidence either way),
   the exact probability that the rule passes a correct candidate and fails one whose rate is
-  twice the A/A run's, summed over the binomial discordant count; "enough" where both reach
-  PLAN_PASS and PLAN_POWER, else the prompts that would catch a doubling. Stated beside every
-  verdict, so a pass at a size with little power says so. Calibrated by simulation through
+  twice the A/A run's, summed over the binomial discordant count, over the candidate's pooled
+  prompts; "enough" where both reach PLAN_PASS and PLAN_POWER, else the prompts that would catch
+  a doubling. Stated beside every verdict, so a pass at a size with little power says so. Calibrated by simulation through
   `level_floor` -> `compare` -> `gate_detail` (harness.calibration.floor).
 - The A/A run is gated itself: error rows, missing margins, fewer pairs than the candidate, a
   divergence rate above `gates.aa_floor_max` or a noise scale above `gates.aa_noise_max` make the
@@ -290,30 +293,28 @@ def plan_table(config, suites, plan_from: str | None = None) -> str:
     prof, g = config.profile, config.gates
     runs = len(prof.seeds) if 0.0 in prof.temperatures else 0
     sizes = [(s, len(s.select(prof.subset)) * runs if hasattr(s, "select") else 0) for s in suites]
-    # alpha is split over a candidate's greedy blocks (`apply_levels`): each suite at each level
-    # with noise (concurrency 1 is assumed batch-invariant: strict identity, no share)
-    blocks = sum(n > 0 for _, n in sizes) * max(sum(c > 1 for c in (prof.concurrency or ())), 1)
-    alpha = g.alpha / max(blocks, 1)
-    lines = [f"decodegate: A/A floor plan: exact engine candidates' divergences within the engine's noise pass unless "
-             f"the exact test shows them more frequent than the A/A run's (alpha {g.alpha:g} split over "
-             f"{max(blocks, 1)} greedy block(s): {alpha:.3g} each); at noise rate {rate:.3g} per prompt ({source}):"]
-    for s, n in sizes:
-        if not n:
-            continue
-        p = plan(round(rate, 6), n, alpha)
-        power = "enough" if p["enough"] else (f"about {p['needed']} would catch it with {PLAN_POWER:g}" if p["needed"]
-                                              else f"no size up to {PLAN_MAX_N} would catch it with {PLAN_POWER:g}")
-        lines.append(f"  {s.name:<12} {n:>5} greedy prompts: P(pass | correct) {p['pass_correct']:.3f}, "
-                     f"P(fail | rate doubled) {p['fail_doubled']:.3f}; {power}")
-    return "\n".join(lines)
+    # a candidate's greedy blocks are pooled (`apply_levels`): each suite at each level with noise
+    # (concurrency 1 is assumed batch-invariant: strict identity, no block of the pool)
+    levels = max(sum(c > 1 for c in (prof.concurrency or ())), 1)
+    n = sum(size for _, size in sizes) * levels
+    if not n:
+        return ""
+    p = plan(round(rate, 6), n, g.alpha)
+    power = "enough" if p["enough"] else (f"about {p['needed']} would catch it with {PLAN_POWER:g}" if p["needed"]
+                                          else f"no size up to {PLAN_MAX_N} would catch it with {PLAN_POWER:g}")
+    each = ", ".join(f"{s.name} {size}" for s, size in sizes if size)
+    return (f"decodegate: A/A floor plan: exact engine candidates' divergences within the engine's noise pass "
+            f"unless one exact test (alpha {g.alpha:g}) over the greedy prompts of all their blocks pooled shows "
+            f"them more frequent than the A/A run's; {n:,} greedy prompts pooled ({each} per level, {levels} level(s)) at noise rate "
+            f"{rate:.3g} per prompt ({source}): P(pass | correct) {p['pass_correct']:.3f}, "
+            f"P(fail | rate doubled) {p['fail_doubled']:.3f}; {power}")
 
 
-def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float, blocks: int = 1) -> dict:
+def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float) -> dict:
     """Floor statistics for one identity block; re-labels the candidate's divergences in place:
     "near-tie" (below eps), "within-floor" (up to the A/A noise scale), "real" (beyond it), or
-    "unknown" (no margin: never excused). `alpha` is the candidate's family level, tested here at
-    alpha / blocks (the greedy blocks the candidate is judged in, `apply_levels`)."""
-    family_alpha, alpha = alpha, alpha / max(int(blocks), 1)
+    "unknown" (no margin: never excused). The rate test here is this block's alone; `apply_levels`
+    replaces it with the test pooled over the candidate's blocks (`pool`)."""
     key = lambda d: (d["item_id"], d["seed"])  # noqa: E731
     problems = list(level["problems"])
     if floor_ident is None:
@@ -340,15 +341,34 @@ def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float, bl
            "positions": level["positions"], "aa_flips": level["flips"], "n": n, "rate": rate,
            "candidate_rate": (n - ident["identical"]) / n if n else 0.0,
            "beyond_noise": counts["real"], "no_margin": counts["unknown"], "within_noise": counts["within-floor"],
-           "family_alpha": family_alpha, "blocks": max(int(blocks), 1), **rate_test(b, c, n, alpha)}
+           "blocks": 1, "pooled_n": n, "block_counts": (b, c, n), **rate_test(b, c, n, alpha)}
     if n:
         # Planned at the rate pooled over both runs (the one noise rate they share if the candidate
         # is correct; the A/A run's alone reads 0 where it flipped nothing), with the share of
         # divergences both runs have on the same prompt (the baseline's own odd tokens).
-        pooled = len(aa) + len(mine)
-        shared = round(2 * len(aa & mine) / pooled, 3) if pooled else 0.0
-        out.update(excess=(b - c) / n, plan=dict(plan(round(pooled / (2 * n), 6), n, alpha, shared)))
+        out["block_divergences"] = (len(aa) + len(mine), len(aa & mine))
+        out.update(excess=(b - c) / n, plan=_plan_at(*out["block_divergences"], n, alpha))
     return out
+
+
+def _plan_at(divergences: int, both: int, n: int, alpha: float) -> dict:
+    """The plan at the rate pooled over both runs (`divergences` over 2n) with the share of them
+    on prompts where both diverged."""
+    shared = round(2 * both / divergences, 3) if divergences else 0.0
+    return dict(plan(round(divergences / (2 * n), 6), n, alpha, shared))
+
+
+def pool(floors: list[dict], alpha: float) -> None:
+    """One candidate's blocks judged together: their discordant prompts summed into one exact test
+    at `alpha` (each block's are fair coins given their count under a correct candidate, so the
+    sum is too), written into every block's floor with the plan over the pooled prompts; each
+    block keeps its own counts in `block_counts` (candidate-only, A/A-only, prompts)."""
+    b, c, n = (sum(f["block_counts"][i] for f in floors) for i in range(3))
+    divs, both = (sum(f.get("block_divergences", (0, 0))[i] for f in floors) for i in range(2))
+    for f in floors:
+        f.update(rate_test(b, c, n, alpha), blocks=len(floors), pooled_n=n, excess=(b - c) / n if n else 0.0)
+        if n:
+            f["plan"] = _plan_at(divs, both, n, alpha)
 
 
 def family(name: str) -> str:
@@ -363,34 +383,34 @@ def _can_excuse(level: dict) -> bool:
 
 
 def apply_levels(parts, gates) -> None:
-    """`apply` at every level, `gates.alpha` split over each candidate's greedy blocks that a floor
-    judges: parts is [(summary of one level, its A/A run's name, its candidates' names)]. Without
-    the split a correct candidate judged in k blocks is refused by one of them up to ~k x alpha."""
-    levels, blocks = [], {}
+    """`apply` at every level, each candidate's greedy blocks that a floor judges then pooled into
+    one rate test at `gates.alpha` (`pool`): parts is [(summary of one level, its A/A run's name,
+    its candidates' names)]. A test per block at alpha would refuse a correct candidate judged in
+    k blocks up to ~k x alpha; one at alpha / k would lose the power the pooled prompts carry."""
+    families: dict = {}
     for summary, floor_name, candidates in parts:
         aa = summary["candidates"].get(floor_name)
         if aa is None:
             continue
         eps = (summary.get("near_tie_epsilon") or {}).get("value", 0.0)
         aa["floor"] = level = level_floor(floor_name, aa, eps, gates)
-        levels.append((summary, floor_name, candidates, level))
-        for name in candidates:
-            cand = summary["candidates"].get(name)
-            if cand is not None and cand["kind"] == "exact" and _can_excuse(level):
-                greedy = sum("T=0" in (s.get("identity") or {}) for s in cand["suites"].values())
-                blocks[family(name)] = blocks.get(family(name), 0) + greedy
-    for summary, floor_name, candidates, level in levels:
-        _attach(summary, floor_name, candidates, level, gates, blocks)
+        for name, f in _attach(summary, floor_name, candidates, level, gates):
+            if _can_excuse(level) and f["valid"]:
+                families.setdefault(family(name), []).append(f)
+    for floors in families.values():
+        pool(floors, gates.alpha)
 
 
 def apply(summary: dict, floor_name: str, candidates: list[str], gates) -> None:
     """Measure the A/A run `floor_name` of one level (`summary["candidates"][floor_name]["floor"]`)
     and attach `identity[...]["floor"]` to each exact candidate in `candidates` of that level; one
-    level alone (`apply_levels` splits alpha over several)."""
+    level alone (`apply_levels` pools a candidate's blocks over several)."""
     apply_levels([(summary, floor_name, candidates)], gates)
 
 
-def _attach(summary: dict, floor_name: str, candidates, level: dict, gates, blocks: dict) -> None:
+def _attach(summary: dict, floor_name: str, candidates, level: dict, gates):
+    """Each exact candidate's identity blocks compared with the level's floor: yields (candidate
+    name, the block's floor statistics)."""
     aa = summary["candidates"][floor_name]
     aa.setdefault("metrics", {})["aa_noise"] = level["scale"]
     for name in candidates:
@@ -400,9 +420,11 @@ def _attach(summary: dict, floor_name: str, candidates, level: dict, gates, bloc
         for suite, s in cand["suites"].items():
             for t, ident in s.get("identity", {}).items():
                 floor_ident = aa["suites"].get(suite, {}).get("identity", {}).get(t)
-                ident["floor"] = compare(ident, floor_ident, level, gates.alpha, blocks.get(family(name), 1))
+                ident["floor"] = compare(ident, floor_ident, level, gates.alpha)
                 if f"{suite}.real_divergences.{t}" in cand.get("metrics", {}):
                     cand["metrics"][f"{suite}.real_divergences.{t}"] = ident["real_divergences"]
+                if t == "T=0":
+                    yield name, ident["floor"]
 
 
 # ------------------------------------------------------------------ the gate's words
@@ -462,9 +484,13 @@ def _plan_s(f: dict) -> str:
             f"the rate fails with {p['fail_doubled']:.3f}{more}")
 
 
-def _split_s(f: dict) -> str:
+def _pooled_s(f: dict) -> str:
     blocks = f.get("blocks", 1)
-    return f": {f['family_alpha']:g} split over the candidate's {blocks} greedy blocks" if blocks > 1 else ""
+    if blocks <= 1:
+        return ""
+    b, c, n = f["block_counts"]
+    return (f", pooled over the candidate's {blocks} greedy blocks, {f['pooled_n']:,} prompts; this block: {b} "
+            f"candidate-only, {c} A/A-only of {n}")
 
 
 def _rate_verdict(f: dict, head: str) -> tuple[str, str]:
@@ -472,7 +498,7 @@ def _rate_verdict(f: dict, head: str) -> tuple[str, str]:
     than the A/A run (a ratio of rates above 1: more prompts only add power); else pass, with the
     plan's power against a doubled rate beside it."""
     detail = (f"{head}: {f['candidate_only']} candidate-only, {f['floor_only']} A/A-only prompts, excess rate "
-              f"{f['excess']:+.3f} (exact one-sided p={f['pvalue']:.3g}, alpha {f['alpha']:.3g}{_split_s(f)}); {_plan_s(f)}")
+              f"{f['excess']:+.3f} (exact one-sided p={f['pvalue']:.3g}, alpha {f['alpha']:.3g}{_pooled_s(f)}); {_plan_s(f)}")
     if f["exceeds"]:
         return "fail", ("more than the floor: the candidate diverges within the noise on more prompts than the A/A "
                         "run: " + detail)
