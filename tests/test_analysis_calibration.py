@@ -157,7 +157,7 @@ def test_calibrate_script_writes_report(tmp_path):
                     "Gate verdicts under A/A", "passes every suite", "Speedup lower bound",
                     "p95 at small n", "Sequential PIT test", "Sequence goodness of fit", "Group-sequential",
                     "A/A floor: false fails", "Engine seed gate", "The suite's speedup from a timed subset",
-                    "More prompts only add power", "The shipped sweep", "Sparse and predictable deafness"):
+                    "More prompts only add power", "regress-engine.toml's floor profile", "Sparse and predictable deafness"):
         assert heading in text, heading
     assert "--grid small" in text  # a small-grid file says so
     # where gains fall with length the shipped speed bound covers, the jackknife it replaced does not

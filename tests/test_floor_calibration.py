@@ -32,7 +32,7 @@ def old_rule(block: cal.Block) -> str:
 
 
 def refused(rate: float, studies: int, rng, judge) -> float:
-    return float(np.mean([any(cal.study(rng, rate, n, "correct", judge=judge) != "pass" for n in cal.SWEEP_BLOCKS)
+    return float(np.mean([any(cal.study(rng, rate, n, "correct", judge=judge) != "pass" for level in cal.SWEEP_BLOCKS for n in level)
                           for _ in range(studies)]))
 
 
@@ -47,17 +47,39 @@ def test_a_correct_engine_passes_the_shipped_sweep(rate):
 
 @pytest.mark.parametrize("rate", [0.02, 0.05, 0.1])
 def test_the_floor_profile_catches_a_doubled_rate_and_passes_a_correct_engine(rate):
-    """Issue 58's done-when at regress-engine.toml's floor profile (12 blocks, 1,254 prompts pooled):
-    a candidate diverging twice as often as the engine's noise is caught with probability >= 0.8 at
-    noise 0.02-0.10, exactly (0.887 at 0.02) and through the gate's code; a correct engine passes
-    >= 0.95 (split at alpha / 12 per block the doubling at 0.02 was caught 0.14)."""
+    """Issue 58's done-when at regress-engine.toml's floor profile (3 levels of 4 blocks, 1,254
+    prompts): a candidate diverging twice as often as the engine's noise is caught with probability
+    >= 0.8 at noise 0.02-0.10 (the plan's lower bound: 0.815 at 0.02) and through the gate's code;
+    a correct engine passes >= 0.95 (split at alpha / 12 per block the doubling at 0.02 was caught
+    0.14)."""
     ok, caught = cal.profile_plan(rate, cal.FLOOR_BLOCKS)
     assert caught >= 0.8 and ok >= 0.95, (ok, caught)
     studies = 60
     bug = cal.profile_fail_rate(rate, "small-margins", studies, np.random.default_rng(7), cal.FLOOR_BLOCKS)
     assert bug.simulated >= 0.8 - Z * np.sqrt(0.8 * 0.2 / studies), (bug, caught)
-    split = 1 - np.prod([1 - floor.plan(rate, n, 0.05 / 12)["fail_doubled"] for n in cal.FLOOR_BLOCKS])
+    blocks = [n for level in cal.FLOOR_BLOCKS for n in level]
+    split = 1 - np.prod([1 - floor.plan(rate, n, 0.05 / 12)["fail_doubled"] for n in blocks])
     assert rate > 0.02 or split < 0.5, split
+
+
+def test_an_excess_at_one_level_is_not_hidden_by_the_others():
+    """The review of the pooled test: a candidate 3x the noise at concurrency 4 and half of it at 2
+    and 3 (fewer divergences than the A/A run there, prompts that cancel the excess when every block
+    is pooled) was caught 0.47 at noise 0.05 with one pooled test; each level's own route catches
+    it. Through the gate's code at the floor profile's sizes."""
+    rng = np.random.default_rng(9)
+    sizes, studies, caught = cal.FLOOR_BLOCKS[0], 40, 0
+    for _ in range(studies):
+        levels = []
+        for scale in (0.5, 0.5, 3.0):
+            level = []
+            for n in sizes:
+                b = cal.draw(rng, 0.05, n, "correct")
+                c_p = np.flatnonzero(rng.random(n) < 0.05 * scale)
+                level.append(b._replace(cand_prompts=c_p, cand_margins=np.full(c_p.size, 2 * cal.EPS)))
+            levels.append(level)
+        caught += any(s != "pass" for s in cal.family_statuses(levels))
+    assert caught / studies >= 0.9, caught
 
 
 def test_more_prompts_never_let_a_doubled_rate_pass_more_often():
@@ -127,9 +149,9 @@ def test_a_correct_engine_at_many_prompts_is_refused_at_most_alpha(n):
 def test_a_correct_candidate_judged_in_several_blocks_is_refused_at_most_alpha():
     """The family: a correct candidate judged in 4 greedy blocks (2 suites x 2 levels) of 200
     prompts, at noise rate 0.25 (aa_floor_max), through apply_levels -> level_floor -> compare ->
-    gate_detail. Each block at alpha refused it 0.147 exactly (0.039 per block); pooled into one
-    test at alpha: 0.044."""
-    blocks = (200,) * 4
+    gate_detail. Each block at alpha refused it 0.147 exactly (0.039 per block); tested together
+    (all pooled and each level's, alpha split between them): at most 0.05."""
+    blocks = ((200, 200),) * 2
     ok, _ = cal.profile_plan(0.25, blocks)
     assert 1 - ok <= 0.05
     per_block_at_alpha = 1 - floor.pass_probability(0.25, 0.25, 200, 0.05) ** 4

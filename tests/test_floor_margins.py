@@ -388,4 +388,4 @@ def test_the_floor_plan_is_printed_before_the_run(tmp_path):
     config, suites = setup(tmp_path)
     text = floor.plan_table(config, suites)
     assert "at noise rate 0.05 per prompt (assumed)" in text, text
-    assert "40 greedy prompts pooled (mini 40 per level, 1 level(s))" in text and "about 373 would catch it with 0.8" in text, text
+    assert "40 greedy prompts (mini 40 at concurrency 1" in text and "about 373 would catch it with 0.8" in text, text

@@ -209,10 +209,11 @@ def _level_summary(aa: dict, cands: dict, noise: float) -> dict:
 
 def test_a_candidates_blocks_are_pooled_across_levels_into_one_test():
     """Two suites at concurrency 2 and 4 (each with a floor) are four blocks of the same candidate,
-    judged by one exact test over their pooled prompts at alpha: 5 candidate-only against 2 A/A-only
-    in each block is p = 0.227 alone, but 20 against 8 over 160 prompts is p = 0.018, an excess
-    (split at alpha / 4 per block it passed everywhere). A concurrency-1 level whose A/A noise is 0
-    cannot excuse anything and is no part of the pool; another candidate is its own family."""
+    tested together: all pooled at alpha / 2, each level's at alpha / 4. 5 candidate-only against 2
+    A/A-only in each block is p = 0.227 alone, 10 against 4 per level p = 0.090, but 20 against 8
+    over all 160 prompts p = 0.018 < 0.025: an excess, and every block leans that way, so each
+    fails (split at alpha / 4 per block it passed everywhere). A concurrency-1 level whose A/A noise
+    is 0 cannot excuse anything and is no part of the test; another candidate is its own family."""
     from harness.config import Gates
     gates = Gates()
     aa, cand = block(40, [1, 2]), block(40, [5, 6, 7, 8, 9])
@@ -223,22 +224,47 @@ def test_a_candidates_blocks_are_pooled_across_levels_into_one_test():
         summary["candidates"]["base~aa"]["suites"]["a"]["identity"]["T=0.7"] = block(40, list(range(10)))
         for name in names:
             summary["candidates"][name]["suites"]["a"]["identity"]["T=0.7"] = block(40, [])
+    for i, c in enumerate((1, 2, 4)):  # each level's A/A run under its own name, as the sweep names them
+        summary = parts[i][0]
+        summary["candidates"][f"base~aa@c{c}"] = summary["candidates"].pop("base~aa")
+        parts[i] = (summary, f"base~aa@c{c}", parts[i][2])
     floor.apply_levels(parts, gates)
     f = parts[1][0]["candidates"]["ngram@c2"]["suites"]["a"]["identity"]["T=0"]["floor"]
-    assert (f["blocks"], f["pooled_n"], f["block_counts"]) == (4, 160, (5, 2, 40)), f
-    assert (f["candidate_only"], f["floor_only"], f["alpha"]) == (20, 8, gates.alpha)
-    assert f["pvalue"] == pytest.approx(0.0178, abs=1e-4) and f["exceeds"]
+    assert (f["blocks"], f["pooled_n"], f["block_counts"], f["level"]) == (4, 160, (5, 2, 40), "c2"), f
+    every, level = f["routes"]
+    assert (every["route"], every["candidate_only"], every["floor_only"], every["n"]) == ("all levels", 20, 8, 160)
+    assert every["alpha"] == gates.alpha / 2 and every["pvalue"] == pytest.approx(0.0178, abs=1e-4) and every["exceeds"]
+    assert (level["route"], level["candidate_only"], level["floor_only"], level["alpha"]) == ("level c2", 10, 4, 0.0125)
+    assert not level["exceeds"] and f["exceeds"] and f["candidate_only"] == 5
     assert not floor.rate_test(5, 2, 40, gates.alpha)["exceeds"]  # each block alone passes
     draft = parts[2][0]["candidates"]["draft@c4"]["suites"]["b"]["identity"]["T=0"]
     assert draft["floor"]["pooled_n"] == 160  # not 320: ngram's blocks are not draft's
     status = floor.gate_detail(draft)
-    assert status[0] == "fail" and "pooled over the candidate's 4 greedy blocks, 160 prompts" in status[1], status
-    assert "this block: 5 candidate-only, 2 A/A-only of 40" in status[1], status
-    # the plan beside it is the pooled test's: 28 divergences over 2 x 160 prompts, none shared
+    assert status[0] == "fail" and "all levels: 20 candidate-only against 8 A/A-only over 160 prompts" in status[1]
+    assert "in this block 5 candidate-only, 2 A/A-only prompts" in status[1], status
+    # the plan beside it is over all the candidate's prompts: 28 divergences over 2 x 160, none shared
     assert (f["plan"]["n"], f["plan"]["noise_rate"], f["plan"]["shared"]) == (160, 0.0875, 0.0), f["plan"]
-    assert "over 160 prompts: a correct engine passes" in status[1], status
+    assert "over 160 prompts at 2 level(s): a correct engine passes with probability at least" in status[1], status
     c1 = parts[0][0]["candidates"]["ngram@c1"]["suites"]["a"]["identity"]["T=0"]
-    assert c1["floor"]["blocks"] == 1 and floor.gate_detail(c1)[0] == "fail"  # noise 0: strict identity
+    assert "routes" not in c1["floor"] and floor.gate_detail(c1)[0] == "fail"  # noise 0: strict identity
+
+
+def test_an_excess_in_one_block_fails_it_and_a_block_that_leans_the_other_way_passes_saying_why():
+    """The review: with every block's counts pooled, a block that diverged less than the A/A run
+    read "more than the floor" with the pooled counts beside its own prompts. A block fails only
+    where its own prompts lean the same way as the test that found the excess."""
+    from harness.config import Gates
+    summary = _level_summary(block(40, [1, 2]), {}, 0.1)
+    summary["candidates"]["base~aa"]["suites"]["b"] = {**summary["candidates"]["base~aa"]["suites"]["a"],
+                                                       "identity": {"T=0": block(40, [1, 2, 3])}}
+    summary["candidates"]["x"] = {"kind": "exact", "suites": {
+        "a": {"identity": {"T=0": block(40, list(range(10, 22)))}},   # 12 candidate-only, 2 A/A-only
+        "b": {"identity": {"T=0": block(40, [30])}}}}                   # 1 candidate-only, 3 A/A-only
+    floor.apply_levels([(summary, "base~aa", ["x"])], Gates())
+    a, b = (floor.gate_detail(summary["candidates"]["x"]["suites"][k]["identity"]["T=0"]) for k in "ab")
+    assert a[0] == "fail" and "in this block 12 candidate-only, 2 A/A-only prompts" in a[1], a
+    assert b[0] == "pass" and "whose own prompts show no excess" in b[1], b
+    assert "in this block 1 candidate-only, 3 A/A-only prompts" in b[1], b
 
 
 def test_an_invalid_floors_block_is_no_part_of_the_pool():
@@ -256,7 +282,9 @@ def test_an_invalid_floors_block_is_no_part_of_the_pool():
     f = good["candidates"]["x@c2"]["suites"]["a"]["identity"]["T=0"]["floor"]
     assert not bad["candidates"]["base~aa"]["floor"]["valid"]
     assert not good["candidates"]["x@c2"]["suites"]["c"]["identity"]["T=0"]["floor"]["valid"]
-    assert (f["blocks"], f["candidate_only"], f["floor_only"]) == (2, 10, 2) and f["exceeds"], f  # p = 0.019
+    [test] = f["routes"]  # one level: one test at alpha
+    assert (f["blocks"], test["candidate_only"], test["floor_only"], test["alpha"]) == (2, 10, 2, 0.05), f
+    assert test["exceeds"] and f["exceeds"]  # p = 0.019
 
 
 # ---- from the issue-58 review's mutation pass (mutmut on harness/verdict/floor.py): each test
@@ -324,7 +352,7 @@ def test_a_level_without_its_aa_run_does_not_stop_the_others_being_judged():
     assert "floor" not in parts[0][0]["candidates"]["x@c1"]["suites"]["a"]["identity"]["T=0"]
 
 
-@pytest.mark.parametrize("profile,pooled,levels", [("sweep", 36, 2), ("floor", 1254, 3)])
+@pytest.mark.parametrize("profile,pooled,levels", [("sweep", 36, "2, 4"), ("floor", 1254, "2, 3, 4")])
 def test_the_shipped_profiles_plan_counts_the_levels_with_a_floor(profile, pooled, levels):
     """regress-engine.toml's plan before the run: the sweep's concurrency 1 is strict identity, no
     part of the pool (36 greedy prompts at 2 and 4 in flight); the floor profile pools 1,254 and
@@ -335,5 +363,5 @@ def test_the_shipped_profiles_plan_counts_the_levels_with_a_floor(profile, poole
     from harness.run import runner
     config = load_config(Path(__file__).parent.parent / "regress-engine.toml", profile)
     text = floor.plan_table(config, runner.load_suites(config))
-    assert f"{pooled:,} greedy prompts pooled" in text and f"{levels} level(s)" in text, text
+    assert f"{pooled:,} greedy prompts" in text and f"at concurrency {levels})" in text, text
     assert text.endswith("enough") == (profile == "floor"), text

@@ -20,10 +20,11 @@ rest are each run's own, independent between runs. Candidates, by shape:
 - ``fixed-margin``: the engine's noise plus a bug of its own on FIXED_SHARE x rate more prompts,
   at one margin FIXED (4 SIGMA: beyond nearly every move, within the largest of many): with the
   largest move as the noise scale, more prompts let it pass more often (the issue-58 review).
-A candidate's blocks are judged together (``floor.apply_levels``: their discordant prompts pooled
-into one test at alpha). regress-engine.toml's sweep (factual 10 and longform 8 greedy prompts at
-the two levels with a floor, concurrency 2 and 4) is four such blocks; its floor profile (the four
-suites' 217, 72, 84 and 45 prompts at concurrency 2, 3 and 4) twelve.
+A candidate's blocks are judged together (``floor.apply_levels``: all pooled, and each level's,
+alpha split between the routes; harness.verdict.floor_rate). regress-engine.toml's sweep (factual
+10 and longform 8 greedy prompts at the two levels with a floor, concurrency 2 and 4) is four such
+blocks; its floor profile (the four suites' 217, 72, 84 and 45 prompts at concurrency 2, 3 and 4)
+twelve. Each level is simulated with its own A/A run, at the same noise.
 The A/A run's validity cap is lifted (``aa_floor_max = 1``): at the default 0.25 an A/A run at
 noise rate 0.25 is no floor half the time, a separate check with its own words.
 """
@@ -68,8 +69,8 @@ def _divs(prompts, margins) -> list[dict]:
              "kind": "divergence"} for i, m in zip(prompts, margins)]
 
 
-SWEEP_BLOCKS = (10, 8) * 2  # regress-engine.toml's sweep: (factual, longform) x (c2, c4)
-FLOOR_BLOCKS = (217, 72, 84, 45) * 3  # its floor profile: (factual, code, refusal, longform) x (c2, c3, c4)
+SWEEP_BLOCKS = ((10, 8),) * 2  # regress-engine.toml's sweep: levels c2, c4 of (factual, longform)
+FLOOR_BLOCKS = ((217, 72, 84, 45),) * 3  # its floor profile: levels c2, c3, c4 of (factual, code, refusal, longform)
 PROFILES = {"sweep": SWEEP_BLOCKS, "floor": FLOOR_BLOCKS}
 
 
@@ -91,24 +92,28 @@ def _cand_ident(cand_prompts, cand_margins, n: int) -> dict:
             "near_ties": 0}
 
 
-def family_statuses(blocks, gates=GATES) -> list[str]:
-    """The gate's verdicts on one candidate's blocks (`Block`s, one per suite at one level):
-    through apply_levels (the candidate's blocks pooled into one test) -> level_floor -> compare ->
-    gate_detail."""
-    summary = {"near_tie_epsilon": {"value": EPS},
-               "candidates": {"base~aa": {"suites": {}}, "cand": {"kind": "exact", "suites": {}}}}
-    for i, b in enumerate(blocks):
-        summary["candidates"]["base~aa"]["suites"][f"s{i}"] = _aa_summary(b)
-        summary["candidates"]["cand"]["suites"][f"s{i}"] = {
-            "identity": {"T=0": _cand_ident(b.cand_prompts, b.cand_margins, b.n)}}
-    floor.apply_levels([(summary, "base~aa", ["cand"])], gates)
-    return [floor.gate_detail(s["identity"]["T=0"])[0] for s in summary["candidates"]["cand"]["suites"].values()]
+def family_statuses(levels, gates=GATES) -> list[str]:
+    """The gate's verdicts on one candidate's blocks (`levels`: a list of levels, each a list of
+    `Block`s, one per suite, with its own A/A run): through apply_levels (the candidate's blocks
+    tested together) -> level_floor -> compare -> gate_detail."""
+    parts = []
+    for lvl, blocks in enumerate(levels):
+        aa, cand = f"base~aa@c{lvl + 2}", f"cand@c{lvl + 2}"
+        summary = {"near_tie_epsilon": {"value": EPS}, "candidates": {aa: {"suites": {}}, cand: {"kind": "exact", "suites": {}}}}
+        for i, b in enumerate(blocks):
+            summary["candidates"][aa]["suites"][f"s{i}"] = _aa_summary(b)
+            summary["candidates"][cand]["suites"][f"s{i}"] = {
+                "identity": {"T=0": _cand_ident(b.cand_prompts, b.cand_margins, b.n)}}
+        parts.append((summary, aa, [cand]))
+    floor.apply_levels(parts, gates)
+    return [floor.gate_detail(s["identity"]["T=0"])[0] for summary, _, (cand,) in parts
+            for s in summary["candidates"][cand]["suites"].values()]
 
 
 def gate_status(block: Block, gates=GATES) -> str:
     """The gate's verdict ("pass", "fail" or "inconclusive") on one study, one block, through
     level_floor, compare and gate_detail."""
-    return family_statuses([block], gates)[0]
+    return family_statuses([[block]], gates)[0]
 
 
 def _flips(rng, hit: np.ndarray, sigma: float):
@@ -164,15 +169,16 @@ def fail_rate(rate: float, n: int, shape: str, studies: int, rng, judge=gate_sta
 def profile_fail_rate(rate: float, shape: str, studies: int, rng, blocks=SWEEP_BLOCKS, shared: float = 0.0) -> Rate:
     """P(some block of the profile is not "pass"): the candidate is refused. The blocks are one
     candidate's family, judged together (pooled into one test, as the gate does)."""
-    fails = sum(any(s != "pass" for s in family_statuses([draw(rng, rate, n, shape, shared) for n in blocks]))
+    fails = sum(any(s != "pass" for s in family_statuses([[draw(rng, rate, n, shape, shared) for n in level]
+                                                           for level in blocks]))
                 for _ in range(studies))
     return Rate(fails / studies, studies, None)
 
 
 def profile_plan(rate: float, blocks=SWEEP_BLOCKS, shared: float = 0.0) -> tuple[float, float]:
-    """Exact (P(pass | correct), P(fail | doubled)) of the test over the profile's blocks pooled, at
-    alpha (the plan at their prompts summed: the discordant counts of blocks at one rate add up)."""
-    p = floor.plan(rate, sum(blocks), ALPHA, shared)
+    """(P(pass | correct), P(fail | doubled)) of the routes over the profile's levels of blocks:
+    `floor.family_plan` (exact per route; over several levels the bounds it states)."""
+    p = floor.family_plan(rate, {i: sum(level) for i, level in enumerate(blocks)}, ALPHA, shared)
     return p["pass_correct"], p["fail_doubled"]
 
 
@@ -296,8 +302,11 @@ def shipped_lines(rates, studies: int, rng) -> list[str]:
                 ok = profile_fail_rate(r, "correct", studies, rng, blocks, shared)
                 bug = profile_fail_rate(r, "small-margins", studies, rng, blocks, shared)
                 rows.append(f"| {shared:g} | {r:g} | {ok_p:.4f} | {_ci(ok)} | {bug_p:.4f} | {_ci(bug)} |")
-        out += [f"### regress-engine.toml's {name} profile: blocks of {', '.join(map(str, blocks))} greedy prompts "
-                f"({sum(blocks):,} pooled), refused when any block is", "",
+        sizes = ", ".join(map(str, blocks[0]))
+        out += [f"### regress-engine.toml's {name} profile: {len(blocks)} levels of {sizes} greedy prompts "
+                f"({sum(map(sum, blocks)):,} in all), refused when any block is", "",
+                "'plan' is `floor.family_plan`: over several levels, a lower bound on P(pass | correct) (one less each "
+                "route's exact false-fail rate) and on P(fail | doubled).", "",
                 "| shared share | noise rate | plan P(pass) correct | simulated refused: correct "
                 "| plan P(fail) doubled | simulated refused: small-margin bug |",
                 "|---|---|---|---|---|---|", *rows, ""]

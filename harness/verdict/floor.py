@@ -19,18 +19,13 @@ The floor is measured in the units a divergence is judged in, logit margins, not
 - Within the noise, a test of the ratio of rates. Divergences at margins between the near-tie
   epsilon and the noise scale are set against the A/A run's own, prompt by prompt: each prompt is
   a pair (A/A diverged?, candidate diverged?). A correct candidate and the A/A run are two draws
-  of the same noise, so each discordant prompt is either's with probability 1/2, in every block
-  whatever its rate. A candidate is judged in several greedy blocks (each suite at each
-  concurrency level with a floor), and their discordant prompts are pooled (`apply_levels`):
-  one exact one-sided binomial test (`rate_test`) at `gates.alpha` over all of them, exact
-  because each block's are fair coins given their count. It fails a candidate shown to diverge
-  within the noise on more prompts than the A/A run; not shown: pass. Pooling, not a test per
-  block at alpha split over the blocks: a candidate that doubles the rate everywhere is caught
-  from every block's prompts at once (factual and longform, 217 and 45 prompts, at two levels, noise
-  0.05: 0.91 pooled, 0.59 split; regress-engine.toml's floor profile, 12 blocks: 0.999 against 0.61),
-  and a correct candidate is still refused at most alpha. On this scale more prompts
-  only add power (an absolute tolerance on the excess, as before, let a doubled rate pass at
-  large n), and a correct candidate fails at most alpha at every size.
+  of the same noise, so each discordant prompt is either's with probability 1/2: the exact
+  one-sided binomial test fails a candidate shown to diverge within the noise on more prompts
+  than the A/A run; not shown: pass. A candidate's greedy blocks (each suite at each level with a
+  floor) are tested together (`apply_levels`), all pooled and each level's pooled, alpha split
+  between the routes (harness.verdict.floor_rate), so a correct candidate is refused at most alpha
+  at every size and more prompts only add power (an absolute tolerance on the excess, as before,
+  let a doubled rate pass at large n).
 - The plan (`plan`): at the noise rate measured (both runs pooled) and the share of divergences
   the two runs share (the baseline's own odd tokens: concordant prompts, no evidence either way),
   the exact probability that the rule passes a correct candidate and fails one whose rate is
@@ -58,11 +53,10 @@ import numpy as np
 from scipy import stats
 
 from analysis.identity import common_prefix_length
+from harness.verdict.floor_rate import (  # noqa: F401  (the rate rule's statistics, used through this module too)
+    PLAN_MAX_N, PLAN_PASS, PLAN_POWER, critical_counts, family_plan, pass_probability, passes, plan, rate_test, routes)
 
 MAX_LISTED = 3  # errors and flips named in a message
-PLAN_PASS = 0.95  # "the size is enough": a correct candidate passes with at least this probability
-PLAN_POWER = 0.8  # ... and a candidate that doubles the noise rate fails with at least this one
-PLAN_MAX_N = 5000  # prompts the plan searches up to
 PLAN_RATE = 0.05  # the engine's noise rate per prompt assumed before any A/A run measured one
 NOISE_QUANTILE = 0.99  # the noise scale starts from this quantile of the A/A run's margin moves ...
 NOISE_CONFIDENCE = 0.95  # ... bounded above with this confidence (an order statistic of the moves) ...
@@ -195,93 +189,8 @@ def level_floor(aa_name: str, aa: dict, eps: float, gates) -> dict:
 # ------------------------------------------------------------------ judging a candidate
 
 
-@functools.lru_cache(maxsize=4096)  # a pure function of counts; callers copy the dict they get
-def rate_test(b: int, c: int, n: int, alpha: float) -> dict:
-    """One-sided exact test that the candidate diverges (within the noise) on more prompts than
-    the A/A run: b candidate-only and c A/A-only discordant prompts, Binomial(b + c, 1/2) under
-    the null (a correct candidate and the A/A run are two draws of the same noise, so each
-    discordant prompt is either's with probability 1/2, whatever the rate and whatever share of
-    divergences the two runs share). The test is of the ratio of the two rates: a candidate
-    diverging twice as often as the noise is caught more often the more prompts there are."""
-    if b + c == 0:
-        return {"candidate_only": b, "floor_only": c, "pvalue": 1.0, "share_lower_bound": 0.0,
-                "difference_lower_bound": 0.0 if n else float("nan"), "alpha": alpha, "exceeds": False}
-    t = stats.binomtest(b, b + c, 0.5, alternative="greater")
-    low = float(t.proportion_ci(confidence_level=1 - alpha, method="exact").low)
-    return {"candidate_only": b, "floor_only": c, "pvalue": float(t.pvalue), "share_lower_bound": low,
-            # (b - c) / n with b / (b + c) at its bound, given the discordant count
-            "difference_lower_bound": (b + c) * (2 * low - 1) / n, "alpha": alpha,
-            "exceeds": bool(t.pvalue < alpha)}
-
-
-@functools.lru_cache(maxsize=64)
-def critical_counts(n: int, alpha: float) -> np.ndarray:
-    """For each discordant count D = 0..n, the fewest candidate-only prompts the exact test
-    (`rate_test`) calls an excess: the smallest k with P(Binomial(D, 1/2) >= k) < alpha."""
-    d = np.arange(n + 1)
-    k = np.nan_to_num(stats.binom.isf(alpha, d, 0.5), nan=0.0).astype(int) + 1
-    k = np.where(stats.binom.sf(k - 1, d, 0.5) < alpha, k, k + 1)  # isf's boundary, where sf == alpha
-    return np.minimum(k, d + 1)  # d + 1: no count of d prompts is an excess
-
-
-def passes(b, c, alpha: float):
-    """The floor's rate rule, vectorised: within the floor unless the exact test shows the
-    candidate diverging within the noise on more prompts than the A/A run."""
-    b, c = np.asarray(b), np.asarray(c)
-    return ~((b + c > 0) & (stats.binom.sf(b - 1, b + c, 0.5) < alpha))
-
-
-def pass_probability(aa_rate: float, cand_rate: float, n: int, alpha: float, shared: float = 0.0) -> float:
-    """P(`passes`) exactly over n prompts. Per prompt, with probability shared * aa_rate both runs
-    diverge from the baseline together (the baseline's own odd token: a concordant prompt); else
-    the A/A run diverges with probability aa_rate - that and the candidate with cand_rate - that,
-    independently. Summed over the discordant count D, binomial, and the candidate-only share."""
-    both = min(shared * aa_rate, aa_rate, cand_rate)
-    a, c = (aa_rate - both) / (1 - both), (cand_rate - both) / (1 - both)
-    p_aa, p_cand = (1 - both) * a * (1 - c), (1 - both) * c * (1 - a)
-    if p_aa + p_cand <= 0:
-        return 1.0
-    d = np.arange(n + 1)
-    k = critical_counts(n, alpha)
-    pass_given_d = stats.binom.cdf(k - 1, d, p_cand / (p_aa + p_cand))
-    return float(np.sum(stats.binom.pmf(d, n, p_aa + p_cand) * pass_given_d))
-
-
-@functools.lru_cache(maxsize=1024)
-def plan(aa_rate: float, n: int, alpha: float, shared: float = 0.0) -> dict:
-    """What the rule decides at n prompts when the engine's noise rate is aa_rate (and that share
-    of divergences is the baseline's own, in both runs): P(pass) of a correct candidate, P(fail)
-    of one that doubles the rate, whether the size is enough (both targets met), and the prompts
-    that would catch the doubling with PLAN_POWER (None beyond PLAN_MAX_N). P(fail | doubled) is
-    non-decreasing in n (CALIBRATION.md, "A/A floor"), so the search bisects."""
-    correct = pass_probability(aa_rate, aa_rate, n, alpha, shared) if n else 1.0
-    doubled = 1 - pass_probability(aa_rate, min(2 * aa_rate, 1.0), n, alpha, shared) if n else 0.0
-    enough = correct >= PLAN_PASS and doubled >= PLAN_POWER
-    needed = n if doubled >= PLAN_POWER else _needed(aa_rate, alpha, shared, max(n, 1))
-    return {"noise_rate": aa_rate, "shared": shared, "n": n, "pass_correct": correct, "fail_doubled": doubled,
-            "enough": enough, "needed": needed, "target": PLAN_PASS, "power_target": PLAN_POWER}
-
-
-def _needed(rate: float, alpha: float, shared: float, start: int) -> int | None:
-    def caught(m):
-        return 1 - pass_probability(rate, min(2 * rate, 1.0), m, alpha, shared) >= PLAN_POWER
-    if rate <= 0:
-        return None
-    lo, hi = start, max(start + 1, 2 * start)
-    while not caught(hi):
-        lo, hi = hi, 2 * hi
-        if lo >= PLAN_MAX_N:
-            return None
-    while hi - lo > 1:  # caught(hi), not known for lo
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if caught(mid) else (mid, hi)
-    return hi if hi <= PLAN_MAX_N else None
-
-
-def plan_table(config, suites, plan_from: str | None = None) -> str:
-    """Before the run: per suite, what the floor's rule can decide over the greedy prompts the
-    profile runs, at the largest A/A rate a previous run observed (`--plan-from`), else PLAN_RATE."""
-    rate, source = PLAN_RATE, "assumed"
+def _plan_rate(plan_from: str | None) -> tuple[float, str]:
+    """The noise rate to plan at: the largest A/A rate a previous run observed, else PLAN_RATE."""
     if plan_from:
         try:
             summary = json.loads((Path(plan_from) / "summary.json").read_text())
@@ -289,25 +198,41 @@ def plan_table(config, suites, plan_from: str | None = None) -> str:
             summary = {}
         rates = [c["floor"]["rate"] for c in summary.get("candidates", {}).values() if (c.get("floor") or {}).get("n")]
         if rates:
-            rate, source = max(rates), f"observed in {plan_from}"
+            return max(rates), f"observed in {plan_from}"
+    return PLAN_RATE, "assumed"
+
+
+def plan_table(config, suites, plan_from: str | None = None) -> str:
+    """Before the run: what the floor's routes can decide over each exact engine candidate's greedy
+    prompts (one seed: greedy runs once) at each level with more than one request in flight
+    (concurrency 1 is assumed batch-invariant: strict identity; its prompts join the test only if
+    its A/A run moves), at the rate `_plan_rate` gives."""
+    rate, source = _plan_rate(plan_from)
     prof, g = config.profile, config.gates
-    runs = len(prof.seeds) if 0.0 in prof.temperatures else 0
-    sizes = [(s, len(s.select(prof.subset)) * runs if hasattr(s, "select") else 0) for s in suites]
-    # a candidate's greedy blocks are pooled (`apply_levels`): each suite at each level with noise
-    # (concurrency 1 is assumed batch-invariant: strict identity, no block of the pool)
-    levels = max(sum(c > 1 for c in (prof.concurrency or ())), 1)
-    n = sum(size for _, size in sizes) * levels
-    if not n:
+    if 0.0 not in prof.temperatures:
         return ""
-    p = plan(round(rate, 6), n, g.alpha)
-    power = "enough" if p["enough"] else (f"about {p['needed']} would catch it with {PLAN_POWER:g}" if p["needed"]
-                                          else f"no size up to {PLAN_MAX_N} would catch it with {PLAN_POWER:g}")
-    each = ", ".join(f"{s.name} {size}" for s, size in sizes if size)
-    return (f"decodegate: A/A floor plan: exact engine candidates' divergences within the engine's noise pass "
-            f"unless one exact test (alpha {g.alpha:g}) over the greedy prompts of all their blocks pooled shows "
-            f"them more frequent than the A/A run's; {n:,} greedy prompts pooled ({each} per level, {levels} level(s)) at noise rate "
-            f"{rate:.3g} per prompt ({source}): P(pass | correct) {p['pass_correct']:.3f}, "
-            f"P(fail | rate doubled) {p['fail_doubled']:.3f}; {power}")
+    levels = [c for c in (prof.concurrency or ()) if c > 1]
+    per_suite = {s.name: len(s.select(prof.subset)) for s in suites if hasattr(s, "select")}
+    groups: dict = {}
+    for c in config.candidates:
+        if c.kind == "exact":
+            mine = tuple(n for n in per_suite if c.suites is None or n in c.suites)
+            groups.setdefault(mine, []).append(c.name)
+    lines = [f"decodegate: A/A floor plan: exact engine candidates' divergences within the engine's noise pass unless "
+             f"the exact test over their greedy prompts (all pooled, and each level's; alpha {g.alpha:g} split between "
+             f"them) shows them more frequent than the A/A run's; at noise rate {rate:.3g} per prompt ({source}):"]
+    for mine, names in groups.items():
+        n = sum(per_suite[x] for x in mine)
+        at = levels or [1]
+        p = family_plan(round(rate, 6), {lvl: n for lvl in at}, g.alpha)
+        power = "enough" if p["enough"] else (f"about {p['needed']:,} would catch it with {PLAN_POWER:g}" if p["needed"]
+                                              else f"no size up to {PLAN_MAX_N} would catch it with {PLAN_POWER:g}")
+        where = (f"at concurrency {', '.join(map(str, levels))}" if levels else
+                 "at concurrency 1 (tested only if its A/A run moves: else strict identity)")
+        lines.append(f"  {', '.join(names)}: {n * len(at):,} greedy prompts ({', '.join(f'{x} {per_suite[x]}' for x in mine)} "
+                     f"{where}): P(pass | correct) {p['pass_correct']:.3f}, P(fail | rate doubled) "
+                     f"{p['fail_doubled']:.3f}; {power}")
+    return "\n".join(lines) if len(lines) > 1 else ""
 
 
 def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float) -> dict:
@@ -347,28 +272,34 @@ def compare(ident: dict, floor_ident: dict | None, level: dict, alpha: float) ->
         # is correct; the A/A run's alone reads 0 where it flipped nothing), with the share of
         # divergences both runs have on the same prompt (the baseline's own odd tokens).
         out["block_divergences"] = (len(aa) + len(mine), len(aa & mine))
-        out.update(excess=(b - c) / n, plan=_plan_at(*out["block_divergences"], n, alpha))
+        out.update(excess=(b - c) / n, plan=_plan_at(*out["block_divergences"], {"": n}, alpha))
     return out
 
 
-def _plan_at(divergences: int, both: int, n: int, alpha: float) -> dict:
-    """The plan at the rate pooled over both runs (`divergences` over 2n) with the share of them
-    on prompts where both diverged."""
+def _plan_at(divergences: int, both: int, sizes: dict, alpha: float) -> dict:
+    """The plan at the rate pooled over both runs (`divergences` over twice the prompts) with the
+    share of them on prompts where both diverged, over the prompts per level `sizes`."""
     shared = round(2 * both / divergences, 3) if divergences else 0.0
-    return dict(plan(round(divergences / (2 * n), 6), n, alpha, shared))
+    return family_plan(round(divergences / (2 * sum(sizes.values())), 6), sizes, alpha, shared)
 
 
-def pool(floors: list[dict], alpha: float) -> None:
-    """One candidate's blocks judged together: their discordant prompts summed into one exact test
-    at `alpha` (each block's are fair coins given their count under a correct candidate, so the
-    sum is too), written into every block's floor with the plan over the pooled prompts; each
-    block keeps its own counts in `block_counts` (candidate-only, A/A-only, prompts)."""
-    b, c, n = (sum(f["block_counts"][i] for f in floors) for i in range(3))
-    divs, both = (sum(f.get("block_divergences", (0, 0))[i] for f in floors) for i in range(2))
-    for f in floors:
-        f.update(rate_test(b, c, n, alpha), blocks=len(floors), pooled_n=n, excess=(b - c) / n if n else 0.0)
-        if n:
-            f["plan"] = _plan_at(divs, both, n, alpha)
+def judge_family(levels: dict, alpha: float) -> None:
+    """One candidate's blocks judged together: `levels` maps each level to its blocks' floors. The
+    routes' tests (`routes`) are written into every block's floor with the plan over all the
+    prompts; a block exceeds where a route holding it does and its own candidate-only prompts
+    outnumber its A/A-only ones. Each block keeps its own counts (`block_counts`)."""
+    counts = {lvl: [f["block_counts"] for f in floors] for lvl, floors in levels.items()}
+    tests = routes(counts, alpha)
+    sizes = {lvl: sum(n for *_, n in c) for lvl, c in counts.items()}
+    divs, both = (sum(f.get("block_divergences", (0, 0))[i] for fs in levels.values() for f in fs) for i in range(2))
+    for lvl, floors in levels.items():
+        mine = [t for t in tests if lvl in t["levels"]]
+        for f in floors:
+            b, c, _ = f["block_counts"]
+            f.update(routes=mine, level=lvl, blocks=sum(map(len, levels.values())), pooled_n=sum(sizes.values()),
+                     exceeds=b > c and any(t["exceeds"] for t in mine), pvalue=min(t["pvalue"] for t in mine))
+            if sum(sizes.values()):
+                f["plan"] = _plan_at(divs, both, sizes, alpha)
 
 
 def family(name: str) -> str:
@@ -383,10 +314,11 @@ def _can_excuse(level: dict) -> bool:
 
 
 def apply_levels(parts, gates) -> None:
-    """`apply` at every level, each candidate's greedy blocks that a floor judges then pooled into
-    one rate test at `gates.alpha` (`pool`): parts is [(summary of one level, its A/A run's name,
-    its candidates' names)]. A test per block at alpha would refuse a correct candidate judged in
-    k blocks up to ~k x alpha; one at alpha / k would lose the power the pooled prompts carry."""
+    """`apply` at every level, then each candidate's greedy blocks that a floor judges tested
+    together (`judge_family`: all pooled, and each level's): parts is [(summary of one level, its
+    A/A run's name, its candidates' names)]. A test per block at alpha would refuse a correct
+    candidate judged in k blocks up to ~k x alpha; one at alpha / k would lose the power the
+    pooled prompts carry."""
     families: dict = {}
     for summary, floor_name, candidates in parts:
         aa = summary["candidates"].get(floor_name)
@@ -396,9 +328,15 @@ def apply_levels(parts, gates) -> None:
         aa["floor"] = level = level_floor(floor_name, aa, eps, gates)
         for name, f in _attach(summary, floor_name, candidates, level, gates):
             if _can_excuse(level) and f["valid"]:
-                families.setdefault(family(name), []).append(f)
-    for floors in families.values():
-        pool(floors, gates.alpha)
+                families.setdefault(family(name), {}).setdefault(level_name(floor_name), []).append(f)
+    for levels in families.values():
+        judge_family(levels, gates.alpha)
+
+
+def level_name(floor_name: str) -> str:
+    """A level's name in the words: its concurrency ("base~aa@c4" -> "c4"), else the A/A run's name."""
+    m = re.search(r"@(c\d+)$", floor_name)
+    return m.group(1) if m else floor_name
 
 
 def apply(summary: dict, floor_name: str, candidates: list[str], gates) -> None:
@@ -479,29 +417,34 @@ def _plan_s(f: dict) -> str:
     more = ("" if p["fail_doubled"] >= p["power_target"] else
             f" (about {p['needed']} prompts would catch it with {p['power_target']:g})" if p["needed"] else
             f" (no size up to {PLAN_MAX_N} prompts would catch it with {p['power_target']:g})")
+    at = "at least " if p.get("levels", 1) > 1 else ""
     return (f"plan at the noise rate {p['noise_rate']:.3g} (both runs pooled, {p['shared']:.0%} of it shared) over "
-            f"{p['n']} prompts: a correct engine passes with probability {p['pass_correct']:.3f}, one that doubles "
-            f"the rate fails with {p['fail_doubled']:.3f}{more}")
+            f"{p['n']:,} prompts at {p.get('levels', 1)} level(s): a correct engine passes with probability {at}"
+            f"{p['pass_correct']:.3f}, one that doubles the rate fails with {at}{p['fail_doubled']:.3f}{more}")
 
 
-def _pooled_s(f: dict) -> str:
-    blocks = f.get("blocks", 1)
-    if blocks <= 1:
-        return ""
-    b, c, n = f["block_counts"]
-    return (f", pooled over the candidate's {blocks} greedy blocks, {f['pooled_n']:,} prompts; this block: {b} "
-            f"candidate-only, {c} A/A-only of {n}")
+def _routes_s(f: dict) -> str:
+    """The tests the block was judged by: its own alone, or the routes over the candidate's blocks."""
+    tests = f.get("routes") or [{"route": "this block", "candidate_only": f["candidate_only"], "n": f["n"],
+                                 "floor_only": f["floor_only"], "pvalue": f["pvalue"], "alpha": f["alpha"],
+                                 "exceeds": f["exceeds"]}]
+    return "; ".join(f"{t['route']}: {t['candidate_only']} candidate-only against {t['floor_only']} A/A-only over "
+                     f"{t['n']:,} prompts, exact one-sided p={t['pvalue']:.3g} at alpha {t['alpha']:.3g}"
+                     f"{' (an excess)' if t['exceeds'] else ''}" for t in tests)
 
 
 def _rate_verdict(f: dict, head: str) -> tuple[str, str]:
-    """Fail where the exact test shows the candidate diverging within the noise on more prompts
-    than the A/A run (a ratio of rates above 1: more prompts only add power); else pass, with the
-    plan's power against a doubled rate beside it."""
-    detail = (f"{head}: {f['candidate_only']} candidate-only, {f['floor_only']} A/A-only prompts, excess rate "
-              f"{f['excess']:+.3f} (exact one-sided p={f['pvalue']:.3g}, alpha {f['alpha']:.3g}{_pooled_s(f)}); {_plan_s(f)}")
+    """Fail where a test holding this block shows the candidate diverging within the noise on more
+    prompts than the A/A run and the block's own prompts lean the same way (a ratio of rates above
+    1: more prompts only add power); else pass, with the plan's power against a doubled rate."""
+    detail = (f"{head}: in this block {f['candidate_only']} candidate-only, {f['floor_only']} A/A-only prompts, "
+              f"excess rate {f['excess']:+.3f}; {_routes_s(f)}; {_plan_s(f)}")
     if f["exceeds"]:
         return "fail", ("more than the floor: the candidate diverges within the noise on more prompts than the A/A "
                         "run: " + detail)
+    if any(t["exceeds"] for t in f.get("routes", ())):
+        return "pass", ("within the floor in this block, whose own prompts show no excess; the candidate's excess "
+                        "shows in another block, which fails: " + detail)
     return "pass", "within the floor: no excess over the A/A run's rate shown: " + detail
 
 
