@@ -111,7 +111,9 @@ def _names(names: list[str] | None, key: str, where: str) -> None:
 
 def _sampling(p: schema.Profile, where: str) -> tuple[float, ...]:
     """The temperatures and seeds: each usable by a request (decoders.base), none repeated."""
-    temps = () if p.temperatures == AS_LOGGED else tuple(float(t) for t in p.temperatures)
+    # + 0.0 turns -0.0 into 0.0: both are greedy (t == 0), but f"T={t:g}" keys -0.0 as "T=-0", which
+    # the greedy identity gate would not find.
+    temps = () if p.temperatures == AS_LOGGED else tuple(float(t) + 0.0 for t in p.temperatures)
     for t in temps:  # the requests' own rule, said here before any model loads
         if temperature_problem(t):
             raise ConfigError(f"{where}: temperatures: {temperature_problem(t)}")

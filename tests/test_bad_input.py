@@ -268,3 +268,18 @@ def test_a_profile_top_k_reaches_every_sampled_request_and_no_greedy_one(tmp_pat
     suite = load_suite(config.suites["s"].path)
     reqs = [(w.temperature, make_request(config, tiny_llama, w).top_k) for w in work_items(config, [suite])]
     assert sorted(set(reqs)) == [(0.0, 0), (0.7, 20)], reqs
+
+
+def test_a_negative_zero_temperature_is_greedy_and_keyed_as_greedy(tmp_path):
+    """`temperatures = [-0.0]` is greedy (t == 0), but was kept as -0.0 and keyed "T=-0" in the
+    summary, where the greedy identity gate (which reads "T=0") never looked: a broken candidate
+    passed. The config, and an as-logged item's own temperature, give +0.0."""
+    import math
+    from types import SimpleNamespace
+    from harness.run.work import logged
+    cfg = _setup(tmp_path)
+    cfg.write_text(cfg.read_text().replace("temperatures = [0.0]", "temperatures = [-0.0, 0.7]")
+                   .replace("seeds = [0]\n", "seeds = [0, 1]\n", 1))
+    logged_t = logged(SimpleNamespace(sampling={"temperature": -0.0}), "temperature")[0]
+    for t in (load_config(cfg, "smoke").profile.temperatures[0], logged_t):
+        assert t == 0 and math.copysign(1, t) == 1 and f"T={t:g}" == "T=0", t

@@ -51,8 +51,9 @@ AS_LOGGED_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
 
 
 def logged(item, key: str) -> tuple[float]:
-    """`temperatures = "as-logged"`: the item's own sampling setting `key`, as a 1-tuple."""
-    return (float((item.sampling or {}).get(key, AS_LOGGED_DEFAULTS[key])),)
+    """`temperatures = "as-logged"`: the item's own sampling setting `key`, as a 1-tuple (-0.0 as
+    0.0: a logged -0.0 is greedy, and would be keyed "T=-0", out of the greedy identity gate)."""
+    return (float((item.sampling or {}).get(key, AS_LOGGED_DEFAULTS[key])) + 0.0,)
 
 
 def make_request(config: RegressConfig, target, work: WorkItem) -> GenerationRequest:
