@@ -365,3 +365,28 @@ def test_the_shipped_profiles_plan_counts_the_levels_with_a_floor(profile, poole
     text = floor.plan_table(config, runner.load_suites(config))
     assert f"{pooled:,} greedy prompts" in text and f"at concurrency {levels})" in text, text
     assert text.endswith("enough") == (profile == "floor"), text
+
+
+def test_fail_fast_leaves_an_engine_under_concurrency_to_the_floor():
+    """The review: --fail-fast stopped an exact engine candidate at its first divergence above the
+    near-tie epsilon, so a correct engine's flip within its own A/A noise at concurrency 2 failed
+    it before any floor was measured. Under concurrency only the floor can judge; at concurrency 1
+    (and for in-process decoders) fail-fast stops it as before."""
+    from harness.config import DecoderSpec
+    from harness.run import runner
+    from harness.run.sweep import _at
+    spec = DecoderSpec(name="ngram", decoder="llama.cpp", kind="exact", options={"engine": "e"})
+    assert runner.under_floor(_at(spec, 2)) and runner.under_floor(_at(spec, 4))
+    assert not runner.under_floor(_at(spec, 1)) and not runner.under_floor(spec)
+    from types import SimpleNamespace
+
+    from harness.config import Gates
+    stops = []
+    base = {"suite": "factual", "item_id": "7", "seed": 0, "temperature": 0.0, "tokens": [1, 2, 3], "margins": [1, 1, 0.02]}
+    ledger = SimpleNamespace(stops=SimpleNamespace(stopped=lambda *a: False, add=lambda **k: stops.append(k)),
+                             base_rows={("factual", "7", 0, 0.0): base})
+    config = SimpleNamespace(gates=Gates(near_tie_epsilon=1e-3))
+    for level, stopped in ((2, 0), (1, 1)):
+        row = dict(base, candidate=f"ngram@c{level}", tokens=[1, 2, 4])
+        runner.check_divergence(config, None, _at(spec, level), row, ledger)
+        assert len(stops) == stopped, (level, stops)
