@@ -38,9 +38,8 @@ per-prompt log ratios. The speed gate uses the one-sided lower bound ``lower_bou
 ``lower_bound_level``). Where only a sample of a suite's prompts is timed (``paired_speedup``'s
 ``suite``), the estimate and bound are the suite's, post-stratified on the baseline's lengths,
 known for every prompt (:func:`suite_bounds`): a sample that missed the long prompts is set
-right by the suite's own mix, and where the suite's prompts beyond the timed lengths carry more
-than ``UNSEEN_MAX`` of its tokens their gain is extrapolated on length (a model; ``interval``
-says so).
+right by the suite's own mix, or given no bound where the suite's prompts beyond the timed
+lengths carry too much of it.
 
 Percentiles use the median-unbiased estimator (Hyndman and Fan type 8): numpy's default (linear)
 p95 of 10 values falls below the true p95 about three times in four. ``p95_ci_low/high`` is the
@@ -189,8 +188,7 @@ class SpeedupResult:
     ``pvalue``: two-sided Wilcoxon signed-rank test of their logs against 0.
     ``suite_prompts``: where only a subset of a suite's prompts was timed, the suite's prompt
     count; ``statistic`` and the bounds are then the suite's speedup post-stratified on the
-    baseline's lengths (:func:`suite_bounds`), ``interval`` says where the gain of prompts longer
-    than the timed ones was extrapolated on length, and ``no_bound`` says why there is no bound.
+    baseline's lengths (:func:`suite_bounds`), and ``no_bound`` says why there is none.
     """
 
     statistic: float
@@ -355,11 +353,10 @@ def speed_bounds(sums, *, confidence_level: float = 0.95, bound_level: float = 0
     return low, high, bound
 
 
-# The suite's speed from a timed subset (`suite_bounds`): strata of at least STRATUM_PROMPTS timed
-# prompts, consecutive by length. Suite prompts more than UNSEEN_FACTOR times longer than the
-# second-longest timed one are unseen (a stratum needs two timed prompts: one alone says nothing of
-# its neighbours' spread); carrying more than UNSEEN_MAX of the suite's baseline tokens, their gain
-# is extrapolated on length (CALIBRATION.md, "The suite's speedup from a timed subset").
+# The suite's speed from a timed subset (`suite_bounds`): strata of at least this many timed
+# prompts, consecutive by length; suite prompts more than UNSEEN_FACTOR times longer than the
+# longest timed one are unseen, and carrying more than UNSEEN_MAX of the suite's baseline tokens
+# they leave no bound (CALIBRATION.md, "The suite's speedup from a timed subset").
 STRATUM_PROMPTS, MAX_STRATA, UNSEEN_FACTOR, UNSEEN_MAX = 4, 4, 1.5, 0.05
 # Its Cornish-Fisher scale: at SKEW_FACTOR (6) the bound covered 0.936-0.969 over four runs of
 # 1,000 studies with 50 of 200 prompts timed, lengths bimodal (30 / 300 tokens) and gains falling
@@ -368,14 +365,6 @@ STRATUM_PROMPTS, MAX_STRATA, UNSEEN_FACTOR, UNSEEN_MAX = 4, 4, 1.5, 0.05
 # covered 0.966 at 20 and at 50 timed prompts (1,000 studies each); at 6, 0.950 and 0.937, at 0,
 # 0.907 and 0.907 (300 each).
 SUITE_SKEW_FACTOR = 12.0
-# The extrapolation's t quantile (df m - 2) is scaled by this. The fitted line is flatter than the
-# gain's: a prompt's length varies between its pairs, so its measured length is a noisy stand-in
-# (errors in variables), and a fixed overhead per request pulls short prompts' speedups towards 1.
-# Over 1,000 studies per row at 8-20 timed prompts (bimodal, rare-long, log-sd 1.2) the lowest
-# coverage was 0.931 at 1, 0.937 at 1.25, 0.945 at 1.5, 0.949 at 1.75 (each time log-sd 1.2 at 20
-# timed prompts; 0.960 over 4,000 studies at 1.75), each step of 0.25 lowering the median bound by
-# 1-5% of the timed ratio.
-SLOPE_FACTOR = 1.75
 
 
 def _strata(x_timed, x_suite, suite_tokens, per_stratum: int):
@@ -403,160 +392,66 @@ def _strata(x_timed, x_suite, suite_tokens, per_stratum: int):
     return timed, np.searchsorted(np.asarray(cuts), x_suite, side="right"), len(cuts) + 1
 
 
-def _separate_ratio(sums, strata, h: int, weight, x=None, unseen=None, slope: float = 0.0, shares: bool = False):
-    """Sum_h W_h (baseline s/token in h) / Sum_h W_h (candidate s/token in h), over the strata
-    ``0 .. h - 1`` (a timed prompt in stratum ``h`` is left out of the rates). ``unseen``: (log
-    length, baseline tokens) of suite prompts beyond the timed lengths, at the longest stratum's
-    rates, the candidate's moved by ``exp(-slope (x - x_top))`` from that stratum's token-weighted
-    mean log length ``x_top`` of its timed prompts (``x``: their log lengths). ``shares``: also each
-    unseen prompt's share of the candidate's seconds."""
-    bw, bn, cw, cn = (np.bincount(strata, weights=v, minlength=h + 1)[:h] for v in sums)
-    base, cand = np.sum(weight * bw / bn), np.sum(weight * cw / cn)
-    far = np.zeros(0)
-    if unseen is not None:
-        top = strata == h - 1
-        x_top = np.sum(sums[1][top] * x[top]) / bn[-1]
-        with np.errstate(over="ignore"):
-            far = unseen[1] * cw[-1] / cn[-1] * np.exp(-slope * (unseen[0] - x_top))
-        base, cand = base + unseen[1].sum() * bw[-1] / bn[-1], cand + far.sum()
-    ratio = float(base / cand)
-    return (ratio, far / cand) if shares else ratio
-
-
-def _length_slope(sums, x):
-    """Least-squares slope of each timed prompt's log speedup (per-token rates) on its log length
-    ``x``: (slope, its standard error, the residual sd), on m - 2 degrees of freedom."""
-    y = np.log((sums[0] / sums[1]) / (sums[2] / sums[3]))
-    dx = x - x.mean()
-    sxx = float(np.sum(dx * dx))
-    slope = float(np.sum(dx * (y - y.mean())) / sxx)
-    sd = float(np.sqrt(np.sum((y - y.mean() - slope * dx) ** 2) / (x.size - 2)))
-    return slope, sd / np.sqrt(sxx), sd
-
-
-def _stratified_jackknife(loo, strata):
-    """(standard error, Satterthwaite df, each prompt's deviation from its stratum's mean, the
-    weights (n_h - 1) / n_h) of the stratified jackknife over ``loo``, the leave-one-out estimates."""
-    n_h = np.bincount(strata).astype(float)
-    dev = loo - (np.bincount(strata, weights=loo) / np.maximum(n_h, 1))[strata]
-    w = (n_h[strata] - 1) / n_h[strata]
-    v_h = np.bincount(strata, weights=w * dev * dev)
-    # Satterthwaite: a variance carried by a stratum of few timed prompts rests on few df.
-    some = n_h > 1
-    df = max(float(v_h.sum() ** 2 / np.sum(v_h[some] ** 2 / (n_h[some] - 1))), 1.0) if v_h.sum() > 0 else 1.0
-    return float(np.sqrt(v_h.sum())), df, dev, w
-
-
-def _extrapolation_margins(ratio, sums, x, strata, dev, w, levels, shares):
-    """How far the log estimate moves down (at each lower level) and up (at the upper one) for the
-    extrapolation, and its correlation with the jackknife's part. ``ratio(sums, keep, slope)``: the
-    estimate from the timed prompts ``keep`` at a given slope; ``strata``, ``dev``, ``w``: the
-    jackknife's strata, deviations and weights at the fitted slope; ``shares``: the unseen prompts' shares of the
-    candidate's seconds. The slope's bound (t at m - 2, times SLOPE_FACTOR) is carried through the
-    estimate itself, not its derivative: where the fitted slope makes the unseen prompts gain much,
-    they carry little of the candidate's time and the derivative would hide what a lower slope does."""
-    m = x.size
-    keep = np.ones(m, dtype=bool)
-    slope, se, sd = _length_slope(sums, x)
-    log_r = np.log(ratio(sums, keep, slope))
-    margins = []
-    for level, sign in levels:
-        q = SLOPE_FACTOR * stats.t.ppf(level, m - 2)
-        with np.errstate(divide="ignore"):  # a slope so low that the unseen prompts' time overflows: bound 0
-            moved = abs(log_r - np.log(ratio(sums, keep, slope - sign * q * se)))
-        # The unseen prompts' own scatter about the line, by their shares of the candidate's time.
-        margins.append(float(np.hypot(moved, q * sd * np.sqrt(np.sum(shares ** 2)))))
-    refit = np.empty(m)
-    for i in range(m):
-        keep[i] = False
-        refit[i] = np.log(ratio([v[keep] for v in sums], keep, _length_slope([v[keep] for v in sums], x[keep])[0]))
-        keep[i] = True
-    # The slope's part of each leave-one-out change: what refitting adds to the fixed-slope one.
-    n_h = np.bincount(strata).astype(float)
-    part = refit - (np.bincount(strata, weights=refit) / np.maximum(n_h, 1))[strata] - dev
-    both = np.sqrt(np.sum(w * dev * dev) * np.sum(w * part * part))
-    corr = max(float(np.sum(w * dev * part) / both), 0.0) if both > 0 else 0.0
-    return margins, corr
-
-
-def _suite_strata(x, x_suite, suite_tokens):
-    """(stratum of each timed prompt, h, the suite's baseline tokens per stratum, the unseen
-    prompts' (log length, tokens) or None, their share of the suite's tokens). Unseen: over
-    UNSEEN_FACTOR times longer than the second-longest timed prompt, where they carry more than
-    UNSEEN_MAX of the tokens; a timed prompt among them joins none of the strata (stratum h) and
-    counts only through the slope they are extrapolated on."""
-    reach = np.sort(x)[max(x.size - 2, 0)] + np.log(UNSEEN_FACTOR)
-    far = x_suite > reach
-    share = float(suite_tokens[far].sum() / suite_tokens.sum())
-    if share <= UNSEEN_MAX:
-        far[:], reach = False, np.inf
-    inside = x <= reach
-    strata = np.zeros(x.size, dtype=np.int64)
-    strata[inside], suite_strata, h = _strata(x[inside], x_suite[~far], suite_tokens[~far], STRATUM_PROMPTS)
-    strata[~inside] = h
-    weight = np.bincount(suite_strata, weights=suite_tokens[~far], minlength=h)
-    return strata, h, weight, ((x_suite[far], suite_tokens[far]) if far.any() else None), share
+def _separate_ratio(sums, strata, h: int, weight):
+    """Sum_h W_h (baseline s/token in h) / Sum_h W_h (candidate s/token in h)."""
+    bw, bn, cw, cn = (np.bincount(strata, weights=x, minlength=h) for x in sums)
+    return float(np.sum(weight * bw / bn) / np.sum(weight * cw / cn))
 
 
 def suite_bounds(sums, pairs, suite_tokens, suite_pairs, *, confidence_level: float = 0.95,
-                 bound_level: float = 0.95,
-                 min_prompts: int = MIN_PROMPTS) -> tuple[float, float, float, float, str, str]:
+                 bound_level: float = 0.95, min_prompts: int = MIN_PROMPTS) -> tuple[float, float, float, float, str]:
     """The speedup over the whole suite from a timed subset of its prompts: (estimate, low, high,
-    bound, why none, how). ``sums`` (bw, bn, cw, cn) per timed prompt, ``pairs`` its pair count;
+    bound, why none). ``sums`` (bw, bn, cw, cn) per timed prompt, ``pairs`` its pair count;
     ``suite_tokens`` and ``suite_pairs`` the baseline's tokens and pairs per prompt over every
-    prompt of the suite (known for all of them). Post-stratified on log length: each stratum's
-    timed seconds per token weighted by the suite's baseline tokens there (a separate ratio
-    estimator), so a subset that holds too few long prompts is set right by the suite's own mix.
-    Suite prompts beyond the timed lengths (see :func:`_suite_strata`) carrying over UNSEEN_MAX of
-    its tokens have no timed prompt to stand for them: their gain is extrapolated on length, the
-    longest stratum's moved along the timed prompts' fitted line (a model, and ``how`` says so).
-    Uncertainty, on the log scale: the stratified jackknife over timed prompts at the fitted slope
-    (t at the strata's Satterthwaite df, the skew term) and the slope's bound carried through the
-    estimate, combined with their correlation (Zou's MOVER). No bound (NaN and why): fewer than
-    ``min_prompts``, no spread, or unseen prompts and timed lengths that do not vary."""
-    sums = [np.asarray(v, dtype=float) for v in sums]
+    prompt of the suite (the baseline's output length is known for all of them). Post-stratified
+    on length: the timed prompts' seconds per token in each length stratum, weighted by the suite's
+    baseline tokens there (a separate ratio estimator; one stratum: the plain ratio of totals), so
+    a subset that holds too few long prompts is set right by the suite's own mix. Its standard
+    error is the stratified jackknife over timed prompts on the log scale, with Student's t at the
+    Satterthwaite df of the strata's shares of it. The
+    estimand is the suite's speedup (every item timed), not the traffic's. Suite prompts longer
+    than any timed one carrying more than UNSEEN_MAX of its tokens: no bound (NaN and why)."""
+    sums = [np.asarray(x, dtype=float) for x in sums]
     m = sums[0].size
-    x = np.log(sums[1] / np.asarray(pairs, dtype=float))
+    x_timed = np.log(sums[1] / np.asarray(pairs, dtype=float))
+    x_suite = np.log(np.asarray(suite_tokens, dtype=float) / np.asarray(suite_pairs, dtype=float))
     suite_tokens = np.asarray(suite_tokens, dtype=float)
-    strata, h, weight, unseen, share = _suite_strata(x, np.log(suite_tokens / np.asarray(suite_pairs, dtype=float)),
-                                                     suite_tokens)
-    fits = unseen is not None and m > 2 and np.ptp(x) > 0
-    ratio = lambda s, keep, slope, shares=False: _separate_ratio(s, strata[keep], h, weight, x[keep], unseen, slope,
-                                                                 shares)
-    slope = _length_slope(sums, x)[0] if fits else 0.0
-    every = np.ones(m, dtype=bool)
-    estimate, shares = ratio(sums, every, slope, True)
-    how = "post-stratified jackknife" + (f", extrapolated on length for {share:.0%} of the suite's tokens" if unseen
-                                         else "")
+    unseen = float(suite_tokens[x_suite > x_timed.max() + np.log(UNSEEN_FACTOR)].sum() / suite_tokens.sum())
+    timed, suite, h = _strata(x_timed, x_suite, suite_tokens, STRATUM_PROMPTS)
+    weight = np.bincount(suite, weights=suite_tokens, minlength=h)
+    estimate = _separate_ratio(sums, timed, h, weight)
     nan = float("nan")
     if m < min_prompts:
-        return estimate, nan, nan, nan, f"{m} timed prompt(s), fewer than the {min_prompts} a bound needs", how
-    if unseen is not None and not fits:
-        return estimate, nan, nan, nan, (f"{share:.0%} of the suite's baseline tokens are in prompts over "
-                                         f"{UNSEEN_FACTOR:g}x longer than the timed ones, whose lengths do not vary: "
-                                         "no slope to extrapolate their gain on"), how
+        return estimate, nan, nan, nan, f"{m} timed prompt(s), fewer than the {min_prompts} a bound needs"
+    if unseen > UNSEEN_MAX:
+        return estimate, nan, nan, nan, (f"{unseen:.0%} of the suite's baseline tokens are in prompts over "
+                                         f"{UNSEEN_FACTOR:g}x longer than any timed one")
+    keep = np.ones(m, dtype=bool)
     loo = np.empty(m)
     for i in range(m):
-        every[i] = False
-        loo[i] = ratio([v[every] for v in sums], every, slope)
-        every[i] = True
-    se, df, dev, w = _stratified_jackknife(np.log(loo), strata)
+        keep[i] = False
+        loo[i] = _separate_ratio([x[keep] for x in sums], timed[keep], h, weight)
+        keep[i] = True
+    # On the log scale: a bound at 10-20 prompts, moved down by the skew term, no longer lands at 0
+    # (half of the bimodal design's bounds did, so a length-dependent gain could not pass a
+    # min_speedup); the bound, exp of it, stays above 0 and the skew term keeps the coverage.
+    loo = np.log(loo)
+    n_h = np.bincount(timed, minlength=h).astype(float)
+    mean_h = np.bincount(timed, weights=loo, minlength=h) / n_h
+    v_h = np.bincount(timed, weights=(n_h[timed] - 1) / n_h[timed] * (loo - mean_h[timed]) ** 2, minlength=h)
+    se = float(np.sqrt(v_h.sum()))
     if not se > 0:
-        return estimate, nan, nan, nan, "prompts whose speedups do not vary: no spread to bound it by", how
+        return estimate, nan, nan, nan, "prompts whose speedups do not vary: no spread to bound it by"
+    # Satterthwaite: a variance carried by a stratum of few timed prompts rests on few df.
+    df = max(float(v_h.sum() ** 2 / np.sum(v_h ** 2 / (n_h - 1))), 1.0)
     # The pseudo-values' skew (m estimate - (m - 1) loo): left-skewed moves the lower quantiles down,
     # as in `speed_bounds` (a few prompts that gain less and carry much of the time).
-    skew = float(np.mean((-dev) ** 3) / np.mean(dev ** 2) ** 1.5) if np.any(dev) else 0.0
-    log_r = np.log(estimate)
-    bounds = _t_bounds(log_r, np.float64(se), df, max(0.0, -skew) * SUITE_SKEW_FACTOR / (6 * np.sqrt(m)),
-                       confidence_level, bound_level, clip=-np.inf)
-    moves = [log_r - bounds[0], bounds[1] - log_r, log_r - bounds[2]]
-    if fits:
-        tail = (1 + confidence_level) / 2
-        slope_moves, corr = _extrapolation_margins(ratio, sums, x, strata, dev, w,
-                                                   ((tail, 1), (tail, -1), (bound_level, 1)), shares)
-        moves = [np.sqrt(a * a + b * b + 2 * corr * a * b) for a, b in zip(moves, slope_moves)]
-    low, high, bound = np.exp([log_r - moves[0], log_r + moves[1], log_r - moves[2]])
-    return estimate, float(low), float(high), float(bound), "", how
+    dev = -(loo - mean_h[timed])
+    skew = float(np.mean(dev ** 3) / np.mean(dev ** 2) ** 1.5) if np.any(dev) else 0.0
+    low, high, bound = np.exp(_t_bounds(np.log(estimate), np.float64(se), df,
+                                        max(0.0, -skew) * SUITE_SKEW_FACTOR / (6 * np.sqrt(m)), confidence_level,
+                                        bound_level, clip=-np.inf))
+    return estimate, float(low), float(high), float(bound), ""
 
 
 def paired_speedup(
@@ -609,11 +504,10 @@ def paired_speedup(
     if lengths is None or res.n_prompts < 2:
         return res
     sums = cluster_sums(ids, bw, bn, cw, cn)
-    est, low, high, bound, why, how = suite_bounds(sums, np.bincount(ids), *lengths,
-                                                   confidence_level=res.confidence_level,
-                                                   bound_level=res.lower_bound_level)
+    est, low, high, bound, why = suite_bounds(sums, np.bincount(ids), *lengths, confidence_level=res.confidence_level,
+                                              bound_level=res.lower_bound_level)
     return replace(res, statistic=est, ci_low=low, ci_high=high, lower_bound=bound, suite_prompts=lengths[0].size,
-                   no_bound=why, interval=how)
+                   no_bound=why, interval="post-stratified jackknife")
 
 
 def _suite_lengths(suite: Sequence[Pair], timed: Sequence[Pair]) -> tuple[np.ndarray, np.ndarray] | None:

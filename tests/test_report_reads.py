@@ -82,33 +82,3 @@ def test_an_aa_run_that_broke_fails_the_run_and_says_so():
     fine = {"candidates": {"base~aa": {"role": "aa-floor", "suites": {}, "stopped": []}}}
     judge(fine, SimpleNamespace(gates=Gates(), profile=SimpleNamespace(load=None)), None)
     assert fine["verdict"] == "pass" and report.verdict_rows(fine)[-1][-1] == "A/A floor, not judged"
-
-
-def test_a_suite_speedup_without_a_bound_says_its_own_reason():
-    """The suite's speedup from a timed subset (analysis.latency.suite_bounds) names why it has no
-    bound; the report printed "no spread between the 10 prompts' speedups" over it."""
-    why = ("90% of the suite's baseline tokens are in prompts over 1.5x longer than the timed ones, whose "
-           "lengths do not vary: no slope to extrapolate their gain on")
-    sp = {"statistic": 1.3, "lower_bound": None, "lower_bound_level": 0.95, "n_prompts": 10, "suite_prompts": 200,
-          "no_bound": why}
-    cell = report.verdict_rows(_summary([], "fail", sp))[-1][4]
-    assert cell == f"1.30x (no bound: {why} (10 of the suite's 200 prompts timed))", cell
-    assert "no spread" not in cell
-
-
-def test_a_speed_gate_whose_bound_was_extrapolated_on_length_says_so():
-    """A suite bound whose long prompts were not timed rests on a line of gain on length; the gate's
-    detail, pass or fail, carries the estimate's own words for it. Without extrapolation it does not."""
-    from harness.config import Gates
-    from harness.verdict.gate import decide
-    said = "post-stratified jackknife, extrapolated on length for 12% of the suite's tokens"
-    for interval, minimum in ((said, 1.05), (said, 1.2), ("post-stratified jackknife", 1.05)):
-        sp = {"statistic": 1.4, "lower_bound": 1.1, "lower_bound_level": 0.95, "n_prompts": 10, "suite_prompts": 200,
-              "interval": interval}
-        d = decide({"kind": "exact", "decoder": "speculative", "suites": {}, "min_speedup": minimum, "speedup": sp},
-                   Gates())
-        gate = next(g for g in d.results if g.name == "speed")
-        assert gate.status == ("pass" if minimum < 1.1 else "fail"), gate.detail
-        assert (said in gate.detail) == (interval == said), gate.detail
-        assert ("extrapolated" in gate.detail) == (interval == said), gate.detail
-        assert "from 10 timed" in gate.detail, gate.detail

