@@ -82,3 +82,14 @@ def test_an_aa_run_that_broke_fails_the_run_and_says_so():
     fine = {"candidates": {"base~aa": {"role": "aa-floor", "suites": {}, "stopped": []}}}
     judge(fine, SimpleNamespace(gates=Gates(), profile=SimpleNamespace(load=None)), None)
     assert fine["verdict"] == "pass" and report.verdict_rows(fine)[-1][-1] == "A/A floor, not judged"
+
+
+def test_a_suite_speedup_without_a_bound_says_its_own_reason():
+    """The suite's speedup from a timed subset (analysis.latency.suite_bounds) names why it has no
+    bound; the report printed "no spread between the 10 prompts' speedups" over it."""
+    why = "43% of the suite's baseline tokens are in prompts over 1.5x longer than any timed one"
+    sp = {"statistic": 1.3, "lower_bound": None, "lower_bound_level": 0.95, "n_prompts": 10, "suite_prompts": 200,
+          "no_bound": why}
+    cell = report.verdict_rows(_summary([], "fail", sp))[-1][4]
+    assert cell == f"1.30x (no bound: {why} (10 of the suite's 200 prompts timed))", cell
+    assert "no spread" not in cell

@@ -142,8 +142,9 @@ def _named(name: str, gate: str | None, detail: str) -> str:
 
 
 def bound_words(sp: dict) -> str:
-    """The speedup's one-sided lower bound as what it means: a figure, or why there is none (too
-    few prompts; lengths too spread; an interval that reaches down to 0, which bounds nothing)."""
+    """The speedup's one-sided lower bound as what it means: a figure, or why there is none (the
+    suite estimate's own reason; too few prompts; lengths too spread; an interval that reaches down
+    to 0, which bounds nothing)."""
     from analysis.latency import MIN_PROMPTS
     bound, n = sp.get("lower_bound"), sp.get("n_prompts") or 0
     spread, limit = sp.get("length_log_sd"), sp.get("length_log_sd_limit")
@@ -151,6 +152,8 @@ def bound_words(sp: dict) -> str:
         return f">= {bound:.2f}x"
     if bound is not None:
         return f"no bound: the interval over {n} prompts reaches 0; more prompts narrow it"
+    if sp.get("no_bound"):  # the suite's speedup from a timed subset names its own reason (suite_bounds)
+        return f"no bound: {sp['no_bound']} ({n} of the suite's {sp.get('suite_prompts')} prompts timed)"
     if n < MIN_PROMPTS:
         return f"no bound: {n} prompt{'s' * (n != 1)}, {MIN_PROMPTS} needed"
     if spread is not None and limit is not None and spread > limit:
