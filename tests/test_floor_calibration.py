@@ -158,3 +158,17 @@ def test_a_correct_candidate_judged_in_several_blocks_is_refused_at_most_alpha()
     assert per_block_at_alpha > 0.1  # what the gate did before the blocks were judged together
     sim = cal.profile_fail_rate(0.25, "correct", 400, np.random.default_rng(5), blocks)
     assert sim.simulated <= 0.05 + Z * np.sqrt(0.05 * 0.95 / 400), sim  # 0.147 before: far above 0.078
+
+
+def test_a_noisier_suite_at_the_same_level_does_not_refuse_a_correct_engine():
+    """The review: the noise scale pooled over a level's suites came from the quiet one (factual,
+    217 prompts), and the noisy one's correct flips (longform, 45 prompts, moves 5x as wide, twice
+    the rate) lay beyond it: a correct engine refused 0.345 at alpha 0.05. Each suite's own scale."""
+    def wider(b, k):
+        return b._replace(aa_margins=b.aa_margins * k, aa_shifts=b.aa_shifts * k, cand_margins=b.cand_margins * k,
+                          moves=b.moves * k)
+    rng, studies = np.random.default_rng(13), 150
+    refused = sum(any(s != "pass" for s in cal.family_statuses(
+        [[cal.draw(rng, 0.05, 217, "correct"), wider(cal.draw(rng, 0.1, 45, "correct"), 5.0)]]))
+        for _ in range(studies))
+    assert refused / studies <= 0.05 + Z * np.sqrt(0.05 * 0.95 / studies), refused

@@ -346,6 +346,20 @@ def apply(summary: dict, floor_name: str, candidates: list[str], gates) -> None:
     apply_levels([(summary, floor_name, candidates)], gates)
 
 
+def suite_level(level: dict, aa_suite: dict | None) -> dict:
+    """The level's floor with the noise scale of one suite's own A/A moves and flips: suites differ
+    in their noise (a pooled scale from quiet suites put a noisy suite's correct flips beyond it:
+    a correct engine refused 0.345 at alpha 0.05 with longform's moves 5x factual's), and a quiet
+    suite's own scale keeps its power against a bug at a fixed margin. The validity stays the level's."""
+    part = (aa_suite or {}).get("aa_noise")
+    if not part:
+        return level
+    bound, bounded = noise_bound([part])
+    flipped = max((f["margin"] for f in part["flips"] if f["margin"] is not None), default=0.0)
+    return dict(level, scale=float(max(NOISE_FACTOR * bound, flipped)), bound=float(bound), bounded=bounded,
+                positions=part["positions"], flips=len(part["flips"]), moved=part.get("moved", 0))
+
+
 def _attach(summary: dict, floor_name: str, candidates, level: dict, gates):
     """Each exact candidate's identity blocks compared with the level's floor: yields (candidate
     name, the block's floor statistics)."""
@@ -358,7 +372,7 @@ def _attach(summary: dict, floor_name: str, candidates, level: dict, gates):
         for suite, s in cand["suites"].items():
             for t, ident in s.get("identity", {}).items():
                 floor_ident = aa["suites"].get(suite, {}).get("identity", {}).get(t)
-                ident["floor"] = compare(ident, floor_ident, level, gates.alpha)
+                ident["floor"] = compare(ident, floor_ident, suite_level(level, aa["suites"].get(suite)), gates.alpha)
                 if f"{suite}.real_divergences.{t}" in cand.get("metrics", {}):
                     cand["metrics"][f"{suite}.real_divergences.{t}"] = ident["real_divergences"]
                 if t == "T=0":
