@@ -283,3 +283,17 @@ def test_a_negative_zero_temperature_is_greedy_and_keyed_as_greedy(tmp_path):
     logged_t = logged(SimpleNamespace(sampling={"temperature": -0.0}), "temperature")[0]
     for t in (load_config(cfg, "smoke").profile.temperatures[0], logged_t):
         assert t == 0 and math.copysign(1, t) == 1 and f"T={t:g}" == "T=0", t
+
+
+def test_a_records_file_with_negative_zero_temperatures_is_read_as_greedy(tmp_path):
+    """A run folder written before the config made -0.0 greedy (a resumed run, or any records
+    file) kept its -0.0 rows: keyed "T=-0", their greedy block escaped the identity gate."""
+    import json
+    import math
+
+    from harness.run.records import read_records
+    (tmp_path / "records.jsonl").write_text("\n".join(json.dumps({"candidate": "c", "temperature": t})
+                                                      for t in (-0.0, 0.7)) + "\n")
+    rows = read_records(tmp_path)
+    assert math.copysign(1, rows[0]["temperature"]) == 1 and f"T={rows[0]['temperature']:g}" == "T=0"
+    assert rows[1]["temperature"] == 0.7

@@ -385,8 +385,12 @@ def test_fail_fast_leaves_an_engine_under_concurrency_to_the_floor():
     base = {"suite": "factual", "item_id": "7", "seed": 0, "temperature": 0.0, "tokens": [1, 2, 3], "margins": [1, 1, 0.02]}
     ledger = SimpleNamespace(stops=SimpleNamespace(stopped=lambda *a: False, add=lambda **k: stops.append(k)),
                              base_rows={("factual", "7", 0, 0.0): base})
-    config = SimpleNamespace(gates=Gates(near_tie_epsilon=1e-3))
+    config = SimpleNamespace(gates=Gates(near_tie_epsilon=1e-3), engines={"e": SimpleNamespace(concurrency=1)})
     for level, stopped in ((2, 0), (1, 1)):
         row = dict(base, candidate=f"ngram@c{level}", tokens=[1, 2, 4])
         runner.check_divergence(config, None, _at(spec, level), row, ledger)
         assert len(stops) == stopped, (level, stops)
+    # no sweep, but the engine table keeps 8 requests in flight: the floor judges it too
+    config.engines["e"] = SimpleNamespace(concurrency=8)
+    runner.check_divergence(config, None, spec, dict(base, candidate="ngram", tokens=[1, 2, 4]), ledger)
+    assert len(stops) == 1, stops

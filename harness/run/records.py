@@ -41,10 +41,14 @@ def read_records(run_dir: Path, name: str = RECORDS) -> list[dict]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             if i < len(lines) - 2:  # only the last line may be torn
                 raise RecordsError(f"{path}: line {i + 1} is not valid JSON (the file was edited?)")
+            continue
+        if isinstance(row, dict) and isinstance(row.get("temperature"), float):
+            row["temperature"] += 0.0  # -0.0 (a folder from before the config made it 0.0) is greedy: keyed T=0
+        rows.append(row)
     return rows
 
 

@@ -614,16 +614,18 @@ def broke(ctx: Context, batch: Batch, i: int, kind: str, payload) -> bool:
     return False
 
 
-def under_floor(spec: DecoderSpec) -> bool:
-    """A decoder at a concurrency level above 1 (harness.run.sweep): the A/A floor judges its identity."""
-    return (spec.options.get("concurrency") or 1) > 1
+def under_floor(spec: DecoderSpec, engines: dict | None = None) -> bool:
+    """A decoder with more than one request in flight, at a sweep's level (harness.run.sweep) or by
+    its engine table's `concurrency`: the A/A floor judges its identity."""
+    engine = (engines or {}).get(spec.options.get("engine"))
+    return (spec.options.get("concurrency") or getattr(engine, "concurrency", None) or 1) > 1
 
 
 def check_divergence(config: RegressConfig, target, spec: DecoderSpec, row: dict, ledger: Ledger) -> None:
     """--fail-fast: stop an exact candidate at its first real divergence from the baseline. Not an
     engine's under concurrency: there a divergence within the engine's own A/A noise is no fault,
     and only the floor, after the run, can tell (harness.verdict.floor)."""
-    if not _checks_identity(spec, row) or ledger.stops.stopped(spec.name, "*") or under_floor(spec):
+    if not _checks_identity(spec, row) or ledger.stops.stopped(spec.name, "*") or under_floor(spec, config.engines):
         return
     base = ledger.base_rows.get(record_key(row)[1:])
     why = base is not None and _real_divergence(config, target, base, row)

@@ -229,9 +229,10 @@ def plan_table(config, suites, plan_from: str | None = None) -> str:
                                               else f"no size up to {PLAN_MAX_N} would catch it with {PLAN_POWER:g}")
         where = (f"at concurrency {', '.join(map(str, levels))}" if levels else
                  "at concurrency 1 (tested only if its A/A run moves: else strict identity)")
+        least = ">= " if len(at) > 1 else ""  # over several levels the plan's figures are lower bounds
         lines.append(f"  {', '.join(names)}: {n * len(at):,} greedy prompts ({', '.join(f'{x} {per_suite[x]}' for x in mine)} "
-                     f"{where}): P(pass | correct) {p['pass_correct']:.3f}, P(fail | rate doubled) "
-                     f"{p['fail_doubled']:.3f}; {power}")
+                     f"{where}): P(pass | correct) {least}{p['pass_correct']:.3f}, P(fail | rate doubled) "
+                     f"{least}{p['fail_doubled']:.3f}; {power}")
     return "\n".join(lines) if len(lines) > 1 else ""
 
 
