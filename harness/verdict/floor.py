@@ -4,9 +4,10 @@ Under concurrency an engine need not be batch-invariant: its baseline run twice 
 The floor is measured in the units a divergence is judged in, logit margins, not only as a rate:
 - Noise. Where the two runs agree on a token, the A/A run shows how far the engine's own top-2
   margin moves (|m_base - m_aa|); where they flip, the gap between the two tokens moved by at
-  least m_base + m_aa. The engine's noise scale at that level (`noise` per suite, pooled per
-  level in `level_floor`) is NOISE_FACTOR x an upper NOISE_CONFIDENCE bound on the moves'
-  NOISE_QUANTILE quantile (an order statistic of the moves that moved at all, `noise_bound`),
+  least m_base + m_aa. The engine's noise scale on a suite at a level (`noise` per suite;
+  `suite_level`: each suite is judged at its own scale, suites differ; `level_floor` pools them
+  for the level's validity and its report line) is NOISE_FACTOR x an upper NOISE_CONFIDENCE bound
+  on the moves' NOISE_QUANTILE quantile (an order statistic of the moves that moved at all, `noise_bound`),
   or the largest margin the A/A run flipped at itself if higher. Not the largest move: the
   largest of more moves is larger, so a bug diverging at a fixed margin passed more often with
   more prompts (caught 0.475 at 300, 0.265 at 1,000); the bound settles on the quantile instead.
