@@ -317,7 +317,7 @@ def summarize_levels(config, records, suites, exactness, head_cost=None, numeric
         aa = [c.name for c in cfg.candidates if c.role == "aa-floor"]
         if aa:
             floors.append((part, aa[0], [c.name for c in cfg.candidates if c.role != "aa-floor"]))
-    floor.apply_levels(floors, config.gates)  # each candidate's blocks at every level pooled into one test
+    floor.apply_levels(floors, config.gates)  # each candidate's blocks tested together: all pooled, and each level's
     for cfg, part, level in parts:
         for spec in cfg.candidates:
             part["candidates"][spec.name].update(role=spec.role, concurrency=level)
