@@ -172,3 +172,27 @@ def test_a_noisier_suite_at_the_same_level_does_not_refuse_a_correct_engine():
         [[cal.draw(rng, 0.05, 217, "correct"), wider(cal.draw(rng, 0.1, 45, "correct"), 5.0)]]))
         for _ in range(studies))
     assert refused / studies <= 0.05 + Z * np.sqrt(0.05 * 0.95 / studies), refused
+
+
+def test_a_quiet_suite_keeps_its_own_scale_against_a_bug():
+    """Each suite's own scale cuts both ways: beside a noisy suite, a quiet suite's bug at 12 sigma
+    of its own noise (beyond it, within the noisy suite's) still fails as beyond the noise; a scale
+    pooled over the level (or floored at the pooled one) excused it."""
+    rng = np.random.default_rng(17)
+    quiet = cal.draw(rng, 0.05, 217, "correct")
+    bug = quiet._replace(cand_prompts=np.r_[quiet.cand_prompts, 216], cand_margins=np.r_[quiet.cand_margins, 12 * cal.SIGMA])
+    noisy = cal.draw(rng, 0.1, 217, "correct")  # as many moves as the quiet one: the level's scale is the noisy one's
+    noisy = noisy._replace(aa_margins=noisy.aa_margins * 8, aa_shifts=noisy.aa_shifts * 8,
+                           cand_margins=noisy.cand_margins * 8, moves=noisy.moves * 8)
+    summary = cal.family_statuses([[bug, noisy]])
+    assert summary[0] == "fail", summary
+
+
+def test_the_plan_over_several_levels_takes_every_routes_false_fails():
+    """P(pass | correct) over several levels is one less each route's exact false-fail rate: the
+    pooled route's and every level's (Bonferroni), below the pooled route's alone."""
+    sizes = {"c2": 200, "c4": 200}
+    p = floor.family_plan(0.25, sizes, 0.05)
+    pooled = floor.plan(0.25, 400, 0.025)["pass_correct"]
+    levels = sum(1 - floor.plan(0.25, 200, 0.0125)["pass_correct"] for _ in sizes)
+    assert p["pass_correct"] == pytest.approx(pooled - levels) and levels > 0.01, (p, pooled, levels)
