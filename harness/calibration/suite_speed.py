@@ -3,34 +3,47 @@
 
 Part of ``python -m harness.calibration.report`` (the section "The suite's speedup from a timed
 subset" in CALIBRATION.md). A study: a suite of ``SUITE`` prompts drawn from a design, its
-baseline's tokens known for every prompt, a simple random subset of ``m`` prompts timed (baseline
-and candidate); the estimand is the suite's speedup, E[baseline wall] / E[candidate wall] summed
-over every pair of the suite (what timing all of it converges to). Per prompt: a per-token step
-log-normal (log-sd 0.25), a gain log-normal around 1.3x (log-sd 0.35) with a slope of -0.3 per
-log token of its length (long outputs gain less), 1-3 pairs with lengths 0.6-1.4x the prompt's,
+baseline's tokens known for every prompt, ``m`` prompts timed (baseline and candidate), chosen as
+a run with a baseline store chooses them (``harness.run.speed_sample.by_length`` on the baseline's
+tokens per pair, its strata weighted by each prompt's tokens); the estimand is the suite's speedup,
+E[baseline wall] / E[candidate wall] summed over every pair of the suite (what timing all of it
+converges to). Per prompt: a per-token step log-normal (log-sd 0.25), a gain log-normal (log-sd
+0.35) around a curve in its length (``GAINS``), 1-3 pairs with lengths 0.6-1.4x the prompt's,
 per-pair noise log-sd 0.05 and a fixed overhead per request. Designs (issue 58's):
 - ``bimodal``: 90% of prompts about 30 tokens, 10% about 300 (log-sd 0.2 around each);
 - ``rare-long``: log-normal around 60 (log-sd 0.5), 3% of prompts 10x longer;
 - ``log-sd 1.2``: log-normal around 60 tokens with log-sd 1.2.
+Gain curves: ``falling`` (1.3x at 60 tokens, -0.3 per log token: long outputs gain less, the
+issue's), ``rising`` (+0.3), ``hump`` (+0.5 up to 150 tokens, -1.0 beyond) and ``step``
+(1.6x up to 200 tokens, 0.6x beyond): the bound must not lean on any one shape.
 The bound is the stratified jackknife on the log scale (``suite_bounds``). Every refusal at 10-20
 timed prompts on these designs is the unseen rule (suite prompts over UNSEEN_FACTOR x longer than
-any timed one carrying over UNSEEN_MAX of the tokens): at 2x a bimodal suite's bound covered 0.937
-at 20 timed prompts (300 studies), so the rule stays.
-"before": the bound the gate used on the timed prompts alone (``speed_bounds``, whose estimand is
-the population of prompts), set against the same suite truth. No bound counts as covering (it can
-never pass a `min_speedup`); its share and the median bound / the timed ratio are what it costs.
+any timed one carrying over UNSEEN_MAX of the tokens).
+Beside it: the same bound with a simple random subset of ``m`` prompts timed (the speed sample
+before issue 58's length strata), and the bound on the timed prompts alone (``speed_bounds``, the
+gate's bound when issue 58 was filed), on the same suite. No bound counts as covering (it can
+never pass a `min_speedup`); its share and the median bound / the suite's speedup are what it costs.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from analysis.latency import UNSEEN_FACTOR, UNSEEN_MAX, speed_bounds, suite_bounds
+from harness.run import speed_sample
 
 from .common import Rate, pick
 
-STEP_S, STEP_SD, GAIN, GAIN_SD, SLOPE, NOISE_SD, OVERHEAD_S, LENGTH_MID = 0.06, 0.25, 1.3, 0.35, -0.3, 0.05, 0.05, 60.0
+STEP_S, STEP_SD, GAIN, GAIN_SD, NOISE_SD, OVERHEAD_S, LENGTH_MID = 0.06, 0.25, 1.3, 0.35, 0.05, 0.05, 60.0
 SUITE = 200
 DESIGNS = ("bimodal", "rare-long", "log-sd 1.2")
+GAINS = {  # the median gain at a prompt's length
+    "falling": lambda n: GAIN * (n / LENGTH_MID) ** -0.3,
+    "rising": lambda n: GAIN * (n / LENGTH_MID) ** 0.3,
+    "hump": lambda n: GAIN * (n / LENGTH_MID) ** 0.5 / np.maximum(n / 150.0, 1.0) ** 1.5,
+    "step": lambda n: np.where(n > 200, 0.6, 1.6),
+}
+ROWS = (*((d, "falling") for d in DESIGNS), ("bimodal", "rising"), ("log-sd 1.2", "rising"),
+        ("bimodal", "hump"), ("bimodal", "step"))
 HEADING = "## The suite's speedup from a timed subset"
 
 
@@ -45,45 +58,57 @@ def lengths(design: str, rng, n: int) -> np.ndarray:
     raise ValueError(f"design must be one of {DESIGNS}, not {design!r}")
 
 
-def suite(design: str, rng, n: int = SUITE):
+def suite(design: str, rng, n: int = SUITE, gain: str = "falling"):
     """One suite: per-prompt sums (bw, bn, cw, cn) as if every prompt were timed, pairs per prompt,
-    and the suite's true speedup."""
+    and the suite's true speedup; `gain`: the curve of the median gain in length (``GAINS``)."""
     length = lengths(design, rng, n)
     step = rng.lognormal(np.log(STEP_S), STEP_SD, n)
-    gain = np.exp(np.log(GAIN) + SLOPE * (np.log(length) - np.log(LENGTH_MID)) + rng.normal(0, GAIN_SD, n))
+    speedup = GAINS[gain](length) * np.exp(rng.normal(0, GAIN_SD, n))
     k = rng.integers(1, 4, n)
     prompt = np.repeat(np.arange(n), k)
     tokens = np.maximum(np.floor(length[prompt] * rng.uniform(0.6, 1.4, prompt.size)), 2.0)
     mean_noise = np.exp(NOISE_SD ** 2 / 2)
     truth = (np.sum(step[prompt] * tokens * mean_noise + OVERHEAD_S)
-             / np.sum((step / gain)[prompt] * tokens * mean_noise + OVERHEAD_S))
+             / np.sum((step / speedup)[prompt] * tokens * mean_noise + OVERHEAD_S))
     bw = step[prompt] * tokens * rng.lognormal(0, NOISE_SD, tokens.size) + OVERHEAD_S
-    cw = (step / gain)[prompt] * tokens * rng.lognormal(0, NOISE_SD, tokens.size) + OVERHEAD_S
+    cw = (step / speedup)[prompt] * tokens * rng.lognormal(0, NOISE_SD, tokens.size) + OVERHEAD_S
     sums = [np.bincount(prompt, weights=x, minlength=n) for x in (bw, tokens, cw, tokens)]
     return sums, k, float(truth)
 
 
-def study(design: str, m: int, rng) -> tuple[float, float, float, float]:
-    """(truth, the suite bound, the bound before, the timed subset's ratio of totals) of one study."""
-    sums, k, truth = suite(design, rng)
-    timed = rng.choice(SUITE, m, replace=False)
+def timed_bounds(sums, k, timed) -> tuple[float, float]:
+    """(the suite bound, the bound on the timed prompts alone) with the prompts `timed` timed."""
     sub = [x[timed] for x in sums]
-    bound = suite_bounds(sub, k[timed], sums[1], k)[3]
-    before = float(speed_bounds([x[None] for x in sub], pairs=k[timed][None])[2][0])
-    return truth, bound, before, float((sub[0].sum() / sub[1].sum()) / (sub[2].sum() / sub[3].sum()))
+    return suite_bounds(sub, k[timed], sums[1], k)[3], float(speed_bounds([x[None] for x in sub],
+                                                                           pairs=k[timed][None])[2][0])
 
 
-def operating(design: str, m: int, studies: int, rng) -> dict:
-    """Coverage (no bound counting as covering), share with no bound and the median bound / timed
-    ratio (0 where none) and where a bound is given, now and before."""
-    rows = np.array([study(design, m, rng) for _ in range(studies)])
-    truth, ratio = rows[:, 0], rows[:, 3]
+def sample(sums, k, m: int, rng) -> np.ndarray:
+    """The `m` prompts a run times: drawn by length (``speed_sample.by_length``)."""
+    return np.asarray(speed_sample.by_length(sums[1] / k, m, int(rng.integers(2 ** 62)), tokens=sums[1]))
+
+
+def study(design: str, m: int, rng, gain: str = "falling") -> tuple[float, ...]:
+    """(truth; the suite bound with the subset drawn by length; the suite bound and the bound on the
+    timed prompts alone with a simple random subset) of one study."""
+    sums, k, truth = suite(design, rng, gain=gain)
+    by_length = timed_bounds(sums, k, sample(sums, k, m, rng))
+    return (truth, by_length[0], *timed_bounds(sums, k, rng.choice(SUITE, m, replace=False))[:2])
+
+
+def operating(design: str, m: int, studies: int, rng, gain: str = "falling") -> dict:
+    """Per way of bounding ("now": the suite bound on a subset by length; "random": the suite bound
+    on a random subset; "alone": the timed prompts' own bound, random subset): coverage (no bound
+    counting as covering), the share with no bound, the median bound / the suite's speedup (0
+    where none: what a `min_speedup` can be shown) and that where a bound is given."""
+    rows = np.array([study(design, m, rng, gain) for _ in range(studies)])
+    truth = rows[:, 0]
     out = {}
-    for name, bound in (("now", rows[:, 1]), ("before", rows[:, 2])):
+    for name, bound in (("now", rows[:, 1]), ("random", rows[:, 2]), ("alone", rows[:, 3])):
         given = np.isfinite(bound)
         out[name] = (Rate(float(np.mean(np.where(given, bound <= truth, True))), studies, None),
-                     float(1 - given.mean()), float(np.median(np.where(given, bound, 0.0) / ratio)),
-                     float(np.median(bound[given] / ratio[given])) if given.any() else float("nan"))
+                     float(1 - given.mean()), float(np.median(np.where(given, bound, 0.0) / truth)),
+                     float(np.median(bound[given] / truth[given])) if given.any() else float("nan"))
     return out
 
 
@@ -92,23 +117,27 @@ def report_lines(*, rng, grid: str = "full") -> list[str]:
     out = [HEADING, "",
            f"Through `analysis.latency.suite_bounds` (what `paired_speedup(..., suite=...)` gives the speed gate; "
            f"harness/calibration/suite_speed.py, the model in its docstring), {studies:,} studies per row: a suite "
-           f"of {SUITE} prompts, m of them timed at random, gains falling with length (slope {SLOPE:g} per log "
-           f"token). Strata by the suite's token-weighted length quantiles, the stratified jackknife on the log "
-           f"scale (since issue 58: on the ratio scale the bound, moved down by its skew term, was 0 in half the "
-           f"bimodal studies that got one at 10-20 prompts); suite prompts over {UNSEEN_FACTOR:g}x "
-           f"longer than any timed one carrying over {UNSEEN_MAX:.0%} of its tokens give no bound. Coverage of the "
-           f"one-sided 95% bound against the suite's speedup (no bound counts as covering; target 0.945), the "
-           f"share with no bound, and the median bound / the timed ratio (0 where none; and where a bound is "
-           f"given). 'before': the bound on "
-           f"the timed prompts alone (`speed_bounds`). ± 1.96 Monte Carlo SE.", "",
-           "| design | timed prompts | coverage: now | no bound: now | median bound / ratio: now | ... where given "
-           "| coverage: before | no bound: before | median bound / ratio: before | ... where given |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    for design in DESIGNS:
+           f"of {SUITE} prompts, m of them timed, drawn by length as a run draws its speed sample "
+           f"(`harness.run.speed_sample.by_length`: 1, 2 or 4 strata of equal baseline tokens, an equal share "
+           f"each), the suite's speedup post-stratified on the same strata, the stratified jackknife on the log "
+           f"scale; suite prompts over {UNSEEN_FACTOR:g}x longer than any timed one carrying over "
+           f"{UNSEEN_MAX:.0%} of its tokens give no bound. Coverage of the one-sided 95% bound against the "
+           f"suite's speedup (no bound counts as covering; target 0.945), the share with no bound, and the median "
+           f"bound / the suite's speedup (0 where none: what a `min_speedup` can be shown; and where a bound is "
+           f"given). The gain falls with length in the "
+           f"issue's designs; rising, hump and step are there so that no one shape of gain is assumed. "
+           f"'random': the same bound with m prompts timed at random (the speed sample before issue 58's length "
+           f"strata); 'alone': the bound on those timed prompts alone (`speed_bounds`, the speed gate's when "
+           f"issue 58 was filed). ± 1.96 Monte Carlo SE.", "",
+           "| design | gain | timed prompts | coverage | no bound | median bound / speedup | ... where given "
+           "| coverage: random | no bound: random | median: random | coverage: alone | no bound: alone "
+           "| median: alone |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for design, gain in ROWS:
         for m in sizes:
-            r = operating(design, m, studies, rng)
-            (now, none_now, med_now, given_now), (old, none_old, med_old, given_old) = r["now"], r["before"]
-            out.append(f"| {design} | {m} | {now.simulated:.3f} ± {1.96 * now.mc_se:.3f} | {none_now:.2f} | "
-                       f"{med_now:.2f} | {given_now:.2f} | {old.simulated:.3f} ± {1.96 * old.mc_se:.3f} | "
-                       f"{none_old:.2f} | {med_old:.2f} | {given_old:.2f} |")
+            r = operating(design, m, studies, rng, gain)
+            (now, none, med, given), rand, alone = r["now"], r["random"], r["alone"]
+            out.append(f"| {design} | {gain} | {m} | {now.simulated:.3f} ± {1.96 * now.mc_se:.3f} | {none:.2f} | "
+                       f"{med:.2f} | {given:.2f} | " + " | ".join(
+                           f"{c.simulated:.3f} | {n:.2f} | {md:.2f}" for c, n, md, _ in (rand, alone)) + " |")
     return out + [""]

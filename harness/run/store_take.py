@@ -28,10 +28,26 @@ class StoreTake:
             return
         cands = [s for s in lineup.specs if s.name not in self.base_names]
         population = [w for w in first_stage if not cands or any(runs_on(c, w.suite.name) for c in cands)]
-        self.sample = speed_sample.choose(population, config.profile.speed_items, reuse.seed)
+        self.sample = speed_sample.choose(population, config.profile.speed_items, reuse.seed,
+                                          lengths=self._stored_lengths(population))
         # Before a resumed run's re-check, so that it re-checks this row too.
         self.sample |= _one_stored_row_rechecked(self.sample, population, lineup, self.stored)
         _recheck_resumed(run_dir, rows, reuse, lineup, first_stage, self.sample, self.found)
+
+    def _stored_lengths(self, population: list) -> dict:
+        """Each item's baseline output length (tokens) in the store, from the first baseline with a
+        row for it, so that the sample is drawn by length (`speed_sample.by_length`). Rows this run
+        stored itself are left out: a resumed run then draws the same sample."""
+        bases = [s for s in self.lineup.specs if s.name in self.base_names]
+        own = self.reuse.source.get("run_uid")
+        out = {}
+        for w in population:
+            rows = (self.stored(s, w)[2] for s in bases)
+            tokens = next((r["result"]["tokens"] for r in rows if r is not None and r["result"].get("tokens")
+                           and (r.get("source") or {}).get("run_uid") != own), None)
+            if tokens:
+                out[speed_sample.key(w)] = len(tokens)
+        return out
 
     def takes_from(self, spec) -> bool:
         return self.reuse is not None and spec.name in self.base_names

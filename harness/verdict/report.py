@@ -125,7 +125,7 @@ def store_lines(summary: dict) -> str:
         if sp:
             parts = ", ".join(f"{suite} {n}" for suite, n in sp["by_suite"].items())
             lines.append(f"speed rests on {sp['n']} items ({parts})"
-                         + (f": a sample stratified over suites and categories (seed {sp['seed']}), timed beside "
+                         + (f": a sample stratified over suites, by stored length within each (seed {sp['seed']}), timed beside "
                             f"the candidates; the rest of the baseline came from the store" if sp["sampled"]
                             else ": every baseline row, generated in this run"))
     for name, cand in summary["candidates"].items():
