@@ -357,8 +357,11 @@ def speed_bounds(sums, *, confidence_level: float = 0.95, bound_level: float = 0
 # prompts (1, 2 or MAX_STRATA of them, `strata_count`), cut by length; suite prompts more than
 # UNSEEN_FACTOR times longer than the longest timed one are unseen, and carrying more than
 # UNSEEN_MAX of the suite's baseline tokens they leave no bound (CALIBRATION.md, "The suite's
-# speedup from a timed subset").
-STRATUM_PROMPTS, MAX_STRATA, UNSEEN_FACTOR, UNSEEN_MAX = 4, 4, 1.5, 0.05
+# speedup from a timed subset"). Two a stratum, so 4 strata from 8 timed prompts: the top one then
+# reaches a rare long tail (3% of prompts 10x longer: no bound in 23% of studies at 10 timed
+# prompts, against 67% at 4 a stratum), and the thin strata's df (1) pays for it in the bound
+# (coverage 0.99 or more at 8-10, a median bound of 0.30-0.48 of the speedup; 2,000 studies a row).
+STRATUM_PROMPTS, MAX_STRATA, UNSEEN_FACTOR, UNSEEN_MAX = 2, 4, 1.5, 0.05
 # Its Cornish-Fisher scale: at SKEW_FACTOR (6) the bound covered 0.936-0.969 over four runs of
 # 1,000 studies with 50 of 200 prompts timed, lengths bimodal (30 / 300 tokens) and gains falling
 # with length; at 12 it keeps a margin over 0.945 there (CALIBRATION.md). On the log scale (the
@@ -370,7 +373,7 @@ SUITE_SKEW_FACTOR = 12.0
 
 def strata_count(m: int) -> int:
     """How many length strata ``m`` timed prompts are cut into: 1, 2 or MAX_STRATA (4), at least
-    STRATUM_PROMPTS each. Powers of two, so that fewer strata are unions of more: a sample drawn in
+    STRATUM_PROMPTS (2) each. Powers of two, so that fewer strata are unions of more: a sample drawn in
     4 strata and post-stratified in 2 is still drawn evenly within each of the 2."""
     h = 1
     while h * 2 <= min(m // STRATUM_PROMPTS, MAX_STRATA):
@@ -454,6 +457,36 @@ def _unseen(x_timed, x_suite, suite_tokens, g_timed, g_suite) -> float:
     return float(suite_tokens[x_suite > limit].sum() / suite_tokens.sum())
 
 
+def _stratified_jackknife(sums, timed, h: int, weight) -> tuple[float, float, float]:
+    """(standard error, df, skew of the pseudo-values) of the log of `_separate_ratio`, leaving out
+    one timed prompt at a time, within its stratum."""
+    m = sums[0].size
+    keep = np.ones(m, dtype=bool)
+    loo = np.empty(m)
+    for i in range(m):
+        keep[i] = False
+        loo[i] = _separate_ratio([x[keep] for x in sums], timed[keep], h, weight)
+        keep[i] = True
+    # On the log scale: a bound at 10-20 prompts, moved down by the skew term, no longer lands at 0
+    # (half of the bimodal design's bounds did, so a length-dependent gain could not pass a
+    # min_speedup); the bound, exp of it, stays above 0 and the skew term keeps the coverage.
+    loo = np.log(loo)
+    n_h = np.bincount(timed, minlength=h).astype(float)
+    mean_h = np.bincount(timed, weights=loo, minlength=h) / n_h
+    v_h = np.bincount(timed, weights=(n_h[timed] - 1) / n_h[timed] * (loo - mean_h[timed]) ** 2, minlength=h)
+    # Satterthwaite: a variance carried by a stratum of few timed prompts rests on few df; and never
+    # more than the thinnest stratum's (the conservative df of Welch's problem): with 4-6 timed
+    # prompts a stratum, Satterthwaite's alone covered 0.939-0.950 on the bimodal designs
+    # (3,000 studies), this 0.958-0.980 at a median bound 0.01-0.02 lower (issue 58).
+    df = max(min(float(v_h.sum() ** 2 / np.sum(v_h ** 2 / (n_h - 1))), float(n_h.min()) - 1), 1.0) \
+        if v_h.sum() > 0 else 1.0
+    # The pseudo-values' skew (m estimate - (m - 1) loo): left-skewed moves the lower quantiles down,
+    # as in `speed_bounds` (a few prompts that gain less and carry much of the time).
+    dev = -(loo - mean_h[timed])
+    skew = float(np.mean(dev ** 3) / np.mean(dev ** 2) ** 1.5) if np.any(dev) else 0.0
+    return float(np.sqrt(v_h.sum())), df, skew
+
+
 def suite_bounds(sums, pairs, suite_tokens, suite_pairs, *, groups=None, suite_groups=None,
                  confidence_level: float = 0.95, bound_level: float = 0.95,
                  min_prompts: int = MIN_PROMPTS) -> tuple[float, float, float, float, str]:
@@ -477,8 +510,11 @@ def suite_bounds(sums, pairs, suite_tokens, suite_pairs, *, groups=None, suite_g
     x_timed = np.log(sums[1] / np.asarray(pairs, dtype=float))
     x_suite = np.log(np.asarray(suite_tokens, dtype=float) / np.asarray(suite_pairs, dtype=float))
     suite_tokens = np.asarray(suite_tokens, dtype=float)
-    g_timed, g_suite = _merge_thin(np.zeros(m, np.int64) if groups is None else groups,
-                                   np.zeros(x_suite.size, np.int64) if suite_groups is None else suite_groups)
+    g_timed, g_suite = (np.zeros(m, np.int64) if groups is None else np.asarray(groups),
+                        np.zeros(x_suite.size, np.int64) if suite_groups is None else np.asarray(suite_groups))
+    if not np.isin(g_timed, g_suite).all():
+        raise ValueError("timed prompts of a suite the suite's lengths do not hold")
+    g_timed, g_suite = _merge_thin(g_timed, g_suite)
     unseen = _unseen(x_timed, x_suite, suite_tokens, g_timed, g_suite)
     timed, suite, h = _grouped_strata(x_timed, x_suite, suite_tokens, g_timed, g_suite)
     weight = np.bincount(suite, weights=suite_tokens, minlength=h)
@@ -489,31 +525,9 @@ def suite_bounds(sums, pairs, suite_tokens, suite_pairs, *, groups=None, suite_g
     if unseen > UNSEEN_MAX:
         return estimate, nan, nan, nan, (f"{unseen:.0%} of the suite's baseline tokens are in prompts over "
                                          f"{UNSEEN_FACTOR:g}x longer than any timed one")
-    keep = np.ones(m, dtype=bool)
-    loo = np.empty(m)
-    for i in range(m):
-        keep[i] = False
-        loo[i] = _separate_ratio([x[keep] for x in sums], timed[keep], h, weight)
-        keep[i] = True
-    # On the log scale: a bound at 10-20 prompts, moved down by the skew term, no longer lands at 0
-    # (half of the bimodal design's bounds did, so a length-dependent gain could not pass a
-    # min_speedup); the bound, exp of it, stays above 0 and the skew term keeps the coverage.
-    loo = np.log(loo)
-    n_h = np.bincount(timed, minlength=h).astype(float)
-    mean_h = np.bincount(timed, weights=loo, minlength=h) / n_h
-    v_h = np.bincount(timed, weights=(n_h[timed] - 1) / n_h[timed] * (loo - mean_h[timed]) ** 2, minlength=h)
-    se = float(np.sqrt(v_h.sum()))
+    se, df, skew = _stratified_jackknife(sums, timed, h, weight)
     if not se > 0:
         return estimate, nan, nan, nan, "prompts whose speedups do not vary: no spread to bound it by"
-    # Satterthwaite: a variance carried by a stratum of few timed prompts rests on few df; and never
-    # more than the thinnest stratum's (the conservative df of Welch's problem): with 4-6 timed
-    # prompts a stratum, Satterthwaite's alone covered 0.939-0.950 on the bimodal designs
-    # (3,000 studies), this 0.958-0.980 at a median bound 0.01-0.02 lower (issue 58).
-    df = max(min(float(v_h.sum() ** 2 / np.sum(v_h ** 2 / (n_h - 1))), float(n_h.min()) - 1), 1.0)
-    # The pseudo-values' skew (m estimate - (m - 1) loo): left-skewed moves the lower quantiles down,
-    # as in `speed_bounds` (a few prompts that gain less and carry much of the time).
-    dev = -(loo - mean_h[timed])
-    skew = float(np.mean(dev ** 3) / np.mean(dev ** 2) ** 1.5) if np.any(dev) else 0.0
     low, high, bound = np.exp(_t_bounds(np.log(estimate), np.float64(se), df,
                                         max(0.0, -skew) * SUITE_SKEW_FACTOR / (6 * np.sqrt(m)), confidence_level,
                                         bound_level, clip=-np.inf))
@@ -569,17 +583,19 @@ def paired_speedup(
     lengths = _suite_lengths(suite, pairs) if suite is not None and clusters is None and not decode_only else None
     if lengths is None or res.n_prompts < 2:
         return res
-    sums = cluster_sums(ids, bw, bn, cw, cn)
-    tokens, suite_pairs, suite_names = lengths
-    code = {name: i for i, name in enumerate(sorted(set(suite_names)))}
-    timed_names = [None] * sums[0].size
+    return _for_the_suite(res, cluster_sums(ids, bw, bn, cw, cn), ids, pairs, *lengths)
+
+
+def _for_the_suite(res: SpeedupResult, sums, ids, pairs, tokens, suite_pairs, suite_names) -> SpeedupResult:
+    """`res` made the suite's (`suite_bounds`), each suite of the pool stratified on its own."""
+    code = {name: i for i, name in enumerate(sorted(set(suite_names) | {p.key.suite for p in pairs}))}
+    timed = np.zeros(sums[0].size, dtype=np.int64)
     for i, p in zip(ids, pairs):
-        timed_names[i] = p.key.suite
+        timed[i] = code[p.key.suite]
     est, low, high, bound, why = suite_bounds(
-        sums, np.bincount(ids), tokens, suite_pairs, groups=np.array([code.get(n, -1) for n in timed_names]),
-        suite_groups=np.array([code[n] for n in suite_names]), confidence_level=res.confidence_level,
-        bound_level=res.lower_bound_level)
-    return replace(res, statistic=est, ci_low=low, ci_high=high, lower_bound=bound, suite_prompts=lengths[0].size,
+        sums, np.bincount(ids), tokens, suite_pairs, groups=timed, suite_groups=np.array([code[n] for n in suite_names]),
+        confidence_level=res.confidence_level, bound_level=res.lower_bound_level)
+    return replace(res, statistic=est, ci_low=low, ci_high=high, lower_bound=bound, suite_prompts=tokens.size,
                    no_bound=why, interval="post-stratified jackknife")
 
 

@@ -223,7 +223,7 @@ def test_the_suite_strata_are_the_samples_strata():
     from analysis.latency import _strata, length_strata, strata_count
     from harness.calibration import suite_speed
     from harness.run import speed_sample
-    assert [strata_count(m) for m in (1, 7, 8, 15, 16, 100)] == [1, 1, 2, 2, 4, 4]
+    assert [strata_count(m) for m in (1, 3, 4, 7, 8, 100)] == [1, 1, 2, 2, 4, 4]
     sums, k, _ = suite_speed.suite("log-sd 1.2", np.random.default_rng(3))
     x = np.log(sums[1] / k)
     for m in (8, 16, 40):
