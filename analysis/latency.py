@@ -358,7 +358,7 @@ def speed_bounds(sums, *, confidence_level: float = 0.95, bound_level: float = 0
 # UNSEEN_FACTOR times longer than the longest timed one are unseen, and carrying more than
 # UNSEEN_MAX of the suite's baseline tokens they leave no bound (CALIBRATION.md, "The suite's
 # speedup from a timed subset"). Two a stratum, so 4 strata from 8 timed prompts: the top one then
-# reaches a rare long tail (3% of prompts 10x longer: no bound in 23% of studies at 10 timed
+# reaches a rare long tail (3% of prompts 10x longer: no bound in 24% of studies at 10 timed
 # prompts, against 67% at 4 a stratum), and the thin strata's df (1) pays for it in the bound
 # (coverage 0.99 or more at 8-10, a median bound of 0.30-0.48 of the speedup; 2,000 studies a row).
 STRATUM_PROMPTS, MAX_STRATA, UNSEEN_FACTOR, UNSEEN_MAX = 2, 4, 1.5, 0.05
@@ -382,40 +382,31 @@ def strata_count(m: int) -> int:
 
 
 def length_strata(lengths, tokens, h: int) -> np.ndarray:
-    """Stratum (0 to ``h`` - 1) of each prompt: sorted by ``lengths``, the stratum its share of
-    ``tokens`` falls in at its midpoint, so each stratum carries about 1/h of the tokens. The one
-    rule for the run's speed sample (``harness.run.speed_sample.by_length`` draws within these
+    """Stratum (0 to ``h`` - 1) of each prompt: in order of ``lengths``, the stratum its length's
+    share of ``tokens`` falls in at its midpoint, so each stratum carries about 1/h of the tokens;
+    prompts of one length (outputs cut at the token cap) share a stratum whatever their order. The
+    one rule for the run's speed sample (``harness.run.speed_sample.by_length`` draws within these
     strata) and the suite's bound (which post-stratifies on them): an estimator that cut elsewhere
     would mix, in one stratum, prompts timed at different rates, and where the gain changes with
     length that bias was as large as the bound's spread (issue 58)."""
-    lengths, tokens = np.asarray(lengths, dtype=float), np.asarray(tokens, dtype=float)
-    order = np.lexsort((np.arange(lengths.size), lengths))
-    mid = (np.cumsum(tokens[order]) - tokens[order] / 2) / tokens.sum()
-    out = np.empty(lengths.size, dtype=np.int64)
-    out[order] = np.minimum((mid * h).astype(np.int64), h - 1)
-    return out
+    values, inverse = np.unique(np.asarray(lengths, dtype=float), return_inverse=True)
+    per = np.bincount(inverse.reshape(-1), weights=np.asarray(tokens, dtype=float), minlength=values.size)
+    mid = (np.cumsum(per) - per / 2) / per.sum()
+    return np.minimum((mid * h).astype(np.int64), h - 1)[inverse.reshape(-1)]
 
 
-def _strata(x_timed, x_suite, suite_tokens, m: int):
-    """Stratum of each timed and each suite prompt (log lengths), and how many: the suite's
-    `length_strata` at `strata_count(m)`, halved while a stratum holds fewer than 2 timed prompts
-    (a stratum's spread needs two); a timed prompt falls in the stratum whose lengths it is within."""
-    h = strata_count(m)
+def _strata(x_suite, suite_tokens, timed_index):
+    """Stratum of each suite prompt and of each timed one (the stratum its own prompt is in, by
+    identity: its timed work's length may differ from its prompt's), and how many: the suite's
+    `length_strata` at `strata_count(timed prompts)`, halved while a stratum holds fewer than 2
+    timed prompts (a stratum's spread needs two), an empty one dropped."""
+    h = strata_count(timed_index.size)
     while True:
-        # an empty stratum (one prompt carrying over 1/h of the tokens) is dropped
         suite = np.unique(length_strata(x_suite, suite_tokens, h), return_inverse=True)[1].reshape(-1)
         k = int(suite.max()) + 1
-        cuts = [(x_suite[suite == j].max() + x_suite[suite == j + 1].min()) / 2 for j in range(k - 1)]
-        timed = np.searchsorted(np.asarray(cuts), x_timed, side="right")
-        if h == 1 or np.bincount(timed, minlength=k).min() >= 2:
-            return timed, suite, k
+        if h == 1 or np.bincount(suite[timed_index], minlength=k).min() >= 2:
+            return suite[timed_index], suite, k
         h //= 2
-
-
-def _separate_ratio(sums, strata, h: int, weight):
-    """Sum_h W_h (baseline s/token in h) / Sum_h W_h (candidate s/token in h)."""
-    bw, bn, cw, cn = (np.bincount(strata, weights=x, minlength=h) for x in sums)
-    return float(np.sum(weight * bw / bn) / np.sum(weight * cw / cn))
 
 
 def _merge_thin(g_timed, g_suite):
@@ -436,25 +427,34 @@ def _merge_thin(g_timed, g_suite):
     return g_timed, g_suite
 
 
-def _grouped_strata(x_timed, x_suite, suite_tokens, g_timed, g_suite):
+def _grouped_strata(x_suite, suite_tokens, timed_index, g_suite):
     """`_strata` within each group (a suite: the run draws each suite's speed sample on its own),
     numbered on across groups: (timed strata, suite strata, how many)."""
-    timed, suite, h = np.empty(x_timed.size, np.int64), np.empty(x_suite.size, np.int64), 0
+    timed, suite, h = np.empty(timed_index.size, np.int64), np.empty(x_suite.size, np.int64), 0
     for g in np.unique(g_suite):
-        t, s = g_timed == g, g_suite == g
-        timed[t], suite[s], k = _strata(x_timed[t], x_suite[s], suite_tokens[s], int(t.sum()))
+        s = g_suite == g
+        t = s[timed_index]
+        local = np.cumsum(s) - 1   # a suite prompt's index within its group
+        timed[t], suite[s], k = _strata(x_suite[s], suite_tokens[s], local[timed_index[t]])
         timed[t] += h
         suite[s] += h
         h += k
     return timed, suite, h
 
 
-def _unseen(x_timed, x_suite, suite_tokens, g_timed, g_suite) -> float:
+def _unseen(x_suite, suite_tokens, timed_index, g_suite) -> float:
     """The share of the suite's baseline tokens in prompts over UNSEEN_FACTOR x longer than any
     timed prompt of their group."""
-    top = {g: x_timed[g_timed == g].max() for g in np.unique(g_timed)}
+    g_timed = g_suite[timed_index]
+    top = {g: x_suite[timed_index][g_timed == g].max() for g in np.unique(g_timed)}
     limit = np.array([top.get(g, -np.inf) for g in g_suite]) + np.log(UNSEEN_FACTOR)
     return float(suite_tokens[x_suite > limit].sum() / suite_tokens.sum())
+
+
+def _separate_ratio(sums, strata, h: int, weight):
+    """Sum_h W_h (baseline s/token in h) / Sum_h W_h (candidate s/token in h)."""
+    bw, bn, cw, cn = (np.bincount(strata, weights=x, minlength=h) for x in sums)
+    return float(np.sum(weight * bw / bn) / np.sum(weight * cw / cn))
 
 
 def _stratified_jackknife(sums, timed, h: int, weight) -> tuple[float, float, float]:
@@ -487,36 +487,39 @@ def _stratified_jackknife(sums, timed, h: int, weight) -> tuple[float, float, fl
     return float(np.sqrt(v_h.sum())), df, skew
 
 
-def suite_bounds(sums, pairs, suite_tokens, suite_pairs, *, groups=None, suite_groups=None,
+def suite_bounds(sums, timed_index, suite_tokens, suite_pairs, *, suite_groups=None,
                  confidence_level: float = 0.95, bound_level: float = 0.95,
                  min_prompts: int = MIN_PROMPTS) -> tuple[float, float, float, float, str]:
     """The speedup over the whole suite from a timed subset of its prompts: (estimate, low, high,
-    bound, why none). ``sums`` (bw, bn, cw, cn) per timed prompt, ``pairs`` its pair count;
-    ``suite_tokens`` and ``suite_pairs`` the baseline's tokens and pairs per prompt over every
-    prompt of the suite (the baseline's output length is known for all of them). Post-stratified
-    on length (`length_strata`, the strata a run's speed sample is drawn in, so that within each
-    the timed prompts are an even draw): the timed prompts' seconds per token in each stratum, weighted by the suite's
+    bound, why none). ``sums`` (bw, bn, cw, cn) per timed prompt, ``timed_index`` its prompt's
+    index in ``suite_tokens`` and ``suite_pairs``, the baseline's tokens and pairs per prompt over
+    every prompt of the suite (the baseline's output length is known for all of them).
+    Post-stratified on length (`length_strata`, the strata a run's speed sample is drawn in, so
+    that within each the timed prompts are an even draw; a timed prompt is in its own prompt's
+    stratum): the timed prompts' seconds per token in each stratum, weighted by the suite's
     baseline tokens there (a separate ratio estimator; one stratum: the plain ratio of totals), so
     a subset that holds too few long prompts is set right by the suite's own mix. Its standard
     error is the stratified jackknife over timed prompts on the log scale, with Student's t at the
-    Satterthwaite df of the strata's shares of it, at most the thinnest stratum's. The
-    estimand is the suite's speedup (every item timed), not the traffic's. Suite prompts longer
-    than any timed one (of their group) carrying more than UNSEEN_MAX of its tokens: no bound (NaN
-    and why). ``groups`` and ``suite_groups``: a code per timed and per suite prompt (its suite,
-    where several are pooled): each group is stratified on its own, as the run draws each suite's
+    Satterthwaite df of the strata's shares of it, at most the thinnest stratum's. The estimand
+    is the suite's speedup (every item timed), not the traffic's. Suite prompts over
+    UNSEEN_FACTOR x longer than any timed one (of their group) carrying more than UNSEEN_MAX of its
+    tokens: no bound (NaN and why). ``suite_groups``: a code per suite prompt (its suite, where
+    several are pooled): each group is stratified on its own, as the run draws each suite's
     sample; a group with fewer than 2 timed prompts is pooled with others."""
     sums = [np.asarray(x, dtype=float) for x in sums]
     m = sums[0].size
-    x_timed = np.log(sums[1] / np.asarray(pairs, dtype=float))
-    x_suite = np.log(np.asarray(suite_tokens, dtype=float) / np.asarray(suite_pairs, dtype=float))
+    timed_index = np.asarray(timed_index, dtype=np.int64).reshape(-1)
     suite_tokens = np.asarray(suite_tokens, dtype=float)
-    g_timed, g_suite = (np.zeros(m, np.int64) if groups is None else np.asarray(groups),
-                        np.zeros(x_suite.size, np.int64) if suite_groups is None else np.asarray(suite_groups))
-    if not np.isin(g_timed, g_suite).all():
-        raise ValueError("timed prompts of a suite the suite's lengths do not hold")
-    g_timed, g_suite = _merge_thin(g_timed, g_suite)
-    unseen = _unseen(x_timed, x_suite, suite_tokens, g_timed, g_suite)
-    timed, suite, h = _grouped_strata(x_timed, x_suite, suite_tokens, g_timed, g_suite)
+    if timed_index.size != m or np.unique(timed_index).size != m or not ((0 <= timed_index) & (timed_index < suite_tokens.size)).all():
+        raise ValueError(f"timed_index must name {m} distinct prompts of the suite's {suite_tokens.size}")
+    suite_pairs = np.asarray(suite_pairs, dtype=float)
+    if not all(np.isfinite(x).all() and (x > 0).all() for x in (*sums, suite_tokens, suite_pairs)):
+        raise ValueError("timings, tokens and pairs must be finite and positive")
+    x_suite = np.log(suite_tokens / suite_pairs)
+    g_suite = np.zeros(x_suite.size, np.int64) if suite_groups is None else np.asarray(suite_groups)
+    g_suite = _merge_thin(g_suite[timed_index], g_suite)[1]
+    unseen = _unseen(x_suite, suite_tokens, timed_index, g_suite)
+    timed, suite, h = _grouped_strata(x_suite, suite_tokens, timed_index, g_suite)
     weight = np.bincount(suite, weights=suite_tokens, minlength=h)
     estimate = _separate_ratio(sums, timed, h, weight)
     nan = float("nan")
@@ -586,31 +589,34 @@ def paired_speedup(
     return _for_the_suite(res, cluster_sums(ids, bw, bn, cw, cn), ids, pairs, *lengths)
 
 
-def _for_the_suite(res: SpeedupResult, sums, ids, pairs, tokens, suite_pairs, suite_names) -> SpeedupResult:
+def _for_the_suite(res: SpeedupResult, sums, ids, pairs, tokens, suite_pairs, keys) -> SpeedupResult:
     """`res` made the suite's (`suite_bounds`), each suite of the pool stratified on its own."""
-    code = {name: i for i, name in enumerate(sorted(set(suite_names) | {p.key.suite for p in pairs}))}
-    timed = np.zeros(sums[0].size, dtype=np.int64)
+    where = {key: i for i, key in enumerate(keys)}
+    timed_index = np.full(sums[0].size, -1, dtype=np.int64)
     for i, p in zip(ids, pairs):
-        timed[i] = code[p.key.suite]
+        timed_index[i] = where.get((p.key.suite, p.key.item_id), -1)
+    if (timed_index < 0).any():
+        raise ValueError("a timed prompt is missing from the suite's baseline lengths")
+    code = {name: i for i, name in enumerate(sorted({suite for suite, _ in keys}))}
     est, low, high, bound, why = suite_bounds(
-        sums, np.bincount(ids), tokens, suite_pairs, groups=timed, suite_groups=np.array([code[n] for n in suite_names]),
+        sums, timed_index, tokens, suite_pairs, suite_groups=np.array([code[suite] for suite, _ in keys]),
         confidence_level=res.confidence_level, bound_level=res.lower_bound_level)
     return replace(res, statistic=est, ci_low=low, ci_high=high, lower_bound=bound, suite_prompts=tokens.size,
                    no_bound=why, interval="post-stratified jackknife")
 
 
 def _suite_lengths(suite: Sequence[Pair], timed: Sequence[Pair]) -> tuple[np.ndarray, np.ndarray, list] | None:
-    """(baseline tokens, pairs, suite name) per prompt of the suite, where it has prompts the timed
-    pairs lack."""
+    """(baseline tokens, pairs, (suite, item id)) per prompt of the suite, where it has prompts the
+    timed pairs lack."""
     rows = [p for p in suite if p.baseline.get("tokens")]
     if not rows or {(p.key.suite, p.key.item_id) for p in rows} <= {(p.key.suite, p.key.item_id) for p in timed}:
         return None
     ids = prompt_clusters(rows)
     tokens = np.bincount(ids, weights=[len(p.baseline["tokens"]) for p in rows])
-    names = [""] * tokens.size
+    keys = [("", "")] * tokens.size
     for i, p in zip(ids, rows):
-        names[i] = p.key.suite
-    return tokens, np.bincount(ids).astype(float), names
+        keys[i] = (p.key.suite, p.key.item_id)
+    return tokens, np.bincount(ids).astype(float), keys
 
 
 def speedup_from_arrays(

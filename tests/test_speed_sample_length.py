@@ -88,3 +88,63 @@ def test_the_calibration_test_fails_with_a_random_choice(design, random_within):
         test_by_length_gives_a_bound_far_more_often_and_it_covers(design)
     with pytest.raises(AssertionError):
         test_by_length_reaches_the_long_prompts_keeps_the_budget_and_its_seed()
+
+
+def _record(tokens: int, wall: float) -> dict:
+    return {"tokens": [0] * int(tokens), "timing": {"wall_s": float(wall), "ttft_s": 0.0}}
+
+
+def _through_the_run(lengths, gains, budget, seed, work_lengths=None, works_per_prompt=1):
+    """choose() on works with stored lengths, then paired_speedup(timed, suite=every pair), as a run
+    with a baseline store: (the suite's true speedup, the result). `work_lengths[i][j]`: work j of
+    prompt i's length (default: the prompt's)."""
+    from analysis.latency import paired_speedup
+    from analysis.pairing import Pair, PairKey
+    suite = SimpleNamespace(name="a")
+    works, walls = [], {}
+    for i, n in enumerate(lengths):
+        item = SimpleNamespace(id=f"i{i:03d}", categories=["x"])
+        for j in range(works_per_prompt):
+            w = SimpleNamespace(suite=suite, item=item, temperature=0.7 if works_per_prompt > 1 else 0.0, seed=j)
+            tokens = int(n if work_lengths is None else work_lengths[i][j])
+            works.append((w, tokens, 0.03 * tokens, 0.03 * tokens / gains[i]))
+    picked = speed_sample.choose([w for w, *_ in works], budget, seed,
+                                 lengths={speed_sample.key(w): n for w, n, *_ in works})
+    timed, every = [], []
+    for w, n, b, c in works:
+        k = speed_sample.key(w)
+        pair = Pair(PairKey(k[0], "h", k[1], k[2], k[3]), _record(n, b), _record(n, c))
+        every.append(pair)
+        if k in picked:
+            timed.append(pair)
+    truth = sum(b for _, _, b, _ in works) / sum(c for *_, c in works)
+    return truth, paired_speedup(timed, suite=every)
+
+
+def test_prompts_tied_at_the_token_cap_are_one_stratum_for_the_sample_and_the_bound():
+    """A hostile review's case: 60 short prompts gaining 1.6x, 40 cut at the 400-token cap gaining
+    0.9x, a candidate slower overall (0.965x). The tie was split one way for the sample and put
+    whole in the top stratum by the bound, whose lower stratum then stood for capped prompts on
+    short ones alone: a bound of 1.12 for a slower candidate. A tie is one stratum for both."""
+    lengths = np.r_[np.linspace(40, 60, 60).round(), np.full(40, 400.0)]
+    gains = np.where(lengths >= 400, 0.9, 1.6) * np.exp(0.05 * np.sin(np.arange(100)))
+    for budget in (16, 32):
+        truth, res = _through_the_run(lengths, gains, budget, seed=1)
+        assert res.interval == "post-stratified jackknife" and truth < 1
+        assert res.lower_bound <= truth and abs(np.log(res.statistic / truth)) < 0.03, (budget, res, truth)
+
+
+def test_a_prompts_works_of_other_lengths_do_not_move_it_to_another_stratum():
+    """A hostile review's case: 3 works (seeds) a prompt, each of its own length; the sample draws
+    the prompt by its works' mean and times one. The bound placed it by that one work's length,
+    in a stratum it was not drawn in: with the gain rising with length the estimate ran 5% high.
+    The timed prompt is in its own prompt's stratum."""
+    rng = np.random.default_rng(11)
+    errors = []
+    for study in range(40):
+        lengths = np.exp(np.where(rng.random(200) < 0.1, np.log(300), np.log(30)) + rng.normal(0, 0.2, 200))
+        gains = 1.3 * (lengths / 60) ** 0.3 * np.exp(rng.normal(0, 0.15, 200))
+        work = np.maximum(lengths[:, None] * np.exp(rng.normal(0, 0.5, (200, 3))), 2).astype(int)
+        truth, res = _through_the_run(lengths, gains, 20, seed=study, work_lengths=work, works_per_prompt=3)
+        errors.append(np.log(res.statistic / truth))
+    assert abs(np.mean(errors)) < 0.02, np.mean(errors)
