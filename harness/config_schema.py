@@ -135,7 +135,8 @@ class Profile(Table):
     looks: int = Field(1, ge=1, description="quality looks per suite (group-sequential; 1: the fixed design)")
     speed_items: int = Field(30, ge=0,
     description="baseline items timed afresh beside the candidates when the rest comes from the store: a sample "
-                "stratified over suites, and within a suite by the stored baseline length (else by category), "
+                "stratified over suites, and within a suite by the stored baseline lengths where the store holds "
+                "every work of it (else by category), "
                 "seeded by the run; also the store's re-check (baseline-store-and-looks.md)")
     concurrency: Annotated[list[Annotated[int, Field(ge=1)]] | Annotated[int, Field(ge=1)],
                            Must("a list of distinct integers >= 1, e.g. [1, 4, 16]")] = Field(

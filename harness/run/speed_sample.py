@@ -8,9 +8,9 @@ the sample is drawn at random, seeded by the run, and stratified: each suite get
 (temperature, categories) stratum its share. The same sample is re-checked against the store
 (harness.run.reuse), so every run re-checks other items.
 
-Where the store already holds an item's baseline row, its output length is known before the sample
-is drawn, and within a suite those prompts are drawn by length instead (`by_length`, one work of
-each): strata of about equal baseline tokens, the ones the suite's bound post-stratifies on
+Where the store already holds the baseline row of every work of a suite, their output lengths are
+known before the sample is drawn, and the suite's prompts are drawn by length instead (`by_length`,
+one work of each): strata of about equal baseline tokens, the ones the suite's bound post-stratifies on
 (`analysis.latency.length_strata`), the budget split equally over them, so the long prompts are
 timed in proportion to the time they carry. A random sample often missed them, and the suite's bound
 (`analysis.latency.suite_bounds`) gives none while prompts much longer than any timed one carry
@@ -100,8 +100,7 @@ def choose(works: list, budget: int | None, seed: int, lengths: dict | None = No
     """Keys of the work items to time afresh: `budget` of them, stratified over suites (at least one
     each) and, within a suite, over (temperature, categories); None: all of them. `lengths`: the
     stored baseline output length (tokens) by key, where the store holds the item before the run:
-    within a suite those items get their share of its quota, and their prompts are drawn by length
-    (`by_length`); the others as before."""
+    a suite whose every work has one is drawn by its prompts' lengths instead (`by_length`)."""
     keys = {key(w): w for w in works}
     if budget is None or budget >= len(keys):
         return set(keys)
@@ -112,11 +111,13 @@ def choose(works: list, budget: int | None, seed: int, lengths: dict | None = No
     quota = allocate({s: len(ks) for s, ks in by_suite.items()}, budget, minimum=1 if budget > 0 else 0)
     picked = set()
     for suite, ks in by_suite.items():
-        known = [k for k in ks if lengths.get(k)]
-        unknown = [k for k in ks if not lengths.get(k)]
-        share = allocate({"known": len(known), "unknown": len(unknown)}, quota[suite])
-        picked |= _by_prompt_length(known, lengths, share["known"], f"{seed}:{suite}:length")
-        picked |= _by_category(unknown, keys, share["unknown"], seed, suite)
+        # By length only where every work's length is known: the bound takes the timed prompts of a
+        # stratum as one even draw, and a suite drawn half by length and half at random is not one
+        # (stored greedy rows, new sampled ones: a slower candidate was bounded above 1).
+        if all(lengths.get(k) for k in ks):
+            picked |= _by_prompt_length(ks, lengths, quota[suite], f"{seed}:{suite}:length")
+        else:
+            picked |= _by_category(ks, keys, quota[suite], seed, suite)
     return picked
 
 
