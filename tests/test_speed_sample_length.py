@@ -244,3 +244,15 @@ def test_length_strata_cut_at_each_lengths_token_midpoint_and_the_rest_goes_to_t
     assert sum(lengths[i] == 100 for i in picked) == 2 and len(picked) == 9
     picked = speed_sample.by_length([10] * 20 + [200] * 20, 9, 1)   # 2 strata, 9: the odd one long
     assert sum(i >= 20 for i in picked) == 5
+
+
+def test_the_sample_is_drawn_once_per_run_folder(tmp_path):
+    """A resume reads the sample back (the store it was drawn from now holds the run's own rows),
+    and a damaged file is one clear error, not a second draw."""
+    from harness.run.store import StoreError
+    from harness.run.store_take import SAMPLE_FILE, _drawn_once
+    first = _drawn_once(tmp_path, lambda: {("a", "i1", 0, 0.0), ("b", "i2", 1, 0.7)})
+    assert _drawn_once(tmp_path, lambda: {("c", "other", 0, 0.0)}) == first == {("a", "i1", 0, 0.0), ("b", "i2", 1, 0.7)}
+    (tmp_path / SAMPLE_FILE).write_text("{not json")
+    with pytest.raises(StoreError, match="speed sample is unreadable"):
+        _drawn_once(tmp_path, lambda: set())

@@ -7,12 +7,15 @@ without a store (`reuse` None) takes nothing and samples nothing.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from harness.run import speed_sample
 from harness.run.records import record_key
 from harness.run.reuse import stored_result
 from harness.run.work import label, make_request, make_row, runs_on
+
+SAMPLE_FILE = "speed_sample.json"
 
 
 class StoreTake:
@@ -28,8 +31,8 @@ class StoreTake:
             return
         cands = [s for s in lineup.specs if s.name not in self.base_names]
         population = [w for w in first_stage if not cands or any(runs_on(c, w.suite.name) for c in cands)]
-        self.sample = speed_sample.choose(population, config.profile.speed_items, reuse.seed,
-                                          lengths=self._stored_lengths(population))
+        self.sample = _drawn_once(run_dir, lambda: speed_sample.choose(
+            population, config.profile.speed_items, reuse.seed, lengths=self._stored_lengths(population)))
         # Before a resumed run's re-check, so that it re-checks this row too.
         self.sample |= _one_stored_row_rechecked(self.sample, population, lineup, self.stored)
         _recheck_resumed(run_dir, rows, reuse, lineup, first_stage, self.sample, self.found)
@@ -37,7 +40,7 @@ class StoreTake:
     def _stored_lengths(self, population: list) -> dict:
         """Each item's baseline output length (tokens) in the store, from the first baseline with a
         row for it, so that the sample is drawn by length (`speed_sample.by_length`). Rows this run
-        stored itself are left out: a resumed run then draws the same sample."""
+        stored itself are left out (a resume reads its sample back, `_drawn_once`)."""
         bases = [s for s in self.lineup.specs if s.name in self.base_names]
         own = self.reuse.source.get("run_uid")
         out = {}
@@ -106,6 +109,23 @@ class StoreTake:
             self.reuse.compare(spec, hit, row, label(w))
         self.unchecked.discard(w.key(spec.name))
         self.reuse.put(spec, key, parts, row)
+
+
+def _drawn_once(run_dir: Path, draw) -> set:
+    """The speed sample, drawn once per run folder (SAMPLE_FILE) and read back on a resume: the
+    draw rests on the store, and the store now holds this run's own rows (a suite's lengths all
+    known where they were not, or a row overwritten), so a second draw could time other items, and
+    the resumed run would re-check rows the first attempt never generated."""
+    from harness.run.store import StoreError
+    path = run_dir / SAMPLE_FILE
+    if path.exists():
+        try:
+            return {tuple(k) for k in json.loads(path.read_text())}
+        except (ValueError, TypeError) as e:
+            raise StoreError(f"{path}: the run's speed sample is unreadable ({e}): rerun with a new --run-dir") from e
+    sample = draw()
+    path.write_text(json.dumps(sorted(list(k) for k in sample)))
+    return sample
 
 
 def _one_stored_row_rechecked(sample: set, population: list, lineup, stored) -> set:
