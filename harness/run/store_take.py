@@ -8,6 +8,7 @@ without a store (`reuse` None) takes nothing and samples nothing.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from harness.run import speed_sample
@@ -39,15 +40,13 @@ class StoreTake:
 
     def _stored_lengths(self, population: list) -> dict:
         """Each item's baseline output length (tokens) in the store, from the first baseline with a
-        row for it, so that the sample is drawn by length (`speed_sample.by_length`). Rows this run
-        stored itself are left out (a resume reads its sample back, `_drawn_once`)."""
+        row for it, so that the sample is drawn by length (`speed_sample.by_length`); read before
+        the run stores anything (a resume reads its sample back, `_drawn_once`)."""
         bases = [s for s in self.lineup.specs if s.name in self.base_names]
-        own = self.reuse.source.get("run_uid")
         out = {}
         for w in population:
             rows = (self.stored(s, w)[2] for s in bases)
-            tokens = next((r["result"]["tokens"] for r in rows if r is not None and r["result"].get("tokens")
-                           and (r.get("source") or {}).get("run_uid") != own), None)
+            tokens = next((r["result"]["tokens"] for r in rows if r is not None and r["result"].get("tokens")), None)
             if tokens:
                 out[speed_sample.key(w)] = len(tokens)
         return out
@@ -124,7 +123,9 @@ def _drawn_once(run_dir: Path, draw) -> set:
         except (ValueError, TypeError) as e:
             raise StoreError(f"{path}: the run's speed sample is unreadable ({e}): rerun with a new --run-dir") from e
     sample = draw()
-    path.write_text(json.dumps(sorted(list(k) for k in sample)))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(sorted(list(k) for k in sample)))
+    os.replace(tmp, path)   # a run killed while writing leaves no half a sample to resume on
     return sample
 
 
